@@ -1,0 +1,201 @@
+"""Settings for the chat application, driven by environment variables.
+
+The embedded default needs no variables at all: SQLite, the in-memory channel layer and the
+offline engine. Every variable is parsed strictly; a bad value raises ``ImproperlyConfigured``
+naming the variable at start-up. The README has a table of every variable.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_str(name: str, default: str = "") -> str:
+    """The variable's value stripped of surrounding spaces, or ``default`` when unset or empty."""
+    value = os.environ.get(name, "").strip()
+    return value or default
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    """``1/true/yes/on`` or ``0/false/no/off`` (any case); anything else is ImproperlyConfigured."""
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in {"1", "true", "yes", "on"}:
+        return True
+    if raw in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name} must be a boolean (true/false), got {raw!r}")
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """A whole number within ``[minimum, maximum]``; anything else is ImproperlyConfigured."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from None
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise ImproperlyConfigured(f"{name} must be between {minimum} and {maximum}, got {value}")
+    return value
+
+
+def env_float(name: str, default: float, *, minimum: float | None = None, maximum: float | None = None) -> float:
+    """A number within ``[minimum, maximum]``; anything else is ImproperlyConfigured."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from None
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise ImproperlyConfigured(f"{name} must be between {minimum} and {maximum}, got {value}")
+    return value
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices``; anything else is ImproperlyConfigured."""
+    value = env_str(name, default)
+    if value not in choices:
+        raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", "insecure-embedded-default-change-me-in-production")
+ALLOWED_HOSTS = [h.strip() for h in env_str("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h.strip()]
+CSRF_TRUSTED_ORIGINS = [o.strip() for o in env_str("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "django_htmx",
+    "memory",
+    "chatapp",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "chatapp.urls"
+ASGI_APPLICATION = "chatapp.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+_database_url = env_str("DATABASE_URL")
+if _database_url:
+    try:
+        DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=0)}
+    except Exception as exc:  # dj_database_url raises several types for a malformed URL
+        raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": env_str("SQLITE_PATH", str(BASE_DIR / "db.sqlite3")),
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+            # A file, not memory: tests with several connections (threads, Daphne) share it.
+            "TEST": {"NAME": env_str("SQLITE_TEST_PATH", str(BASE_DIR / ".test-db.sqlite3"))},
+        }
+    }
+
+_redis_url = env_str("REDIS_URL")
+if _redis_url:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [_redis_url]},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "staticfiles"
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))},
+}
+
+# --- LLM endpoints (SPEC.md section 6). An empty base URL selects the built-in offline engine.
+LLM_CHAT_BASE_URL = env_str("LLM_BASE_URL")
+LLM_CHAT_API_KEY = env_str("LLM_API_KEY", "offline")
+LLM_CHAT_MODEL = env_str("LLM_MODEL", "offline-engine" if not LLM_CHAT_BASE_URL else "gpt-4o-mini")
+LLM_CHAT_CONTEXT_WINDOW = env_int("LLM_CONTEXT_WINDOW", 2048 if not LLM_CHAT_BASE_URL else 128_000, minimum=256)
+LLM_CHAT_TIMEOUT = env_float("LLM_TIMEOUT", 120.0, minimum=1.0)
+LLM_CHAT_MAX_OUTPUT_TOKENS = env_int("LLM_MAX_OUTPUT_TOKENS", 1024, minimum=16)
+
+LLM_SUMMARY_BASE_URL = env_str("SUMMARY_BASE_URL", LLM_CHAT_BASE_URL)
+LLM_SUMMARY_API_KEY = env_str("SUMMARY_API_KEY", LLM_CHAT_API_KEY)
+LLM_SUMMARY_MODEL = env_str("SUMMARY_MODEL", LLM_CHAT_MODEL)
+LLM_SUMMARY_CONTEXT_WINDOW = env_int("SUMMARY_CONTEXT_WINDOW", LLM_CHAT_CONTEXT_WINDOW, minimum=256)
+LLM_SUMMARY_TEMPERATURE = env_float("SUMMARY_TEMPERATURE", 0.3, minimum=0.0, maximum=2.0)
+LLM_SUMMARY_TIMEOUT = env_float("SUMMARY_TIMEOUT", 60.0, minimum=0.1)
+
+LLM_FAILOVER_BASE_URL = env_str("FAILOVER_BASE_URL")
+LLM_FAILOVER_API_KEY = env_str("FAILOVER_API_KEY", LLM_SUMMARY_API_KEY)
+LLM_FAILOVER_MODEL = env_str("FAILOVER_MODEL")
+LLM_FAILOVER_CONTEXT_WINDOW = env_int("FAILOVER_CONTEXT_WINDOW", LLM_SUMMARY_CONTEXT_WINDOW, minimum=256)
+
+# Offline engine switches for demos of degradation (SPEC.md section 6).
+OFFLINE_DELAY_SECONDS = env_float("OFFLINE_DELAY", 0.0, minimum=0.0, maximum=120.0)
+OFFLINE_FAIL_SUMMARY = env_bool("OFFLINE_FAIL_SUMMARY", False)
+OFFLINE_FAIL_CHAT = env_bool("OFFLINE_FAIL_CHAT", False)
+
+# --- Memory engine (SPEC.md sections 1 and 3).
+MEMORY_TRIGGER_RATIO = env_float("MEMORY_TRIGGER_RATIO", 0.5, minimum=0.05, maximum=0.95)
+MEMORY_TARGET_RATIO = env_float("MEMORY_TARGET_RATIO", 0.6, minimum=0.1, maximum=0.95)
+MEMORY_PRESERVE_TURNS = env_int("MEMORY_PRESERVE_TURNS", 5, minimum=0, maximum=100)
+MEMORY_SUMMARY_MAX_TOKENS = env_int("MEMORY_SUMMARY_MAX_TOKENS", 2000, minimum=32)
+MEMORY_SUMMARY_ROLE = env_choice("MEMORY_SUMMARY_ROLE", "system", ("system", "user"))
+MEMORY_SUMMARY_ATTEMPTS = env_int("MEMORY_SUMMARY_ATTEMPTS", 3, minimum=1, maximum=10)
+
+# --- Input bounds (characters).
+CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 8000, minimum=1)
+AGENT_MAX_STEPS = env_int("AGENT_MAX_STEPS", 6, minimum=1, maximum=50)

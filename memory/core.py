@@ -1,0 +1,335 @@
+"""The pure memory core: splitting, grouping, budgeting, repairing, eliding, assembling.
+
+Everything here works on lists of OpenAI Chat Completions message dicts (``role``, ``content``,
+``tool_calls``, ``tool_call_id``, ``name``) that may carry their persisted ``id``; no ORM, no I/O.
+Rules and numbers come from SPEC.md section 3 (compression) and section 4 (raw archive).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Literal
+
+from memory.tokens import REPLY_PRIMING_TOKENS, TokenCounter
+
+Message = dict[str, Any]
+SourceKind = Literal["system", "summary", "history", "current"]
+
+WIRE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
+RAW_ARCHIVE_LINE_CHARS = 500
+RAW_ARCHIVE_MARKER = "[Raw archive of newly added messages]"
+# Line lengths (characters) tried in turn when the archive is over its token cap.
+ARCHIVE_LINE_STEPS = (RAW_ARCHIVE_LINE_CHARS, 200, 80)
+ELISION_MARKER = "[... {tokens} tokens elided by the memory manager: too large for the context window; the stored message is intact ...]"
+
+
+def to_wire(message: Message) -> Message:
+    """A copy of ``message`` with only the keys the Chat Completions API accepts
+    (``content`` is ``None`` only on an assistant message carrying ``tool_calls``)."""
+    wire = {key: message[key] for key in WIRE_KEYS if message.get(key) not in (None, [])}
+    wire.setdefault("content", None if wire.get("tool_calls") else "")
+    return wire
+
+
+def call_ids(message: Message) -> list[str]:
+    """The ``tool_calls`` ids of an assistant message, in order (empty for anything else)."""
+    if message.get("role") != "assistant":
+        return []
+    return [call.get("id") for call in message.get("tool_calls") or () if call.get("id")]
+
+
+def split_system_prompt(messages: list[Message]) -> tuple[Message | None, list[Message]]:
+    """``(system prompt, rest)``: only a *first* message with role ``system`` is the system
+    prompt; later system messages are ordinary history (FAULTS F-09)."""
+    if messages and messages[0].get("role") == "system":
+        return messages[0], messages[1:]
+    return None, list(messages)
+
+
+def split_current_turn(messages: list[Message]) -> tuple[list[Message], list[Message]]:
+    """``(history, current turn)``: the current turn is the last user message and everything
+    after it (SPEC.md section 1). With no user message at all, everything is history."""
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].get("role") == "user":
+            return messages[:index], messages[index:]
+    return list(messages), []
+
+
+@dataclass(kw_only=True)
+class Unit:
+    """An atomic unit of history: a plain message, or a tool group.
+
+    ``members`` are the persisted messages the unit stands for (coverage is by these);
+    ``wire`` is the repaired model-facing copy (orphan results dropped, unanswered calls removed);
+    ``repairs`` says what was dropped and why; ``tokens`` is the cost of ``wire`` in tokens.
+    """
+
+    members: list[Message]
+    wire: list[Message]
+    tokens: int = 0
+    repairs: list[str] = field(default_factory=list)
+
+    @property
+    def starts_turn(self) -> bool:
+        return bool(self.members) and self.members[0].get("role") == "user"
+
+
+def group_units(messages: list[Message], counter: TokenCounter, *, allow_trailing_calls: bool = False) -> list[Unit]:
+    """Group ``messages`` into atomic units, pairing tool calls and results **by id**.
+
+    An assistant message with ``tool_calls`` takes every directly following tool message whose
+    ``tool_call_id`` it issued, however many (FAULTS F-03, F-04, F-06). A tool message whose
+    caller is not there is an orphan (F-01, F-05): it stays a member of the unit it sits in (so
+    coverage accounting holds) but is dropped from ``wire``. Calls without a result are removed
+    from the ``wire`` copy of the assistant message (and the message dropped when nothing is left),
+    except, with ``allow_trailing_calls``, on a last message whose calls are still executing.
+    Stored dicts are never modified.
+    """
+    units: list[Unit] = []
+    index = 0
+    while index < len(messages):
+        message = messages[index]
+        ids = call_ids(message)
+        if not ids:
+            unit = Unit(members=[message], wire=[])
+            if message.get("role") == "tool":
+                unit.repairs.append(f"dropped tool result {message.get('tool_call_id')!r}: its call is not in the context")
+            else:
+                unit.wire.append(message)
+            units.append(unit)
+            index += 1
+            continue
+        members = [message]
+        answered: list[Message] = []
+        pending = set(ids)
+        repairs: list[str] = []
+        index += 1
+        while index < len(messages) and messages[index].get("role") == "tool":
+            result = messages[index]
+            members.append(result)
+            if result.get("tool_call_id") in pending:
+                pending.discard(result["tool_call_id"])
+                answered.append(result)
+            else:
+                repairs.append(f"dropped tool result {result.get('tool_call_id')!r}: its call is not in the context")
+            index += 1
+        caller = message
+        in_progress = allow_trailing_calls and index == len(messages) and len(members) == 1
+        if pending and not in_progress:
+            kept_calls = [call for call in message["tool_calls"] if call.get("id") not in pending]
+            repairs.append(f"removed unanswered tool calls {sorted(pending)}")
+            caller = {**message, "tool_calls": kept_calls, "token_count": None}
+        wire = [caller, *answered] if caller.get("tool_calls") or caller.get("content") else []
+        units.append(Unit(members=members, wire=wire, repairs=repairs))
+    for unit in units:
+        unit.tokens = sum(_message_tokens(m, counter) for m in unit.wire)
+    return units
+
+
+def _message_tokens(message: Message, counter: TokenCounter) -> int:
+    cached = message.get("token_count")
+    if isinstance(cached, int) and cached >= 0:
+        return cached
+    return counter.count_message(message)
+
+
+def back_scan(units: list[Unit], budget: int) -> tuple[list[Unit], list[Unit]]:
+    """Split ``units`` into ``(to summarize, retained)``: keep whole units from the tail while
+    their tokens fit ``budget`` (tokens). The first unit from the tail that does not fit, and
+    everything before it, is summarized whole. A zero or negative budget keeps nothing (F-18)."""
+    kept_tokens = 0
+    cut = len(units)
+    for index in range(len(units) - 1, -1, -1):
+        if kept_tokens + units[index].tokens > budget:
+            break
+        kept_tokens += units[index].tokens
+        cut = index
+    return units[:cut], units[cut:]
+
+
+def count_turns(units: Iterable[Unit]) -> int:
+    """Number of turns that start in ``units`` (a turn starts at a user message)."""
+    return sum(1 for unit in units if unit.starts_turn)
+
+
+def summary_header(*, summary_type: str, compressed_count: int) -> str:
+    """The first line of the summary block (SPEC.md section 3 step 5)."""
+    if summary_type == "raw":
+        return f"[Memory Summary - {compressed_count} earlier messages archived (LLM summarization unavailable)]"
+    return f"[Memory Summary - {compressed_count} earlier messages consolidated]"
+
+
+def summary_block(*, content: str, summary_type: str, compressed_count: int, role: str) -> Message:
+    """The one message that carries the summary into the request; ``role`` is ``system`` or
+    ``user`` (for providers that accept a single leading system message, F-10)."""
+    header = summary_header(summary_type=summary_type, compressed_count=compressed_count)
+    return {"role": role, "content": f"{header}\n{content}"}
+
+
+def raw_archive_line(message: Message) -> str:
+    """One raw archive line (SPEC.md section 4), cut to 500 characters of content."""
+    role = message.get("role")
+    content = _plain_text(message.get("content"))
+    if role == "assistant":
+        names = [(call.get("function") or {}).get("name", "?") for call in message.get("tool_calls") or ()]
+        if names:
+            arguments = "; ".join(
+                f"{(call.get('function') or {}).get('name', '?')}({(call.get('function') or {}).get('arguments', '')})"
+                for call in message.get("tool_calls") or ()
+            )
+            content = f"{content} {arguments}".strip()
+            label = f"Assistant [tools: {', '.join(names)}]"
+        else:
+            label = "Assistant"
+    elif role == "tool":
+        label = f"Tool[{message.get('name') or message.get('tool_call_id') or '?'}]"
+    elif role == "system":
+        label = "System"
+    else:
+        label = "User"
+    content = " ".join(content.split())
+    if len(content) > RAW_ARCHIVE_LINE_CHARS:
+        content = content[: RAW_ARCHIVE_LINE_CHARS - 1] + "…"
+    return f"- {label}: {content}"
+
+
+def _plain_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return json.dumps(content, ensure_ascii=False)
+
+
+def raw_archive_merge(previous_summary: str, messages: list[Message], *, max_tokens: int, counter: TokenCounter) -> str:
+    """The degraded summary: ``previous_summary`` kept intact plus one
+    ``[Raw archive of newly added messages]`` section holding an archive line per message.
+
+    A previous raw section is merged into the single section (no stacking, F-12). When the text
+    exceeds ``max_tokens`` the oldest archive lines give way to an ``omitted`` count line, so the
+    archive stays bounded across many degraded compressions; the LLM-written part is kept.
+    """
+    base, old_lines, omitted = _split_archive(previous_summary)
+    lines = old_lines + [raw_archive_line(m) for m in messages]
+
+    def render(kept: list[str], dropped: int, line_chars: int) -> str:
+        cut = [line if len(line) <= line_chars else line[: line_chars - 1] + "…" for line in kept]
+        head = [f"- [{dropped} earlier archived messages omitted]"] if dropped else []
+        section = "\n".join([RAW_ARCHIVE_MARKER, *head, *cut])
+        return f"{base}\n\n{section}" if base else section
+
+    # Shorter lines first, so more messages stay covered; then the oldest lines give way.
+    for line_chars in ARCHIVE_LINE_STEPS:
+        text = render(lines, omitted, line_chars)
+        if counter.count_text(text) <= max_tokens:
+            return text
+    line_chars = ARCHIVE_LINE_STEPS[-1]
+    # Binary search the number of oldest lines to drop: O(log n) renders, not O(n).
+    low, high = 0, len(lines)
+    while low < high:
+        middle = (low + high) // 2
+        if counter.count_text(render(lines[middle:], omitted + middle, line_chars)) <= max_tokens:
+            high = middle
+        else:
+            low = middle + 1
+    text = render(lines[low:], omitted + low, line_chars)
+    return text if counter.count_text(text) <= max_tokens else counter.truncate_text(text, max_tokens)
+
+
+def _split_archive(summary: str) -> tuple[str, list[str], int]:
+    """``(LLM-written part, archive lines, omitted count)`` of a stored summary text."""
+    if RAW_ARCHIVE_MARKER not in summary:
+        return summary.strip(), [], 0
+    base, _, section = summary.partition(RAW_ARCHIVE_MARKER)
+    lines = [line for line in section.strip().splitlines() if line.strip()]
+    omitted = 0
+    if lines and lines[0].startswith("- [") and lines[0].endswith("earlier archived messages omitted]"):
+        omitted = int(lines[0][3:].split(" ", 1)[0])
+        lines = lines[1:]
+    return base.strip(), lines, omitted
+
+
+def elide_current_turn(current: list[Message], excess: int, counter: TokenCounter) -> tuple[list[Message], list[dict[str, Any]]]:
+    """Shrink oversized content inside the current turn by about ``excess`` tokens.
+
+    Tool results go first, oldest first, then assistant text; the user's messages are never
+    touched (SPEC.md invariant I5, FAULTS F-07). Each shortened content keeps its head and ends
+    with a visible marker. Returns the new model-facing list and one record per elision
+    ``{"id", "role", "tokens_before", "tokens_after"}``. Input dicts are not modified.
+    """
+    result = list(current)
+    records: list[dict[str, Any]] = []
+    order = [i for i, m in enumerate(current) if m.get("role") == "tool"]
+    order += [i for i, m in enumerate(current) if m.get("role") == "assistant" and m.get("content")]
+    for index in order:
+        if excess <= 0:
+            break
+        message = result[index]
+        content = _plain_text(message.get("content"))
+        before = counter.count_text(content)
+        if before <= 32:
+            continue
+        # +2: the newline joining head and marker may not merge with either side's tokens.
+        marker_tokens = counter.count_text(ELISION_MARKER.format(tokens=before)) + 2
+        keep = max(0, before - excess - marker_tokens)
+        if keep >= before:
+            continue
+        head = counter.truncate_text(content, keep)
+        new_content = f"{head}\n{ELISION_MARKER.format(tokens=before - keep)}"
+        after = counter.count_text(new_content)
+        if after >= before:
+            continue
+        result[index] = {**message, "content": new_content, "token_count": None}
+        excess -= before - after
+        records.append({"id": message.get("id"), "role": message.get("role"), "tokens_before": before, "tokens_after": after})
+    return result, records
+
+
+@dataclass(kw_only=True)
+class Assembly:
+    """A model-facing request: ``messages`` (wire dicts, no ids), ``sources`` aligned with them
+    (``{"id", "kind"}``), ``sections`` in tokens and ``tokens`` for the whole request."""
+
+    messages: list[Message]
+    sources: list[dict[str, Any]]
+    sections: dict[str, int]
+    tokens: int
+
+
+def assemble(
+    *,
+    system: Message | None,
+    summary: Message | None,
+    retained: list[Message],
+    current: list[Message],
+    tools: list[dict[str, Any]] | None,
+    counter: TokenCounter,
+) -> Assembly:
+    """``[system] + [summary block] + retained window + current turn`` (SPEC.md section 3 step 5).
+
+    Internal keys (``id``, ``token_count``) never reach the wire; ``sources`` keeps the ids.
+    """
+    messages: list[Message] = []
+    sources: list[dict[str, Any]] = []
+    sections = {"system": 0, "summary": 0, "retained": 0, "current": 0, "tools": counter.count_tools(tools)}
+    parts: list[tuple[str, SourceKind, list[Message]]] = [
+        ("system", "system", [system] if system else []),
+        ("summary", "summary", [summary] if summary else []),
+        ("retained", "history", retained),
+        ("current", "current", current),
+    ]
+    for section, kind, items in parts:
+        for message in items:
+            messages.append(to_wire(message))
+            sources.append({"id": message.get("id") if kind in ("history", "current") else None, "kind": kind})
+            sections[section] += _message_tokens(message, counter)
+    tokens = sum(sections.values()) + REPLY_PRIMING_TOKENS
+    return Assembly(messages=messages, sources=sources, sections=sections, tokens=tokens)
+
+
+def flatten(units: Iterable[Unit], *, wire: bool) -> list[Message]:
+    """The messages of ``units`` in order: their ``wire`` copies or their stored ``members``."""
+    return [message for unit in units for message in (unit.wire if wire else unit.members)]

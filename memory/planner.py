@@ -1,0 +1,177 @@
+"""Pure planning of one model request (SPEC.md section 3): what to keep, what to summarize,
+what to elide. No ORM, no I/O; :mod:`memory.engine` wraps it with persistence and summarizers."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from memory.config import MemoryConfig, Mode
+from memory.core import (
+    Assembly,
+    Message,
+    Unit,
+    assemble,
+    back_scan,
+    count_turns,
+    elide_current_turn,
+    flatten,
+    group_units,
+    split_current_turn,
+    summary_block,
+)
+from memory.tokens import REPLY_PRIMING_TOKENS, TokenCounter
+
+# A summary shorter than this many tokens is never asked for, however small the prefix.
+MIN_SUMMARY_TOKENS = 48
+
+
+@dataclass(frozen=True, kw_only=True)
+class SummaryView:
+    """The summary as the planner sees it: text, ``llm``/``raw``/``none``, messages covered."""
+
+    content: str = ""
+    summary_type: str = "none"
+    compressed_count: int = 0
+
+    def block(self, role: str) -> Message | None:
+        if not self.content.strip():
+            return None
+        return summary_block(
+            content=self.content, summary_type=self.summary_type, compressed_count=self.compressed_count, role=role
+        )
+
+
+@dataclass(kw_only=True)
+class Plan:
+    """The decision for one request.
+
+    ``tokens_before``: estimated request with the old summary and the whole increment (tokens).
+    ``needs_compression``: ``tokens_before`` exceeds the trigger. ``to_summarize`` / ``retained``:
+    the back-scan's split of the history units (``to_summarize`` empty without compression).
+    ``current``: the current turn's units, never summarized. ``notes``: why things happened.
+    """
+
+    system: Message | None
+    history: list[Unit]
+    current: list[Unit]
+    to_summarize: list[Unit]
+    retained: list[Unit]
+    tokens_before: int
+    needs_compression: bool
+    budget: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def summarized_messages(self) -> list[Message]:
+        """The persisted messages the new summary will cover (members, orphans included)."""
+        return flatten(self.to_summarize, wire=False)
+
+
+def plan_request(
+    *,
+    system: Message | None,
+    summary: SummaryView,
+    increment: list[Message],
+    config: MemoryConfig,
+    counter: TokenCounter,
+    tools: list[dict[str, Any]] | None = None,
+    mode: Mode = "quick-answer",
+) -> Plan:
+    """Decide what a request keeps verbatim and what must be folded into the summary.
+
+    ``increment``: every persisted message after the boundary, ascending id. The budget for the
+    retained window is ``target - system - current turn - summary reserve - tool schemas``; a zero
+    or negative budget retains nothing (FAULTS F-18). In agent mode a note records when the
+    budget forced fewer than ``config.preserve_turns`` whole turns to be kept.
+    """
+    history, current = split_current_turn(increment)
+    history_units = group_units(history, counter)
+    current_units = group_units(current, counter, allow_trailing_calls=True)
+    before = assemble(
+        system=system,
+        summary=summary.block(config.summary_role),
+        retained=flatten(history_units, wire=True),
+        current=flatten(current_units, wire=True),
+        tools=tools,
+        counter=counter,
+    )
+    fixed = (
+        (counter.count_message(system) if system else 0)
+        + sum(unit.tokens for unit in current_units)
+        + counter.count_tools(tools)
+        + REPLY_PRIMING_TOKENS
+    )
+    budget = config.target_tokens - fixed - config.summary_reserve_tokens
+    plan = Plan(
+        system=system,
+        history=history_units,
+        current=current_units,
+        to_summarize=[],
+        retained=history_units,
+        tokens_before=before.tokens,
+        needs_compression=before.tokens > config.trigger_tokens,
+        budget=budget,
+    )
+    if not plan.needs_compression:
+        return plan
+    plan.to_summarize, plan.retained = back_scan(history_units, budget)
+    if budget <= 0:
+        plan.notes.append(
+            f"system prompt + current turn + summary reserve need {fixed + config.summary_reserve_tokens} tokens, "
+            f"over the target of {config.target_tokens}: no history can be retained"
+        )
+    if mode == "agent" and config.preserve_turns:
+        wanted = min(config.preserve_turns, count_turns(history_units))
+        kept = count_turns(plan.retained)
+        if kept < wanted:
+            plan.notes.append(f"kept {kept} of the last {wanted} whole turns (preserve_turns={config.preserve_turns}): the budget won")
+    if not plan.to_summarize:
+        plan.notes.append(
+            "nothing left to summarize: the request is over the trigger because of the system prompt, "
+            "the current turn or the summary itself"
+        )
+    return plan
+
+
+def summary_output_tokens(*, previous_summary_tokens: int, transcript_tokens: int, cap: int) -> int:
+    """The summarizer's output limit in tokens: the old summary may be carried over whole and
+    the new material may add at most 30 % of its own size (SPEC.md section 3 step 4; by
+    induction the summary stays within 30 % of everything it covers), never over ``cap``."""
+    wanted = previous_summary_tokens + math.ceil(0.3 * transcript_tokens)
+    return max(min(MIN_SUMMARY_TOKENS, cap), min(cap, wanted))
+
+
+@dataclass(kw_only=True)
+class Request:
+    """The final model-facing request and what was elided to make it fit."""
+
+    assembly: Assembly
+    elisions: list[dict[str, Any]]
+    overflow: bool
+
+
+def build_request(
+    *,
+    plan: Plan,
+    summary: SummaryView,
+    retained: list[Unit],
+    config: MemoryConfig,
+    counter: TokenCounter,
+    tools: list[dict[str, Any]] | None = None,
+) -> Request:
+    """Assemble ``[system] + [summary block] + retained + current turn``; if that is over the
+    target with no history left to give up, elide inside the current turn (SPEC.md I5).
+    ``overflow`` is True when the request is still over the context window."""
+    block = summary.block(config.summary_role)
+    current = flatten(plan.current, wire=True)
+    assembly = assemble(
+        system=plan.system, summary=block, retained=flatten(retained, wire=True), current=current, tools=tools, counter=counter
+    )
+    elisions: list[dict[str, Any]] = []
+    if assembly.tokens > config.target_tokens and not retained and plan.needs_compression:
+        current, elisions = elide_current_turn(current, assembly.tokens - config.target_tokens, counter)
+        if elisions:
+            assembly = assemble(system=plan.system, summary=block, retained=[], current=current, tools=tools, counter=counter)
+    return Request(assembly=assembly, elisions=elisions, overflow=assembly.tokens > config.context_window)

@@ -1,0 +1,75 @@
+"""Checks of SPEC.md invariants I1-I6 on one built context; shared by property tests and replays."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memory.engine import MemoryContext
+from memory.tokens import TokenCounter
+
+
+def assert_no_orphans(messages: list[dict[str, Any]]) -> None:
+    """I3: every tool message answers a call of the assistant message it follows; every call is
+    answered, except calls of a last assistant message still executing."""
+    index = 0
+    while index < len(messages):
+        message = messages[index]
+        assert message["role"] != "tool", f"orphan tool result at {index}: {message}"
+        calls = [c["id"] for c in message.get("tool_calls") or ()]
+        index += 1
+        if not calls:
+            continue
+        answered = []
+        while index < len(messages) and messages[index]["role"] == "tool":
+            assert messages[index]["tool_call_id"] in calls, f"tool result {messages[index]['tool_call_id']} not called by its assistant"
+            answered.append(messages[index]["tool_call_id"])
+            index += 1
+        if index == len(messages) and not answered:
+            continue
+        assert sorted(answered) == sorted(calls), f"calls {calls} answered by {answered}"
+
+
+def check_context(
+    context: MemoryContext,
+    *,
+    stored: list[dict[str, Any]],
+    system_prompt: str,
+    counter: TokenCounter,
+    tools: list[dict[str, Any]] | None = None,
+    dropped_ids: set[int] = frozenset(),
+) -> None:
+    """Assert I1-I5 for ``context`` built over the persisted ``stored`` rows."""
+    messages, sources = context.messages, context.sources
+    assert len(messages) == len(sources)
+    # I1
+    assert messages[0] == {"role": "system", "content": system_prompt}
+    assert sources[0]["kind"] == "system" and [s["kind"] for s in sources].count("system") == 1
+    # no internal role or key goes on the wire (F-10)
+    for message in messages:
+        assert message["role"] in {"system", "user", "assistant", "tool"}
+        assert set(message) <= {"role", "content", "tool_calls", "tool_call_id", "name"}
+    # I2: the current turn is present, its user message verbatim
+    last_user = max((row for row in stored if row["role"] == "user"), key=lambda r: r["id"], default=None)
+    if last_user is not None:
+        position = next(i for i, s in enumerate(sources) if s["id"] == last_user["id"])
+        assert sources[position]["kind"] == "current"
+        assert messages[position]["content"] == last_user["content"]
+        current_ids = [row["id"] for row in stored if row["id"] >= last_user["id"]]
+        assert [s["id"] for s in sources if s["kind"] == "current"] == [i for i in current_ids if i not in dropped_ids]
+    # I3
+    assert_no_orphans(messages)
+    # I4: exact coverage, no gap, no overlap
+    boundary = context.summary["last_message_id"] or 0
+    present = [s["id"] for s in sources if s["id"] is not None]
+    assert len(present) == len(set(present)), "a message appears twice"
+    expected = [row["id"] for row in stored if row["id"] > boundary and row["id"] not in dropped_ids]
+    assert present == expected, f"boundary {boundary}: present {present} != expected {expected}"
+    if boundary:
+        assert any(s["kind"] == "summary" for s in sources)
+    # the estimate is the one of what is sent
+    assert context.tokens == counter.count_request(messages, tools)
+    # I5
+    if any(event["kind"] == "compression" for event in context.events):
+        assert context.tokens <= context.target_tokens or context.sections["retained"] == 0
+    assert context.tokens <= context.trigger_tokens or context.sections["retained"] == 0
+    assert context.tokens <= context.context_window or context.overflow

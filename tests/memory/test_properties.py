@@ -1,0 +1,160 @@
+"""Property tests over generated conversations (SPEC.md invariants I1-I9).
+
+Conversations mix plain turns, tool groups with parallel calls answered in any order, extra
+system messages, CJK text, oversized messages, orphan results and unanswered calls; the
+summarizer succeeds, fails or returns empty text at random. Before every model call (every
+assistant message) the engine builds the context and every invariant is checked.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import pytest
+from asgiref.sync import async_to_sync
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from memory.engine import CAS_ROUNDS
+from memory.extractive import ExtractiveSummarizer
+from memory.models import SessionSummary
+from tests.memory.builders import COUNTER, Store, asst, system, tool, user
+from tests.memory.conftest import make_engine
+from tests.memory.invariants import check_context
+
+pytestmark = pytest.mark.django_db
+SYSTEM = "You are the airline assistant. Follow the policy."
+_keys = itertools.count(1)
+
+words = st.sampled_from(["refund", "ZFA04Y", "flight", "2024-05-01", "$312", "baggage", "ada_1815", "gold", "seat", "cancel"])
+cjk = st.sampled_from(["我们讨论记忆管理", "東京への便を予約", "수하물 규정", "退款政策"])
+text = st.one_of(
+    st.lists(words, min_size=1, max_size=40).map(" ".join),
+    st.lists(cjk, min_size=1, max_size=30).map("".join),
+    st.integers(min_value=300, max_value=2500).map(lambda n: "long " * n),
+)
+
+
+@st.composite
+def tool_group(draw, turn: int, index: int):
+    count = draw(st.integers(min_value=1, max_value=4))
+    ids = [f"call_{turn}_{index}_{k}" for k in range(count)]
+    caller = asst(draw(st.one_of(st.none(), text)), tc=ids)
+    results = [tool(call_id, draw(text)) for call_id in draw(st.permutations(ids))]
+    shape = draw(st.sampled_from(["healthy"] * 8 + ["orphan", "dangling"]))
+    if shape == "orphan":
+        results.insert(draw(st.integers(0, len(results))), tool(f"ghost_{turn}_{index}", "stray result"))
+    elif shape == "dangling":
+        results = results[:-1]
+    return [caller, *results]
+
+
+@st.composite
+def conversation(draw):
+    messages = []
+    for turn in range(draw(st.integers(min_value=1, max_value=9))):
+        if draw(st.integers(0, 9)) == 0:
+            messages.append(system("Notice: the booking system restarts tonight."))
+        messages.append(user(f"turn {turn}: " + draw(text)))
+        for index in range(draw(st.integers(min_value=0, max_value=3))):
+            messages.extend(draw(tool_group(turn, index)))
+        if draw(st.booleans()):
+            messages.append(asst(draw(text)))
+    return messages
+
+
+class FlakySummarizer(ExtractiveSummarizer):
+    """Extractive summaries, except where the drawn script says fail or empty."""
+
+    def __init__(self, script):
+        super().__init__(COUNTER)
+        self.model = "flaky"
+        self.script = itertools.cycle(script)
+
+    async def summarize(self, request):
+        action = next(self.script)
+        if action == "fail":
+            raise RuntimeError("provider error")
+        if action == "empty":
+            return " "
+        return await super().summarize(request)
+
+
+def dropped_wire_ids(rows):
+    """Ids the model-facing copy must drop: orphan results and empty unanswered callers."""
+    dropped, answered = set(), set()
+    for index, row in enumerate(rows):
+        if row["role"] == "tool":
+            calls = []
+            back = index - 1
+            while back >= 0 and rows[back]["role"] == "tool":
+                back -= 1
+            if back >= 0:
+                calls = [c["id"] for c in rows[back].get("tool_calls") or ()]
+            if row["tool_call_id"] in calls:
+                answered.add(row["tool_call_id"])
+            else:
+                dropped.add(row["id"])
+    for index, row in enumerate(rows):
+        calls = [c["id"] for c in row.get("tool_calls") or ()]
+        is_last = index == len(rows) - 1
+        if calls and not row.get("content") and not any(c in answered for c in calls) and not is_last:
+            dropped.add(row["id"])
+    return dropped
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(
+    messages=conversation(),
+    window=st.sampled_from([256, 512, 1024, 2048, 4096]),
+    mode=st.sampled_from(["agent", "quick-answer"]),
+    summary_role=st.sampled_from(["system", "user"]),
+    script=st.lists(st.sampled_from(["ok", "ok", "ok", "fail", "empty"]), min_size=1, max_size=8),
+    with_tools=st.booleans(),
+)
+def test_invariants_hold_before_every_model_call(messages, window, mode, summary_role, script, with_tools):
+    key = f"property-{next(_keys)}"
+    tools = [{"type": "function", "function": {"name": "kb_search", "parameters": {"type": "object"}}}] if with_tools else None
+    engine = make_engine(window, FlakySummarizer(script), attempts=1, summary_role=summary_role)
+    store = Store()
+    boundary = 0
+    for message in messages:
+        if message["role"] == "assistant" and store.rows:
+            snapshot = store.snapshot()
+            context = async_to_sync(engine.build_context)(
+                session_key=key, system_prompt=SYSTEM, load_increment=store.load_increment, mode=mode, tools=tools
+            )
+            assert store.rows == snapshot, "I6: memory management modified stored rows"
+            check_context(
+                context, stored=store.rows, system_prompt=SYSTEM, counter=COUNTER, tools=tools,
+                dropped_ids=dropped_wire_ids(store.rows) - _covered(context),
+            )
+            new_boundary = context.summary["last_message_id"] or 0
+            assert new_boundary >= boundary, "I4: the boundary moved backwards"
+            boundary = new_boundary
+            assert len(context.events) <= CAS_ROUNDS + 2, "I9: runaway compression"
+            for compression in context.events:
+                event(f"{compression['kind']} {compression['result_type']}")
+            if context.summary["type"] != "none":
+                assert context.summary["content"].strip(), "I8: an empty summary was stored"
+        store.add(copy.deepcopy(message))
+    row = SessionSummary.objects.filter(session_key=key).first()
+    if row is not None:
+        assert row.content.count("[Raw archive of newly added messages]") <= 1
+
+
+def _covered(context):
+    return set(range(1, (context.summary["last_message_id"] or 0) + 1))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(messages=conversation(), window=st.sampled_from([512, 1024, 2048]))
+def test_i9_a_second_build_without_new_messages_summarizes_nothing(messages, window):
+    key = f"liveness-{next(_keys)}"
+    engine = make_engine(window, ExtractiveSummarizer(COUNTER), attempts=1)
+    store = Store()
+    store.add(*messages)
+    async_to_sync(engine.build_context)(session_key=key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent")
+    again = async_to_sync(engine.build_context)(session_key=key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent")
+    assert all(event["kind"] in ("no_progress", "overflow") for event in again.events)
