@@ -103,9 +103,13 @@ class MemoryEngine:
         load_increment: IncrementLoader,
         mode: Mode,
         tools: list[dict[str, Any]] | None = None,
+        summarize_below: int | None = None,
     ) -> MemoryContext:
         """Load the summary and the increment, compress when over the trigger, write the new
         summary back (compare-and-set) and return the model-facing context.
+
+        ``tools``: the tool schemas sent with the request (counted). ``summarize_below``: the
+        first message id that must not be summarized (another turn of the session in flight).
 
         A failing summarizer never raises here: it degrades to the raw archive (SPEC.md
         section 4). Database errors propagate. Nothing is written before the summarizer returns.
@@ -115,7 +119,7 @@ class MemoryEngine:
         for _ in range(CAS_ROUNDS):
             state = await sync_to_async(services.session_summary_get)(session_key=session_key)
             increment = await load_increment(state.last_message_id)
-            plan = self._plan(system, state, increment, tools, mode)
+            plan = self._plan(system, state, increment, tools, mode, summarize_below)
             if not plan.needs_compression:
                 return self._context(plan, state, plan.retained, tools, events)
             if not plan.to_summarize:
@@ -148,10 +152,12 @@ class MemoryEngine:
             )
             return await self._finish(session_key, mode, plan, new_state, plan.retained, tools, events, request)
         state = await sync_to_async(services.session_summary_get)(session_key=session_key)
-        plan = self._plan(system, state, await load_increment(state.last_message_id), tools, mode)
+        plan = self._plan(system, state, await load_increment(state.last_message_id), tools, mode, summarize_below)
         return await self._finish(session_key, mode, plan, state, plan.history, tools, events)
 
-    def _plan(self, system: Message | None, state: SummaryState, increment: list[Message], tools, mode: Mode) -> Plan:
+    def _plan(
+        self, system: Message | None, state: SummaryState, increment: list[Message], tools, mode: Mode, summarize_below: int | None = None
+    ) -> Plan:
         return plan_request(
             system=system,
             summary=_view(state),
@@ -160,6 +166,7 @@ class MemoryEngine:
             counter=self.counter,
             tools=tools,
             mode=mode,
+            summarize_below=summarize_below,
         )
 
     async def summarize(self, state: SummaryState, messages: list[Message]) -> Outcome:
@@ -301,6 +308,7 @@ def _view(state: SummaryState) -> SummaryView:
 class AgentMemoryMiddleware:
     """The before-model hook of agent mode: call :meth:`before_model` before every model call
     (after the previous step's messages are persisted) and send the returned context's messages.
+    ``summarize_below`` is passed to :meth:`MemoryEngine.build_context` on every call.
 
     If building the context fails for any reason other than cancellation, the agent continues on
     a degraded context (old summary plus a raw archive of what did not fit, nothing written)
@@ -315,12 +323,14 @@ class AgentMemoryMiddleware:
         system_prompt: str | None,
         load_increment: IncrementLoader,
         tools: list[dict[str, Any]] | None = None,
+        summarize_below: int | None = None,
     ) -> None:
         self.engine = engine
         self.session_key = session_key
         self.system_prompt = system_prompt
         self.load_increment = load_increment
         self.tools = tools
+        self.summarize_below = summarize_below
 
     async def before_model(self) -> MemoryContext:
         try:
@@ -330,6 +340,7 @@ class AgentMemoryMiddleware:
                 load_increment=self.load_increment,
                 mode="agent",
                 tools=self.tools,
+                summarize_below=self.summarize_below,
             )
         except Exception:
             logger.exception("memory engine failed for session %s; continuing on a degraded context", self.session_key)
@@ -339,7 +350,9 @@ class AgentMemoryMiddleware:
         engine = self.engine
         state = await sync_to_async(services.session_summary_get)(session_key=self.session_key)
         system = {"role": "system", "content": self.system_prompt} if self.system_prompt else None
-        plan = engine._plan(system, state, await self.load_increment(state.last_message_id), self.tools, "agent")
+        plan = engine._plan(
+            system, state, await self.load_increment(state.last_message_id), self.tools, "agent", self.summarize_below
+        )
         if plan.to_summarize:
             messages = flatten(plan.to_summarize, wire=False)
             state = SummaryState(

@@ -78,6 +78,7 @@ def plan_request(
     counter: TokenCounter,
     tools: list[dict[str, Any]] | None = None,
     mode: Mode = "quick-answer",
+    summarize_below: int | None = None,
 ) -> Plan:
     """Decide what a request keeps verbatim and what must be folded into the summary.
 
@@ -85,6 +86,8 @@ def plan_request(
     retained window is ``target - system - current turn - summary reserve - tool schemas``; a zero
     or negative budget retains nothing (FAULTS F-18). In agent mode a note records when the
     budget forced fewer than ``config.preserve_turns`` whole turns to be kept.
+    ``summarize_below``: no message with this id or above may be summarized (the start of a
+    concurrent turn still in flight, FAULTS F-26); units from there on stay verbatim.
     """
     history, current = split_current_turn(increment)
     history_units = group_units(history, counter)
@@ -117,6 +120,15 @@ def plan_request(
     if not plan.needs_compression:
         return plan
     plan.to_summarize, plan.retained = back_scan(history_units, budget)
+    if summarize_below is not None:
+        pinned = next(
+            (i for i, unit in enumerate(plan.to_summarize) if any((m.get("id") or 0) >= summarize_below for m in unit.members)),
+            None,
+        )
+        if pinned is not None:
+            plan.retained = plan.to_summarize[pinned:] + plan.retained
+            plan.to_summarize = plan.to_summarize[:pinned]
+            plan.notes.append(f"messages from id {summarize_below} on belong to a turn in flight: kept verbatim")
     if budget <= 0:
         plan.notes.append(
             f"system prompt + current turn + summary reserve need {fixed + config.summary_reserve_tokens} tokens, "

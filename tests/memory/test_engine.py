@@ -336,3 +336,18 @@ def test_f26_racing_compressions_end_with_one_consistent_boundary(session_key):
     for context in (first, second):
         check_context(context, stored=store.rows, system_prompt=SYSTEM, counter=COUNTER)
         assert context.summary["last_message_id"] == row.last_message_id or context.summary["version"] < row.version
+
+
+def test_a_turn_in_flight_is_never_summarized_by_a_concurrent_turn(session_key):
+    store = Store()
+    chat(store, 12)
+    in_flight = store.add(user("the other tab's question, still being answered"))[0]
+    store.add(user("this tab's question"))
+    summarizer = ScriptedSummarizer(default="facts")
+    context = async_to_sync(make_engine(primary=summarizer).build_context)(
+        session_key=session_key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent",
+        summarize_below=in_flight["id"],
+    )
+    check_context(context, stored=store.rows, system_prompt=SYSTEM, counter=COUNTER)
+    assert context.summary["last_message_id"] < in_flight["id"]
+    assert {"id": in_flight["id"], "kind": "history"} in context.sources
