@@ -161,6 +161,8 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))},
+    # One line per HTTP request to the model is noise at INFO; errors still show.
+    "loggers": {"httpx2": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
 }
 
 # --- LLM endpoints (SPEC.md section 6). An empty base URL selects the built-in offline engine.
@@ -199,3 +201,7 @@ MEMORY_SUMMARY_ATTEMPTS = env_int("MEMORY_SUMMARY_ATTEMPTS", 3, minimum=1, maxim
 # --- Input bounds (characters).
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 8000, minimum=1)
 AGENT_MAX_STEPS = env_int("AGENT_MAX_STEPS", 6, minimum=1, maximum=50)
+
+# --- Chat features (added with the WebSocket chat; see the README table).
+QUICK_ANSWER_PASSAGES = env_int("QUICK_ANSWER_PASSAGES", 4, minimum=1, maximum=20)
+SERVE_STATIC = env_bool("SERVE_STATIC", True)

@@ -21,7 +21,7 @@ RAW_ARCHIVE_LINE_CHARS = 500
 RAW_ARCHIVE_MARKER = "[Raw archive of newly added messages]"
 # Line lengths (characters) tried in turn when the archive is over its token cap.
 ARCHIVE_LINE_STEPS = (RAW_ARCHIVE_LINE_CHARS, 200, 80)
-ELISION_MARKER = "[... {tokens} tokens elided by the memory manager: too large for the context window; the stored message is intact ...]"
+ELISION_MARKER = "[… {tokens} tokens elided to fit the context window; the stored message is intact]"
 
 
 def to_wire(message: Message) -> Message:

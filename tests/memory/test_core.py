@@ -145,7 +145,7 @@ def test_f07_elision_touches_tool_results_never_the_question():
     current = [question, asst(tc=["search"]), big]
     before = sum(COUNTER.count_message(m) for m in current)
     out, records = elide_current_turn(current, before - 1000, COUNTER)
-    assert out[0] == question and "elided by the memory manager" in out[2]["content"]
+    assert out[0] == question and "tokens elided to fit the context window" in out[2]["content"]
     assert big["content"] == "word " * 20_000
     assert records[0]["id"] == 3 and records[0]["tokens_after"] < records[0]["tokens_before"]
     assert sum(COUNTER.count_message(m) for m in out) <= 1000 + 50

@@ -194,7 +194,7 @@ def test_f07_oversized_tool_result_in_the_current_turn_is_elided(session_key):
     stored_before = store.snapshot()
     context = build(make_engine(window=16_000), store, session_key, mode="agent")
     assert context.messages[1] == {"role": "user", "content": "what does the big document say?"}
-    assert "elided by the memory manager" in context.messages[-1]["content"]
+    assert "tokens elided to fit the context window" in context.messages[-1]["content"]
     assert context.tokens <= context.target_tokens
     assert [e["kind"] for e in context.events] == ["no_progress", "overflow"] or "overflow" in [e["kind"] for e in context.events]
     assert store.rows == stored_before
