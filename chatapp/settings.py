@@ -205,3 +205,6 @@ AGENT_MAX_STEPS = env_int("AGENT_MAX_STEPS", 6, minimum=1, maximum=50)
 # --- Chat features (added with the WebSocket chat; see the README table).
 QUICK_ANSWER_PASSAGES = env_int("QUICK_ANSWER_PASSAGES", 4, minimum=1, maximum=20)
 SERVE_STATIC = env_bool("SERVE_STATIC", True)
+# A turn still without a final reply after this many seconds was interrupted (e.g. a restart);
+# until then its question is protected from memory compression by concurrent turns (FAULTS F-26).
+CHAT_TURN_MAX_SECONDS = env_int("CHAT_TURN_MAX_SECONDS", 1800, minimum=60)

@@ -1,0 +1,84 @@
+"""Who may see a chat session (healthchecks' ``_get_check_for_user`` pattern).
+
+A session belongs to a user, or to the browser session of an anonymous visitor. Every view and
+the consumer fetch sessions only through :func:`session_get_for_owner` (or its async twin), which
+answers ``Http404`` for anything that is not the caller's, so a stranger cannot even learn that a
+session id exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from channels.db import database_sync_to_async
+from django.contrib.sessions.backends.base import SessionBase
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest
+
+from chatapp.models import ChatSession
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The caller as an owner: a user id, or else an anonymous browser's session key (either
+    may be None when the caller has neither; such a caller owns nothing)."""
+
+    user_id: int | None
+    session_key: str | None
+
+
+def owner_from(request_or_scope: HttpRequest | dict[str, Any]) -> Owner:
+    """The owner behind an HTTP request or a Channels scope (after ``AuthMiddlewareStack``).
+
+    The anonymous session key is only trusted once the session store has loaded it: a cookie
+    naming a session that does not exist (expired, forged) yields no key. Touches the database
+    (session load): async callers wrap it with ``database_sync_to_async``.
+    """
+    if isinstance(request_or_scope, HttpRequest):
+        user, session = request_or_scope.user, request_or_scope.session
+    else:
+        user, session = request_or_scope.get("user"), request_or_scope.get("session")
+    if user is not None and user.is_authenticated:
+        return Owner(user_id=user.pk, session_key=None)
+    return Owner(user_id=None, session_key=_loaded_session_key(session))
+
+
+def _loaded_session_key(session: SessionBase | None) -> str | None:
+    if session is None:
+        return None
+    # Reading the data loads the store, which drops a key that names no stored session.
+    session.keys()
+    return session.session_key or None
+
+
+def owner_ensure(request: HttpRequest) -> Owner:
+    """The caller as an owner, first creating (and saving) the browser session of an anonymous
+    visitor who has none yet, so the sessions they create stay theirs on the next request."""
+    owner = owner_from(request)
+    if owner.user_id is None and owner.session_key is None:
+        # Saving an empty session creates its key and marks it modified, so the cookie is set.
+        request.session.save()
+        owner = Owner(user_id=None, session_key=request.session.session_key)
+    return owner
+
+
+def session_queryset_for_owner(owner: Owner) -> QuerySet[ChatSession]:
+    """Every chat session ``owner`` may read (none for an owner without user or session key)."""
+    if owner.user_id is not None:
+        return ChatSession.objects.filter(owner_id=owner.user_id)
+    if owner.session_key:
+        return ChatSession.objects.filter(owner__isnull=True, owner_session_key=owner.session_key)
+    return ChatSession.objects.none()
+
+
+def session_get_for_owner(request_or_scope: HttpRequest | dict[str, Any], session_id: int) -> ChatSession:
+    """The chat session ``session_id`` if the caller owns it; raises ``Http404`` otherwise
+    (another user's, another browser's, or no such session)."""
+    session = session_queryset_for_owner(owner_from(request_or_scope)).filter(pk=session_id).first()
+    if session is None:
+        raise Http404("No such chat session.")
+    return session
+
+
+asession_get_for_owner = database_sync_to_async(session_get_for_owner)

@@ -1,0 +1,11 @@
+"""The chat application: sessions, messages, the knowledge base, the socket and the pages."""
+
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class ChatappConfig(AppConfig):
+    name = "chatapp"
+    default_auto_field = "django.db.models.BigAutoField"
+    verbose_name = "Chat"

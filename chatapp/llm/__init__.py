@@ -1,0 +1,41 @@
+"""LLM access for the chat app (SPEC.md section 6).
+
+- :mod:`chatapp.llm.clients`: endpoints from settings, cached ``AsyncOpenAI`` clients,
+  :func:`~chatapp.llm.clients.chat_stream` and the one error class :class:`~chatapp.llm.clients.LLMError`.
+- :mod:`chatapp.llm.summarizer`: :class:`~chatapp.llm.summarizer.OpenAISummarizer` and the memory
+  engine's degradation chain built from settings.
+- :mod:`chatapp.llm.offline`: the built-in offline engine, an OpenAI-compatible ``httpx2`` transport
+  (its answers are decided in :mod:`chatapp.llm.offline_replies`).
+"""
+
+from __future__ import annotations
+
+from chatapp.llm.clients import (
+    ChatEvent,
+    Endpoint,
+    LLMError,
+    chat_endpoint,
+    chat_stream,
+    failover_endpoint,
+    get_client,
+    make_client,
+    summary_endpoint,
+)
+from chatapp.llm.offline import OFFLINE_MODEL, OfflineTransport
+from chatapp.llm.summarizer import OpenAISummarizer, build_summarizer_chain
+
+__all__ = [
+    "OFFLINE_MODEL",
+    "ChatEvent",
+    "Endpoint",
+    "LLMError",
+    "OfflineTransport",
+    "OpenAISummarizer",
+    "build_summarizer_chain",
+    "chat_endpoint",
+    "chat_stream",
+    "failover_endpoint",
+    "get_client",
+    "make_client",
+    "summary_endpoint",
+]

@@ -1,0 +1,317 @@
+"""OpenAI-compatible endpoints, their clients, and the streaming chat call (SPEC.md section 6).
+
+Every model call of the app goes through ``openai.AsyncOpenAI``. An endpoint with an empty base URL
+is the built-in offline engine: its client gets an ``httpx2`` transport that answers in process
+(:class:`chatapp.llm.offline.OfflineTransport`), so the same SDK code path runs with or without a
+server. Clients never retry on their own (``max_retries=0``): the memory degradation chain counts
+its attempts itself (SPEC.md section 4), and a chat turn reports a failure instead of stalling.
+
+Every failure of an endpoint reaches callers as one exception class, :class:`LLMError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypedDict, cast
+
+import httpx2
+import openai
+from django.conf import settings
+from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam, ChatCompletionToolUnionParam
+
+from chatapp.llm.offline import OFFLINE_BASE_URL, OfflineTransport
+from memory.core import to_wire
+
+LLMErrorKind = Literal["connection", "timeout", "rate_limit", "server", "status", "malformed", "empty"]
+
+
+class LLMError(Exception):
+    """An endpoint did not produce a usable reply.
+
+    ``message`` is a sentence for people (it names the endpoint); ``kind`` is one of
+    ``connection`` (refused or unreachable), ``timeout``, ``rate_limit`` (HTTP 429), ``server``
+    (HTTP 5xx or an error event inside a stream), ``status`` (any other HTTP error), ``malformed``
+    (a body that is not the expected JSON) and ``empty`` (a reply with neither text nor tool calls).
+    """
+
+    def __init__(self, message: str, kind: LLMErrorKind) -> None:
+        super().__init__(message)
+        self.message = message
+        self.kind = kind
+
+
+@dataclass(frozen=True, kw_only=True)
+class Endpoint:
+    """One OpenAI-compatible endpoint and model.
+
+    ``base_url``: e.g. ``https://api.openai.com/v1``; empty selects the offline engine.
+    ``context_window``: the model's maximum input, in tokens. ``timeout``: seconds allowed for
+    connecting and for each read (for a stream: between two chunks).
+    """
+
+    base_url: str
+    api_key: str = field(repr=False)
+    model: str
+    context_window: int
+    timeout: float
+
+    @property
+    def offline(self) -> bool:
+        return not self.base_url
+
+    @property
+    def label(self) -> str:
+        """How error messages name this endpoint."""
+        return "The offline engine" if self.offline else f"The model endpoint at {self.base_url}"
+
+
+def chat_endpoint() -> Endpoint:
+    """The chat model, from the ``LLM_CHAT_*`` settings."""
+    return Endpoint(
+        base_url=settings.LLM_CHAT_BASE_URL,
+        api_key=settings.LLM_CHAT_API_KEY,
+        model=settings.LLM_CHAT_MODEL,
+        context_window=settings.LLM_CHAT_CONTEXT_WINDOW,
+        timeout=settings.LLM_CHAT_TIMEOUT,
+    )
+
+
+def summary_endpoint() -> Endpoint:
+    """The primary summarizer model, from the ``LLM_SUMMARY_*`` settings."""
+    return Endpoint(
+        base_url=settings.LLM_SUMMARY_BASE_URL,
+        api_key=settings.LLM_SUMMARY_API_KEY,
+        model=settings.LLM_SUMMARY_MODEL,
+        context_window=settings.LLM_SUMMARY_CONTEXT_WINDOW,
+        timeout=settings.LLM_SUMMARY_TIMEOUT,
+    )
+
+
+def failover_endpoint() -> Endpoint | None:
+    """The failover summarizer model, or None when ``LLM_FAILOVER_MODEL`` is unset.
+
+    Without ``LLM_FAILOVER_BASE_URL`` the failover model is served by the summary endpoint's
+    server (the usual case: a second model at the same provider). It shares the summary timeout.
+    """
+    if not settings.LLM_FAILOVER_MODEL:
+        return None
+    return Endpoint(
+        base_url=settings.LLM_FAILOVER_BASE_URL or settings.LLM_SUMMARY_BASE_URL,
+        api_key=settings.LLM_FAILOVER_API_KEY,
+        model=settings.LLM_FAILOVER_MODEL,
+        context_window=settings.LLM_FAILOVER_CONTEXT_WINDOW,
+        timeout=settings.LLM_SUMMARY_TIMEOUT,
+    )
+
+
+def make_client(endpoint: Endpoint) -> openai.AsyncOpenAI:
+    """A new ``AsyncOpenAI`` client for ``endpoint``, without hidden retries.
+
+    For an offline endpoint the client talks to :class:`OfflineTransport` instead of the network.
+    Prefer :func:`get_client`, which reuses clients.
+    """
+    http_client = httpx2.AsyncClient(transport=OfflineTransport()) if endpoint.offline else None
+    return openai.AsyncOpenAI(
+        base_url=endpoint.base_url or OFFLINE_BASE_URL,
+        # Keyless local servers (Ollama, llama.cpp) ignore the key, but the SDK insists on one.
+        api_key=endpoint.api_key or "no-key",
+        timeout=endpoint.timeout,
+        max_retries=0,
+        http_client=http_client,
+    )
+
+
+# A client's connection pool belongs to the event loop that opened it, so clients are cached per
+# running loop (one loop under Daphne; one per test under pytest-asyncio).
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Endpoint, openai.AsyncOpenAI]] = weakref.WeakKeyDictionary()
+
+
+def get_client(endpoint: Endpoint) -> openai.AsyncOpenAI:
+    """The cached client of ``endpoint`` for the running event loop (call it from async code)."""
+    per_loop = _clients.setdefault(asyncio.get_running_loop(), {})
+    if endpoint not in per_loop:
+        per_loop[endpoint] = make_client(endpoint)
+    return per_loop[endpoint]
+
+
+@contextlib.contextmanager
+def translated_errors(endpoint: Endpoint) -> Iterator[None]:
+    """Re-raise the SDK's errors (and undecodable bodies) of a call to ``endpoint`` as LLMError."""
+    try:
+        yield
+    except openai.APITimeoutError as exc:
+        raise LLMError(f"{endpoint.label} did not answer within {endpoint.timeout:g} s.", "timeout") from exc
+    except openai.APIConnectionError as exc:
+        raise LLMError(_connection_message(endpoint, exc), "connection") from exc
+    except openai.RateLimitError as exc:
+        raise LLMError(f"{endpoint.label} is rate limiting requests (HTTP 429): {_detail(exc)}", "rate_limit") from exc
+    except openai.APIStatusError as exc:
+        kind: LLMErrorKind = "server" if exc.status_code >= 500 else "status"
+        raise LLMError(f"{endpoint.label} failed with HTTP {exc.status_code}: {_detail(exc)}", kind) from exc
+    except openai.APIError as exc:
+        raise LLMError(f"{endpoint.label} reported an error: {_detail(exc)}", "server") from exc
+    except json.JSONDecodeError as exc:
+        raise LLMError(f"{endpoint.label} sent a response that is not valid JSON ({exc.msg}).", "malformed") from exc
+
+
+def _connection_message(endpoint: Endpoint, exc: openai.APIConnectionError) -> str:
+    # The HTTP stack wraps the OS error several times ("All connection attempts failed").
+    causes: list[BaseException] = []
+    cause: BaseException | None = exc.__cause__
+    while cause is not None and len(causes) < 10:
+        causes.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    if any(isinstance(cause, ConnectionRefusedError) for cause in causes):
+        return f"{endpoint.label} refused the connection (is the server running?)."
+    detail = str(causes[-1]).strip() if causes else ""
+    return f"{endpoint.label} could not be reached: {detail or type(exc).__name__}."
+
+
+def _detail(exc: openai.APIError) -> str:
+    """The provider's own error message, kept short for logs and the inspector."""
+    body = exc.body
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        message = error.get("message") if isinstance(error, dict) else error
+        if isinstance(message, str) and message.strip():
+            return message.strip()[:300]
+    return exc.message[:300]
+
+
+class DeltaEvent(TypedDict):
+    type: Literal["delta"]
+    text: str
+
+
+class ToolCallsEvent(TypedDict):
+    type: Literal["tool_calls"]
+    tool_calls: list[dict[str, Any]]
+
+
+class UsageEvent(TypedDict):
+    type: Literal["usage"]
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class FinishEvent(TypedDict):
+    type: Literal["finish"]
+    finish_reason: str | None
+
+
+ChatEvent = DeltaEvent | ToolCallsEvent | UsageEvent | FinishEvent
+
+
+def wire_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Copies of ``messages`` with only ``role``, ``content``, ``tool_calls``, ``tool_call_id``
+    and ``name``: persisted extras such as ``id`` or ``token_count`` never go on the wire."""
+    return [to_wire(message) for message in messages]
+
+
+async def chat_stream(
+    messages: list[dict[str, Any]],
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    endpoint: Endpoint | None = None,
+) -> AsyncIterator[ChatEvent]:
+    """Stream one chat completion as typed events.
+
+    ``messages``: OpenAI wire dicts (extra keys are stripped). ``tools``: OpenAI function tool
+    schemas, or None. ``endpoint``: defaults to :func:`chat_endpoint`. Output is capped at
+    ``LLM_CHAT_MAX_OUTPUT_TOKENS`` tokens.
+
+    Yields, in order: ``{"type": "delta", "text"}`` for each text piece as it arrives; then, once
+    the stream ends, ``{"type": "tool_calls", "tool_calls": [...]}`` (complete OpenAI-format calls
+    assembled from the deltas) if the model called tools, ``{"type": "usage", "prompt_tokens",
+    "completion_tokens"}`` if the endpoint reported usage, and ``{"type": "finish",
+    "finish_reason"}``.
+
+    Raises :class:`LLMError` for any endpoint failure, including a reply with neither text nor
+    tool calls (kind ``empty``). Deltas already yielded stay valid: a failure mid-stream raises
+    after them.
+    """
+    endpoint = endpoint or chat_endpoint()
+    client = get_client(endpoint)
+    with translated_errors(endpoint):
+        stream = await client.chat.completions.create(
+            model=endpoint.model,
+            messages=cast("list[ChatCompletionMessageParam]", wire_messages(messages)),
+            # Some OpenAI-compatible servers reject an empty "tools" list: leave the key out.
+            tools=cast("list[ChatCompletionToolUnionParam]", tools) if tools else openai.omit,
+            stream=True,
+            stream_options={"include_usage": True},
+            max_tokens=settings.LLM_CHAT_MAX_OUTPUT_TOKENS,
+        )
+    assembler = _ToolCallAssembler()
+    usage: UsageEvent | None = None
+    finish_reason: str | None = None
+    has_text = False
+    async with stream:
+        while (chunk := await _next_chunk(stream, endpoint)) is not None:
+            if chunk.usage is not None:
+                usage = {
+                    "type": "usage",
+                    "prompt_tokens": chunk.usage.prompt_tokens,
+                    "completion_tokens": chunk.usage.completion_tokens,
+                }
+            for choice in getattr(chunk, "choices", None) or ():
+                if choice.index != 0:
+                    continue
+                finish_reason = choice.finish_reason or finish_reason
+                assembler.add(choice.delta.tool_calls or ())
+                if choice.delta.content:
+                    has_text = True
+                    yield {"type": "delta", "text": choice.delta.content}
+    tool_calls = assembler.tool_calls()
+    if not has_text and not tool_calls:
+        raise LLMError(f"{endpoint.label} returned an empty reply from model {endpoint.model}.", "empty")
+    if tool_calls:
+        yield {"type": "tool_calls", "tool_calls": tool_calls}
+    if usage is not None:
+        yield usage
+    yield {"type": "finish", "finish_reason": finish_reason}
+
+
+async def _next_chunk(stream: openai.AsyncStream[ChatCompletionChunk], endpoint: Endpoint) -> ChatCompletionChunk | None:
+    """The next chunk, or None at the end. Errors are translated here rather than around the
+    whole loop so that an exception thrown into the consumer's ``yield`` is never relabelled."""
+    with translated_errors(endpoint):
+        try:
+            return await stream.__anext__()
+        except StopAsyncIteration:
+            return None
+
+
+class _ToolCallAssembler:
+    """Joins streamed ``tool_calls`` deltas (keyed by their ``index``) into whole calls."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, dict[str, str]] = {}
+
+    def add(self, deltas: Any) -> None:
+        for delta in deltas:
+            call = self._calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+            call["id"] = call["id"] or (delta.id or "")
+            function = delta.function
+            if function is not None:
+                # The name arrives whole in one delta; some servers repeat it in later deltas.
+                call["name"] = call["name"] or (function.name or "")
+                call["arguments"] += function.arguments or ""
+
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """OpenAI-format calls in index order. A server that sends no call id gets a unique one,
+        because results are paired with their call by id across the whole history (FAULTS F-05)."""
+        return [
+            {
+                "id": call["id"] or f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {"name": call["name"], "arguments": call["arguments"]},
+            }
+            for _, call in sorted(self._calls.items())
+        ]

@@ -1,0 +1,186 @@
+"""Chat sessions, their messages, the record of every model call, and the knowledge base.
+
+Messages are stored in the OpenAI Chat Completions wire format (SPEC.md section 1), one row per
+message: a user message, each assistant message (with or without ``tool_calls``) and each tool
+result. Rows are never modified by memory management (SPEC.md invariant I6); the memory engine
+keeps its own state in the ``memory`` app, keyed by ``str(ChatSession.pk)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class ChatSession(models.Model):
+    """One conversation. Owned by a user, or (anonymous visitors) by a Django session key."""
+
+    class Mode(models.TextChoices):
+        AGENT = "agent", "Agent"
+        QUICK_ANSWER = "quick-answer", "Quick answer"
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="chat_sessions"
+    )
+    owner_session_key = models.CharField(
+        max_length=40, blank=True, default="", db_index=True, help_text="Django session key of an anonymous owner."
+    )
+    title = models.CharField(max_length=200, blank=True, default="")
+    mode = models.CharField(max_length=16, choices=Mode.choices, default=Mode.AGENT)
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(owner__isnull=False) | ~Q(owner_session_key=""), name="chatsession_has_owner"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.title or f"Chat {self.pk}"
+
+
+class Message(models.Model):
+    """One wire message of a session.
+
+    ``token_count`` is computed once when the row is stored (SPEC.md section 5). ``reply_to`` links
+    every assistant and tool message to the user message that opened its turn, so concurrent
+    turns of one session (two tabs, FAULTS F-26) stay apart. ``client_message_id`` is the browser's
+    id of a user message and makes a resend idempotent (FAULTS F-27). ``status`` tells how an
+    assistant reply ended.
+    """
+
+    class Role(models.TextChoices):
+        SYSTEM = "system"
+        USER = "user"
+        ASSISTANT = "assistant"
+        TOOL = "tool"
+
+    class Status(models.TextChoices):
+        COMPLETE = "complete"
+        STOPPED = "stopped"
+        ERROR = "error"
+
+    session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="messages")
+    role = models.CharField(max_length=16, choices=Role.choices)
+    content = models.TextField(null=True, blank=True)
+    tool_calls = models.JSONField(null=True, blank=True)
+    tool_call_id = models.CharField(max_length=255, blank=True, default="")
+    name = models.CharField(max_length=64, blank=True, default="")
+    token_count = models.PositiveIntegerField()
+    client_message_id = models.CharField(max_length=64, null=True, blank=True)
+    reply_to = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="replies")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.COMPLETE)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["session", "client_message_id"],
+                condition=Q(client_message_id__isnull=False),
+                name="message_client_id_unique_per_session",
+            ),
+        ]
+        indexes = [models.Index(fields=["session", "id"], name="message_session_id_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.role} #{self.pk}"
+
+    @property
+    def is_final_reply(self) -> bool:
+        """True for the assistant message that ends a turn (one without ``tool_calls``)."""
+        return self.role == self.Role.ASSISTANT and not self.tool_calls
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON-safe form sent to browsers: ``id``, ``role``, ``content``, ``tool_calls``,
+        ``tool_call_id``, ``name``, ``status``, ``reply_to`` (the turn's user message id),
+        ``client_message_id``, ``token_count`` (tokens) and ``created`` (ISO 8601)."""
+        return {
+            "id": self.pk,
+            "role": self.role,
+            "content": self.content,
+            "tool_calls": self.tool_calls,
+            "tool_call_id": self.tool_call_id,
+            "name": self.name,
+            "status": self.status,
+            "reply_to": self.reply_to_id,
+            "client_message_id": self.client_message_id,
+            "token_count": self.token_count,
+            "created": self.created.isoformat() if self.created else None,
+        }
+
+    def to_wire(self) -> dict[str, Any]:
+        """The OpenAI wire dict of this row: only keys that are set."""
+        wire: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            wire["tool_calls"] = self.tool_calls
+        if self.tool_call_id:
+            wire["tool_call_id"] = self.tool_call_id
+        if self.name:
+            wire["name"] = self.name
+        return wire
+
+
+class ModelCall(models.Model):
+    """One request sent to the chat model, exactly as built by the memory engine.
+
+    ``context`` is ``MemoryContext.as_dict()`` (messages, sources, sections, summary, events, ...),
+    ``estimated_tokens`` the engine's estimate of the request, ``prompt_tokens`` and
+    ``completion_tokens`` what the provider reported (None when it did not). ``step`` counts model
+    calls within a turn from 1.
+    """
+
+    session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="model_calls")
+    reply_to = models.ForeignKey(Message, null=True, blank=True, on_delete=models.CASCADE, related_name="model_calls")
+    mode = models.CharField(max_length=16, choices=ChatSession.Mode.choices)
+    step = models.PositiveSmallIntegerField(default=1)
+    model = models.CharField(max_length=200)
+    context = models.JSONField()
+    estimated_tokens = models.PositiveIntegerField()
+    prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
+    completion_tokens = models.PositiveIntegerField(null=True, blank=True)
+    finish_reason = models.CharField(max_length=32, blank=True, default="")
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"model call #{self.pk} (session {self.session_id}, step {self.step})"
+
+
+class Document(models.Model):
+    """A knowledge-base document (plain text or Markdown). ``slug`` makes loading idempotent."""
+
+    slug = models.SlugField(max_length=100, unique=True)
+    title = models.CharField(max_length=200)
+    body = models.TextField()
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["title"]
+
+    def __str__(self) -> str:
+        return self.title
+
+
+class Chunk(models.Model):
+    """A passage of a document, the unit of full-text search (see :mod:`chatapp.kb`)."""
+
+    document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="chunks")
+    ord = models.PositiveIntegerField()
+    text = models.TextField()
+
+    class Meta:
+        ordering = ["document_id", "ord"]
+        constraints = [models.UniqueConstraint(fields=["document", "ord"], name="chunk_unique_ord_per_document")]
+
+    def __str__(self) -> str:
+        return f"{self.document_id}#{self.ord}"

@@ -1,0 +1,198 @@
+"""A scripted OpenAI-compatible HTTP server for tests, on 127.0.0.1 with an ephemeral port.
+
+Each test scripts the replies (:meth:`FakeOpenAI.script`): JSON completions, SSE streams (text and
+``tool_calls`` deltas), HTTP errors, slow replies, empty content, malformed bodies. Every request is
+recorded, so a test can assert exactly how many HTTP requests a client made. It runs in a thread
+(stdlib ``http.server``) and really speaks HTTP, so clients exercise their real network stack.
+
+Fixtures (import them explicitly into a test module): ``fake_openai`` and ``fake_openai_failover``
+(two independent servers) and ``refused_base_url`` (a port where connections are refused).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reply:
+    """One scripted HTTP reply: ``body`` sent whole, or ``events`` sent as SSE ``data:`` lines
+    (each flushed on its own, then ``data: [DONE]``), after waiting ``delay`` seconds."""
+
+    status: int = 200
+    body: bytes = b""
+    content_type: str = "application/json"
+    events: list[str] | None = None
+    delay: float = 0.0
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One request the server received; ``json`` is the parsed body (None if not JSON)."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    json: Any
+
+
+def completion(content: str | None, *, tool_calls: list[dict[str, Any]] | None = None, model: str = "fake-model") -> Reply:
+    """A non-streaming ``chat.completion`` with usage."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    payload = {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop"}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+    }
+    return Reply(body=json.dumps(payload).encode())
+
+
+def chunk(delta: dict[str, Any] | None = None, *, finish_reason: str | None = None, usage: dict[str, int] | None = None) -> str:
+    """One ``chat.completion.chunk`` as JSON text: a delta choice, or (with ``usage``) the final
+    usage chunk that has no choices."""
+    payload: dict[str, Any] = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": "fake-model"}
+    if usage is not None:
+        payload.update(choices=[], usage=usage)
+    else:
+        payload["choices"] = [{"index": 0, "delta": delta or {}, "finish_reason": finish_reason}]
+    return json.dumps(payload)
+
+
+def stream(*events: str) -> Reply:
+    """An SSE reply made of ``events`` (see :func:`chunk`)."""
+    return Reply(content_type="text/event-stream", events=list(events))
+
+
+def error(status: int, message: str) -> Reply:
+    """An OpenAI-style error body with HTTP ``status``."""
+    error_type = "server_error" if status >= 500 else "rate_limit_error" if status == 429 else "invalid_request_error"
+    return Reply(status=status, body=json.dumps({"error": {"message": message, "type": error_type}}).encode())
+
+
+def slow(seconds: float, then: Reply) -> Reply:
+    """``then``, sent only after ``seconds``."""
+    return Reply(status=then.status, body=then.body, content_type=then.content_type, events=then.events, delay=seconds)
+
+
+MALFORMED_JSON = Reply(body=b'{"id": "chatcmpl-fake", "choices": [')
+
+
+@dataclass
+class FakeOpenAI:
+    """The server. ``base_url`` ends in ``/v1``. Scripted replies are served in order; the last
+    one repeats, so a test scripting one failure sees it on every retry."""
+
+    requests: list[Recorded] = field(default_factory=list)
+    _replies: list[Reply] = field(default_factory=lambda: [completion("ok")])
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _released: threading.Event = field(default_factory=threading.Event)
+    _server: ThreadingHTTPServer | None = None
+
+    @property
+    def base_url(self) -> str:
+        assert self._server is not None, "server not started"
+        return f"http://127.0.0.1:{self._server.server_port}/v1"
+
+    def script(self, *replies: Reply) -> None:
+        with self._lock:
+            self._replies = list(replies)
+
+    def start(self) -> None:
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server.daemon_threads = True
+        # A short poll interval keeps shutdown (and so each test's teardown) fast.
+        threading.Thread(target=self._server.serve_forever, args=(0.02,), name="fake-openai", daemon=True).start()
+
+    def stop(self) -> None:
+        # Wake handlers still sleeping in a scripted delay so they finish promptly.
+        self._released.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    def _take(self, recorded: Recorded) -> Reply:
+        with self._lock:
+            self.requests.append(recorded)
+            return self._replies.pop(0) if len(self._replies) > 1 else self._replies[0]
+
+
+def _handler_for(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self._serve(None)
+
+        def do_POST(self) -> None:
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = None
+            self._serve(body)
+
+        def _serve(self, body: Any) -> None:
+            reply = fake._take(Recorded(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+            if reply.delay and fake._released.wait(reply.delay):
+                return
+            # A client that gave up (a timeout under test) has closed the socket: nothing to tell it.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self._send(reply)
+
+        def _send(self, reply: Reply) -> None:
+            self.send_response(reply.status)
+            self.send_header("Content-Type", reply.content_type)
+            self.send_header("Connection", "close")
+            if reply.events is None:
+                self.send_header("Content-Length", str(len(reply.body)))
+                self.end_headers()
+                self.wfile.write(reply.body)
+                return
+            self.end_headers()
+            for event in [*reply.events, "[DONE]"]:
+                self.wfile.write(f"data: {event}\n\n".encode())
+                self.wfile.flush()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # keep test output clean
+
+    return Handler
+
+
+@pytest.fixture
+def fake_openai() -> Iterator[FakeOpenAI]:
+    """A started fake server, stopped after the test."""
+    server = FakeOpenAI()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fake_openai_failover() -> Iterator[FakeOpenAI]:
+    """A second, independent fake server (for the failover summarizer)."""
+    server = FakeOpenAI()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def refused_base_url() -> Iterator[str]:
+    """A base URL whose port is bound but not listening, so connections are refused (holding the
+    port means no other process can start listening on it during the test)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
