@@ -104,12 +104,15 @@ class MemoryEngine:
         mode: Mode,
         tools: list[dict[str, Any]] | None = None,
         summarize_below: int | None = None,
+        force: bool = False,
     ) -> MemoryContext:
         """Load the summary and the increment, compress when over the trigger, write the new
         summary back (compare-and-set) and return the model-facing context.
 
         ``tools``: the tool schemas sent with the request (counted). ``summarize_below``: the
         first message id that must not be summarized (another turn of the session in flight).
+        ``force``: compress now (the inspector's "compress now"): every history message before
+        the current turn is folded into the summary, whatever the request size.
 
         A failing summarizer never raises here: it degrades to the raw archive (SPEC.md
         section 4). Database errors propagate. Nothing is written before the summarizer returns.
@@ -119,7 +122,7 @@ class MemoryEngine:
         for _ in range(CAS_ROUNDS):
             state = await sync_to_async(services.session_summary_get)(session_key=session_key)
             increment = await load_increment(state.last_message_id)
-            plan = self._plan(system, state, increment, tools, mode, summarize_below)
+            plan = self._plan(system, state, increment, tools, mode, summarize_below, force)
             if not plan.needs_compression:
                 return self._context(plan, state, plan.retained, tools, events)
             if not plan.to_summarize:
@@ -156,7 +159,14 @@ class MemoryEngine:
         return await self._finish(session_key, mode, plan, state, plan.history, tools, events)
 
     def _plan(
-        self, system: Message | None, state: SummaryState, increment: list[Message], tools, mode: Mode, summarize_below: int | None = None
+        self,
+        system: Message | None,
+        state: SummaryState,
+        increment: list[Message],
+        tools,
+        mode: Mode,
+        summarize_below: int | None = None,
+        force: bool = False,
     ) -> Plan:
         return plan_request(
             system=system,
@@ -167,6 +177,7 @@ class MemoryEngine:
             tools=tools,
             mode=mode,
             summarize_below=summarize_below,
+            force=force,
         )
 
     async def summarize(self, state: SummaryState, messages: list[Message]) -> Outcome:

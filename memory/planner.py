@@ -79,6 +79,7 @@ def plan_request(
     tools: list[dict[str, Any]] | None = None,
     mode: Mode = "quick-answer",
     summarize_below: int | None = None,
+    force: bool = False,
 ) -> Plan:
     """Decide what a request keeps verbatim and what must be folded into the summary.
 
@@ -88,6 +89,7 @@ def plan_request(
     budget forced fewer than ``config.preserve_turns`` whole turns to be kept.
     ``summarize_below``: no message with this id or above may be summarized (the start of a
     concurrent turn still in flight, FAULTS F-26); units from there on stay verbatim.
+    ``force``: compress now whatever the size: all history before the current turn is summarized.
     """
     history, current = split_current_turn(increment)
     history_units = group_units(history, counter)
@@ -114,12 +116,12 @@ def plan_request(
         to_summarize=[],
         retained=history_units,
         tokens_before=before.tokens,
-        needs_compression=before.tokens > config.trigger_tokens,
-        budget=budget,
+        needs_compression=force or before.tokens > config.trigger_tokens,
+        budget=0 if force else budget,
     )
     if not plan.needs_compression:
         return plan
-    plan.to_summarize, plan.retained = back_scan(history_units, budget)
+    plan.to_summarize, plan.retained = back_scan(history_units, plan.budget)
     if summarize_below is not None:
         pinned = next(
             (i for i, unit in enumerate(plan.to_summarize) if any((m.get("id") or 0) >= summarize_below for m in unit.members)),
@@ -129,7 +131,9 @@ def plan_request(
             plan.retained = plan.to_summarize[pinned:] + plan.retained
             plan.to_summarize = plan.to_summarize[:pinned]
             plan.notes.append(f"messages from id {summarize_below} on belong to a turn in flight: kept verbatim")
-    if budget <= 0:
+    if force:
+        plan.notes.append("compression requested by the user: all history before the current turn is summarized")
+    elif budget <= 0:
         plan.notes.append(
             f"system prompt + current turn + summary reserve need {fixed + config.summary_reserve_tokens} tokens, "
             f"over the target of {config.target_tokens}: no history can be retained"

@@ -90,3 +90,33 @@ def session_memory_delete(*, session_key: str) -> None:
     """Forget a session's memory state (its summary and events); raw messages are not ours."""
     SessionSummary.objects.filter(session_key=session_key).delete()
     CompressionEvent.objects.filter(session_key=session_key).delete()
+
+
+def summarizer_health_get(*, session_key: str) -> dict[str, Any]:
+    """The summarizer's health as of the session's last compression.
+
+    ``status``: ``idle`` (no compression yet), ``ok`` (first primary attempt succeeded),
+    ``retrying`` (the primary succeeded after failed attempts), ``failover`` (the failover model
+    produced the summary) or ``raw_archive`` (every attempt failed; SPEC.md section 4 layer 3).
+    ``last_error``: the newest failed attempt's error of that compression, ``""`` if none;
+    ``attempts``: its attempt records; ``at``: when it happened (ISO 8601) or None.
+    """
+    event = (
+        CompressionEvent.objects.filter(session_key=session_key, kind__in=("compression", "superseded"))
+        .order_by("-id")
+        .first()
+    )
+    if event is None:
+        return {"status": "idle", "last_error": "", "attempts": [], "at": None}
+    attempts = event.attempts or []
+    errors = [attempt["error"] for attempt in attempts if not attempt.get("ok")]
+    succeeded = next((attempt for attempt in attempts if attempt.get("ok")), None)
+    if event.degraded or succeeded is None:
+        status = "raw_archive"
+    elif succeeded.get("phase") == "failover":
+        status = "failover"
+    elif errors:
+        status = "retrying"
+    else:
+        status = "ok"
+    return {"status": status, "last_error": errors[-1] if errors else "", "attempts": attempts, "at": event.created_at.isoformat()}

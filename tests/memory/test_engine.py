@@ -351,3 +351,35 @@ def test_a_turn_in_flight_is_never_summarized_by_a_concurrent_turn(session_key):
     check_context(context, stored=store.rows, system_prompt=SYSTEM, counter=COUNTER)
     assert context.summary["last_message_id"] < in_flight["id"]
     assert {"id": in_flight["id"], "kind": "history"} in context.sources
+
+
+def test_compress_now_folds_all_history_before_the_current_turn(session_key):
+    store = Store()
+    store.add(user("hi"), asst("hello"), user("latest"))
+    context = async_to_sync(make_engine(primary=ScriptedSummarizer(default="greetings exchanged")).build_context)(
+        session_key=session_key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="quick-answer", force=True
+    )
+    check_context(context, stored=store.rows, system_prompt=SYSTEM, counter=COUNTER)
+    assert context.summary["last_message_id"] == 2 and [s["kind"] for s in context.sources] == ["system", "summary", "current"]
+    assert any("requested by the user" in note for note in context.events[0]["notes"])
+
+
+@pytest.mark.parametrize(
+    ("primary", "failover", "status"),
+    [
+        (["ok"], None, "ok"),
+        ([RuntimeError("a"), "ok"], None, "retrying"),
+        ([RuntimeError("a")] * 3, ["ok"], "failover"),
+        ([RuntimeError("a")] * 3, [RuntimeError("b")] * 3, "raw_archive"),
+    ],
+)
+def test_summarizer_health(session_key, primary, failover, status):
+    assert services.summarizer_health_get(session_key=session_key)["status"] == "idle"
+    store = Store()
+    chat(store, 12)
+    store.add(user("q"))
+    engine = make_engine(primary=ScriptedSummarizer(primary), failover=ScriptedSummarizer(failover) if failover else None)
+    build(engine, store, session_key)
+    health = services.summarizer_health_get(session_key=session_key)
+    assert health["status"] == status
+    assert (health["last_error"] != "") == (status != "ok")
