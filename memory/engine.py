@@ -8,15 +8,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable, Callable
+from typing import Any
+from collections.abc import Awaitable, Callable
 
 from asgiref.sync import sync_to_async
 
 from memory import services
 from memory.config import MemoryConfig, Mode
-from memory.core import Message, flatten, raw_archive_merge, summary_block
+from memory.core import Message, Unit, raw_archive_merge, summary_block
 from memory.planner import Plan, Request, SummaryView, build_request, plan_request, summary_output_tokens
-from memory.prompts import build_summary_prompt, chunk_messages, fit_transcript, render_transcript
+from memory.prompts import build_summary_prompt, chunk_messages, fit_transcript, render_transcript, transcript_budget
 from memory.services import SummaryState
 from memory.summarizer import Attempt, SummarizerChain, SummaryRequest
 from memory.tokens import TokenCounter
@@ -27,6 +28,8 @@ IncrementLoader = Callable[[int | None], Awaitable[list[Message]]]
 """``await load_increment(boundary)``: every persisted message of the session with an id greater
 than ``boundary`` (all of them when None), ascending id, as wire dicts plus ``id`` and optionally
 ``token_count``. Never a page: compaction must not read through a limited view (FAULTS F-15)."""
+
+Tools = list[dict[str, Any]] | None
 
 # Compare-and-set rounds before a request gives up writing and uses the newest stored state.
 CAS_ROUNDS = 3
@@ -154,16 +157,54 @@ class MemoryEngine:
                 )
             )
             return await self._finish(session_key, mode, plan, new_state, plan.retained, tools, events, request)
+        context = await self.degraded_context(
+            session_key=session_key,
+            system_prompt=system_prompt,
+            load_increment=load_increment,
+            mode=mode,
+            tools=tools,
+            summarize_below=summarize_below,
+            reason=f"{CAS_ROUNDS} concurrent compressions won the race: degraded context, nothing written",
+        )
+        context.events[:0] = events
+        return context
+
+    async def degraded_context(
+        self,
+        *,
+        session_key: str,
+        system_prompt: str | None,
+        load_increment: IncrementLoader,
+        mode: Mode,
+        tools: list[dict[str, Any]] | None = None,
+        summarize_below: int | None = None,
+        reason: str,
+    ) -> MemoryContext:
+        """A context built with no summarizer and no write: the stored summary plus, when the
+        request is over the trigger, a raw archive of what does not fit (SPEC.md section 4,
+        layer 3, kept in memory only). ``reason`` is recorded in ``repairs``."""
         state = await sync_to_async(services.session_summary_get)(session_key=session_key)
+        system = {"role": "system", "content": system_prompt} if system_prompt else None
         plan = self._plan(system, state, await load_increment(state.last_message_id), tools, mode, summarize_below)
-        return await self._finish(session_key, mode, plan, state, plan.history, tools, events)
+        if plan.to_summarize:
+            messages = plan.summarized_messages
+            state = SummaryState(
+                content=raw_archive_merge(state.content, messages, max_tokens=self.summary_cap, counter=self.counter),
+                summary_type="raw",
+                last_message_id=max(m["id"] for m in messages),
+                compressed_count=state.compressed_count + len(messages),
+                version=state.version,
+            )
+        context = self._context(plan, state, plan.retained, tools, [])
+        context.repairs.append(reason)
+        return context
 
     def _plan(
         self,
         system: Message | None,
         state: SummaryState,
         increment: list[Message],
-        tools,
+        tools: Tools,
         mode: Mode,
         summarize_below: int | None = None,
         force: bool = False,
@@ -190,16 +231,13 @@ class MemoryEngine:
         max_tokens = summary_output_tokens(
             previous_summary_tokens=self.counter.count_text(state.content), transcript_tokens=transcript_tokens, cap=cap
         )
-        chunks = chunk_messages(
-            messages,
-            previous_summary_tokens=cap,
-            max_output_tokens=max_tokens,
-            window=self.config.summarizer_window,
-            counter=self.counter,
+        budget = transcript_budget(
+            previous_summary_tokens=cap, max_output_tokens=max_tokens, window=self.config.summarizer_window, counter=self.counter
         )
+        chunks = chunk_messages(messages, budget=budget, counter=self.counter)
         content, attempts, degraded = state.content, [], False
         for index, chunk in enumerate(chunks):
-            transcript = fit_transcript(chunk, max_tokens=max(64, self.config.summarizer_window - cap - max_tokens - 400), counter=self.counter)
+            transcript = fit_transcript(chunk, max_tokens=budget, counter=self.counter)
             request = SummaryRequest(
                 previous_summary=content,
                 messages=chunk,
@@ -231,10 +269,12 @@ class MemoryEngine:
         empty_block = summary_block(content="", summary_type="raw", compressed_count=10**6, role="system")
         return max(16, self.config.summary_reserve_tokens - self.counter.count_message(empty_block) - 1)
 
-    def _request(self, plan: Plan, state: SummaryState, retained, tools) -> Request:
+    def _request(self, plan: Plan, state: SummaryState, retained: list[Unit], tools: Tools) -> Request:
         return build_request(plan=plan, summary=_view(state), retained=retained, config=self.config, counter=self.counter, tools=tools)
 
-    def _context(self, plan: Plan, state: SummaryState, retained, tools, events, request: Request | None = None) -> MemoryContext:
+    def _context(
+        self, plan: Plan, state: SummaryState, retained: list[Unit], tools: Tools, events: list[dict[str, Any]], request: Request | None = None
+    ) -> MemoryContext:
         request = request or self._request(plan, state, retained, tools)
         assembly = request.assembly
         return MemoryContext(
@@ -253,7 +293,15 @@ class MemoryEngine:
         )
 
     async def _finish(
-        self, session_key: str, mode: Mode, plan: Plan, state: SummaryState, retained, tools, events, request: Request | None = None
+        self,
+        session_key: str,
+        mode: Mode,
+        plan: Plan,
+        state: SummaryState,
+        retained: list[Unit],
+        tools: Tools,
+        events: list[dict[str, Any]],
+        request: Request | None = None,
     ) -> MemoryContext:
         request = request or self._request(plan, state, retained, tools)
         if request.elisions or request.overflow:
@@ -355,24 +403,12 @@ class AgentMemoryMiddleware:
             )
         except Exception:
             logger.exception("memory engine failed for session %s; continuing on a degraded context", self.session_key)
-            return await self._degraded()
-
-    async def _degraded(self) -> MemoryContext:
-        engine = self.engine
-        state = await sync_to_async(services.session_summary_get)(session_key=self.session_key)
-        system = {"role": "system", "content": self.system_prompt} if self.system_prompt else None
-        plan = engine._plan(
-            system, state, await self.load_increment(state.last_message_id), self.tools, "agent", self.summarize_below
-        )
-        if plan.to_summarize:
-            messages = flatten(plan.to_summarize, wire=False)
-            state = SummaryState(
-                content=raw_archive_merge(state.content, messages, max_tokens=engine.summary_cap, counter=engine.counter),
-                summary_type="raw",
-                last_message_id=max(m["id"] for m in messages),
-                compressed_count=state.compressed_count + len(messages),
-                version=state.version,
+            return await self.engine.degraded_context(
+                session_key=self.session_key,
+                system_prompt=self.system_prompt,
+                load_increment=self.load_increment,
+                mode="agent",
+                tools=self.tools,
+                summarize_below=self.summarize_below,
+                reason="memory engine failed: degraded context, nothing written",
             )
-        context = engine._context(plan, state, plan.retained, self.tools, [])
-        context.repairs.append("memory engine failed: degraded context, nothing written")
-        return context

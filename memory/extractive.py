@@ -22,9 +22,9 @@ _NUMBER_RE = re.compile(r"\d")
 _DATE_RE = re.compile(
     r"\b(\d{4}-\d{2}-\d{2}|jan(uary)?|feb(ruary)?|mar(ch)?|apr(il)?|may|june?|july?|aug(ust)?|sep(tember)?|oct(ober)?|"
     r"nov(ember)?|dec(ember)?|monday|tuesday|wednesday|thursday|friday|saturday|sunday|today|tomorrow|yesterday)\b",
-    re.I,
+    re.IGNORECASE,
 )
-_REQUEST_RE = re.compile(r"\?|\b(please|i want|i need|i'd like|i would like|can you|could you|remember|my name|book|cancel|change|update|refund)\b", re.I)
+_REQUEST_RE = re.compile(r"\?|\b(please|i want|i need|i'd like|i would like|can you|could you|remember|my name|book|cancel|change|update|refund)\b", re.IGNORECASE)
 SENTENCE_CHARS = 300
 SUMMARY_MODEL = "extractive"
 

@@ -24,8 +24,8 @@ Rules:
 - At most {max_tokens} tokens."""
 
 TRANSCRIPT_LINE_CHARS = 4000
-_PREVIOUS_RE = re.compile(r"<previous_summary>\n(.*?)\n</previous_summary>", re.S)
-_TRANSCRIPT_RE = re.compile(r"<transcript>\n(.*?)\n</transcript>", re.S)
+_PREVIOUS_RE = re.compile(r"<previous_summary>\n(.*?)\n</previous_summary>", re.DOTALL)
+_TRANSCRIPT_RE = re.compile(r"<transcript>\n(.*?)\n</transcript>", re.DOTALL)
 
 
 def render_transcript(messages: list[Message], *, line_chars: int = TRANSCRIPT_LINE_CHARS) -> str:
@@ -66,23 +66,19 @@ def split_summary_prompt(content: str) -> tuple[str, str] | None:
     return (previous.group(1) if previous else ""), transcript.group(1)
 
 
-def chunk_messages(
-    messages: list[Message],
-    *,
-    previous_summary_tokens: int,
-    max_output_tokens: int,
-    window: int,
-    counter: TokenCounter,
-) -> list[list[Message]]:
-    """Split ``messages`` so that each summarizer request fits ``window`` tokens (F-17).
+def transcript_budget(*, previous_summary_tokens: int, max_output_tokens: int, window: int, counter: TokenCounter) -> int:
+    """Tokens of transcript one summarizer request may carry within ``window`` tokens: what is
+    left after the instructions, the previous summary (at most ``previous_summary_tokens``), the
+    prompt's framing and ``max_output_tokens`` of reply (FAULTS F-17). At least 64."""
+    framing = counter.count_text(SUMMARY_INSTRUCTIONS) + 64
+    return max(64, window - framing - previous_summary_tokens - max_output_tokens)
 
-    A request costs the instructions, the previous summary (at most ``previous_summary_tokens``),
-    the transcript chunk and ``max_output_tokens`` of reply. Chunks are folded one after another,
-    each merged into the summary produced by the one before. A single message larger than a chunk
-    gets a chunk of its own and its line is trimmed by :func:`fit_transcript`.
-    """
-    overhead = counter.count_text(SUMMARY_INSTRUCTIONS) + 64
-    budget = max(64, window - overhead - previous_summary_tokens - max_output_tokens)
+
+def chunk_messages(messages: list[Message], *, budget: int, counter: TokenCounter) -> list[list[Message]]:
+    """Split ``messages`` into consecutive chunks whose transcripts fit ``budget`` tokens (see
+    :func:`transcript_budget`). Chunks are folded one after another, each merged into the summary
+    produced by the one before. A single message larger than the budget gets a chunk of its own
+    and its line is trimmed by :func:`fit_transcript`."""
     chunks: list[list[Message]] = [[]]
     used = 0
     for message in messages:

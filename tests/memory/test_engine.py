@@ -383,3 +383,15 @@ def test_summarizer_health(session_key, primary, failover, status):
     health = services.summarizer_health_get(session_key=session_key)
     assert health["status"] == status
     assert (health["last_error"] != "") == (status != "ok")
+
+
+def test_losing_every_compare_and_set_round_degrades_without_writing(session_key, monkeypatch):
+    store = Store()
+    chat(store, 12)
+    store.add(user("q"))
+    monkeypatch.setattr(services, "session_summary_save", lambda **kwargs: False)
+    context = build(make_engine(primary=ScriptedSummarizer(default="facts")), store, session_key)
+    assert [e["kind"] for e in context.events] == ["superseded"] * 3
+    assert context.summary["type"] == "raw" and context.tokens <= context.target_tokens
+    assert any("won the race" in note for note in context.repairs)
+    assert not SessionSummary.objects.filter(session_key=session_key).exists()

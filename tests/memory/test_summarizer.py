@@ -9,7 +9,7 @@ import pytest
 
 from memory.extractive import ExtractiveSummarizer, extractive_summary
 from memory.planner import summary_output_tokens
-from memory.prompts import build_summary_prompt, chunk_messages, split_summary_prompt
+from memory.prompts import build_summary_prompt, chunk_messages, split_summary_prompt, transcript_budget
 from memory.summarizer import SummarizerChain, SummaryRequest
 from tests.memory.builders import COUNTER, ScriptedSummarizer, asst, tool, user
 
@@ -70,7 +70,8 @@ def test_thirty_percent_rule_and_hard_cap():
 
 def test_chunks_cover_every_message_in_order():
     messages = [user(f"m{i} " + "x " * 300) for i in range(20)]
-    chunks = chunk_messages(messages, previous_summary_tokens=200, max_output_tokens=200, window=2048, counter=COUNTER)
+    budget = transcript_budget(previous_summary_tokens=200, max_output_tokens=200, window=2048, counter=COUNTER)
+    chunks = chunk_messages(messages, budget=budget, counter=COUNTER)
     assert len(chunks) > 1 and [m for chunk in chunks for m in chunk] == messages
 
 
