@@ -109,7 +109,7 @@ async def measure(size: int, requests: int, engine: MemoryEngine) -> list[float]
 
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, (round(fraction * (len(ordered) - 1)))]
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
 async def main(args: argparse.Namespace) -> None:
