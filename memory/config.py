@@ -23,6 +23,8 @@ class MemoryConfig:
     small window still retains recent messages; at least 64 tokens, enough for the block's header). ``preserve_turns`` (agent mode, SPEC default 5)
     is the number of whole recent turns the engine tries to keep verbatim; the budget always wins.
     ``summarizer_context_window`` bounds one summarizer request (input plus output, tokens).
+    ``summary_role="user"`` is for providers that accept one leading system message only: the
+    summary block and any later system message of the history are then sent as user messages.
     """
 
     context_window: int

@@ -20,6 +20,7 @@ SourceKind = Literal["system", "summary", "history", "current"]
 WIRE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 RAW_ARCHIVE_LINE_CHARS = 500
 RAW_ARCHIVE_MARKER = "[Raw archive of newly added messages]"
+SYSTEM_NOTICE = "[System message]"
 # Line lengths (characters) tried in turn when the archive is over its token cap.
 ARCHIVE_LINE_STEPS = (RAW_ARCHIVE_LINE_CHARS, 200, 80)
 ELISION_MARKER = "[… {tokens} tokens elided to fit the context window; the stored message is intact]"
@@ -76,7 +77,9 @@ class Unit:
         return bool(self.members) and self.members[0].get("role") == "user"
 
 
-def group_units(messages: list[Message], counter: TokenCounter, *, allow_trailing_calls: bool = False) -> list[Unit]:
+def group_units(
+    messages: list[Message], counter: TokenCounter, *, allow_trailing_calls: bool = False, single_system: bool = False
+) -> list[Unit]:
     """Group ``messages`` into atomic units, pairing tool calls and results **by id**.
 
     An assistant message with ``tool_calls`` takes every directly following tool message whose
@@ -85,7 +88,9 @@ def group_units(messages: list[Message], counter: TokenCounter, *, allow_trailin
     coverage accounting holds) but is dropped from ``wire``. Calls without a result are removed
     from the ``wire`` copy of the assistant message (and the message dropped when nothing is left),
     except, with ``allow_trailing_calls``, on a last message whose calls are still executing.
-    Stored dicts are never modified.
+    With ``single_system`` (providers that accept one leading system message, FAULTS F-10) a
+    later system message is sent as a user message marked ``[System message]`` (F-09: it is
+    ordinary history, never the system prompt). Stored dicts are never modified.
     """
     units: list[Unit] = []
     index = 0
@@ -96,6 +101,9 @@ def group_units(messages: list[Message], counter: TokenCounter, *, allow_trailin
             unit = Unit(members=[message], wire=[])
             if message.get("role") == "tool":
                 unit.repairs.append(f"dropped tool result {message.get('tool_call_id')!r}: its call is not in the context")
+            elif message.get("role") == "system" and single_system:
+                content = _plain_text(message.get("content"))
+                unit.wire.append({**message, "role": "user", "content": f"{SYSTEM_NOTICE} {content}", "token_count": None})
             else:
                 unit.wire.append(message)
             units.append(unit)

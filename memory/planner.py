@@ -92,8 +92,9 @@ def plan_request(
     ``force``: compress now whatever the size: all history before the current turn is summarized.
     """
     history, current = split_current_turn(increment)
-    history_units = group_units(history, counter)
-    current_units = group_units(current, counter, allow_trailing_calls=True)
+    single_system = config.summary_role == "user"
+    history_units = group_units(history, counter, single_system=single_system)
+    current_units = group_units(current, counter, allow_trailing_calls=True, single_system=single_system)
     before = assemble(
         system=system,
         summary=summary.block(config.summary_role),

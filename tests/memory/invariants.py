@@ -37,6 +37,7 @@ def check_context(
     counter: TokenCounter,
     tools: list[dict[str, Any]] | None = None,
     dropped_ids: set[int] = frozenset(),
+    single_system: bool = False,
 ) -> None:
     """Assert I1-I5 for ``context`` built over the persisted ``stored`` rows."""
     messages, sources = context.messages, context.sources
@@ -44,6 +45,8 @@ def check_context(
     # I1
     assert messages[0] == {"role": "system", "content": system_prompt}
     assert sources[0]["kind"] == "system" and [s["kind"] for s in sources].count("system") == 1
+    if single_system:
+        assert [m["role"] for m in messages].count("system") == 1, "F-10: a second system message on the wire"
     # no internal role or key goes on the wire (F-10)
     for message in messages:
         assert message["role"] in {"system", "user", "assistant", "tool"}
@@ -53,7 +56,7 @@ def check_context(
     if last_user is not None:
         position = next(i for i, s in enumerate(sources) if s["id"] == last_user["id"])
         assert sources[position]["kind"] == "current"
-        assert messages[position]["content"] == last_user["content"]
+        assert messages[position] == {"role": "user", "content": last_user["content"]}
         current_ids = [row["id"] for row in stored if row["id"] >= last_user["id"]]
         assert [s["id"] for s in sources if s["kind"] == "current"] == [i for i in current_ids if i not in dropped_ids]
     # I3

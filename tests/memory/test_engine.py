@@ -395,3 +395,17 @@ def test_losing_every_compare_and_set_round_degrades_without_writing(session_key
     assert context.summary["type"] == "raw" and context.tokens <= context.target_tokens
     assert any("won the race" in note for note in context.repairs)
     assert not SessionSummary.objects.filter(session_key=session_key).exists()
+
+
+@pytest.mark.parametrize(("summary_role", "notice_role"), [("system", "system"), ("user", "user")])
+def test_f09_f10_a_later_system_message_is_history(session_key, summary_role, notice_role):
+    store = Store()
+    chat(store, 12)
+    store.add({"role": "system", "content": "Notice: maintenance tonight."}, user("q"))
+    context = build(make_engine(summary_role=summary_role, primary=ScriptedSummarizer(default="facts")), store, session_key)
+    assert context.messages[0] == {"role": "system", "content": SYSTEM}
+    notice = next(m for m in context.messages if "maintenance" in (m["content"] or ""))
+    assert notice["role"] == notice_role
+    if summary_role == "user":
+        assert [m["role"] for m in context.messages].count("system") == 1
+        assert notice["content"] == "[System message] Notice: maintenance tonight."

@@ -128,7 +128,7 @@ def test_invariants_hold_before_every_model_call(messages, window, mode, summary
             assert store.rows == snapshot, "I6: memory management modified stored rows"
             check_context(
                 context, stored=store.rows, system_prompt=SYSTEM, counter=COUNTER, tools=tools,
-                dropped_ids=dropped_wire_ids(store.rows) - _covered(context),
+                dropped_ids=dropped_wire_ids(store.rows) - _covered(context), single_system=summary_role == "user",
             )
             new_boundary = context.summary["last_message_id"] or 0
             assert new_boundary >= boundary, "I4: the boundary moved backwards"

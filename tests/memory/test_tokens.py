@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memory.tokens import FALLBACK_ENCODING, get_counter
 from tests.memory.builders import COUNTER, asst, user
@@ -55,3 +57,10 @@ def test_message_overhead_and_names_are_counted():
     assert COUNTER.count_message(user("hello")) == bare + 3 + COUNTER.count_text("user")
     named = {"role": "tool", "content": "hello", "name": "kb_search", "tool_call_id": "c1"}
     assert COUNTER.count_message(named) > COUNTER.count_message({"role": "tool", "content": "hello"})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=300) | st.sampled_from(["<|endoftext|>", "<|fim_prefix|>x", "你好" * 50]))
+def test_counting_any_text_never_raises_and_matches_the_encoding(text):
+    assert COUNTER.count_text(text) == len(COUNTER.encoding.encode(text, disallowed_special=()))
+    assert COUNTER.truncate_text(text, 5) == text or COUNTER.count_text(COUNTER.truncate_text(text, 5)) <= 6
