@@ -26,6 +26,8 @@ _DATE_RE = re.compile(
 )
 _REQUEST_RE = re.compile(r"\?|\b(please|i want|i need|i'd like|i would like|can you|could you|remember|my name|book|cancel|change|update|refund)\b", re.IGNORECASE)
 SENTENCE_CHARS = 300
+# Share of a full summary's room reserved for newly summarized material.
+NEW_SHARE = 0.4
 SUMMARY_MODEL = "extractive"
 
 
@@ -64,7 +66,9 @@ def _extract_line(line: str) -> str | None:
 def extractive_summary(previous_summary: str, transcript: str, *, max_tokens: int, counter: TokenCounter | None = None) -> str:
     """Merge ``previous_summary`` (its lines, raw archive lines included) with the salient
     sentences of ``transcript`` (lines ``- Label: text``) into one flat text of at most
-    ``max_tokens`` tokens. Deterministic. Returns ``""`` when nothing is worth keeping."""
+    ``max_tokens`` tokens. When everything does not fit, the new material keeps up to 40 % of
+    the room and the previous summary loses its most recent lines first, so the first facts and
+    the newest ones both survive. Deterministic. Returns ``""`` when nothing is worth keeping."""
     counter = counter or get_counter(SUMMARY_MODEL)
     previous_lines = [
         line.strip()
@@ -72,19 +76,28 @@ def extractive_summary(previous_summary: str, transcript: str, *, max_tokens: in
         if line.strip() and not line.strip().endswith("earlier archived messages omitted]")
     ]
     new_lines = [extracted for line in transcript.splitlines() if (extracted := _extract_line(line))]
+    old_cost = sum(counter.count_text(line) + 1 for line in previous_lines)
+    new_cost = sum(counter.count_text(line) + 1 for line in new_lines)
+    # When both do not fit, the new material gets up to NEW_SHARE of the room and the old lines
+    # give way from their end: the earliest facts (SPEC.md I7) and the newest both survive.
+    new_budget = min(new_cost, max(int(max_tokens * NEW_SHARE), max_tokens - old_cost))
+    kept = _fit(previous_lines, max_tokens - new_budget, counter, set())
+    used = sum(counter.count_text(line) + 1 for line in kept)
+    kept += _fit(new_lines, max_tokens - used, counter, set(kept))
+    return "\n".join(kept)
+
+
+def _fit(lines: list[str], budget: int, counter: TokenCounter, seen: set[str]) -> list[str]:
+    """The lines, in order and without repeats, that fit ``budget`` tokens (greedy)."""
     kept: list[str] = []
-    seen: set[str] = set()
-    used = 0
-    for line in previous_lines + new_lines:
-        if line in seen:
-            continue
+    for line in lines:
         cost = counter.count_text(line) + 1
-        if used + cost > max_tokens:
+        if line in seen or cost > budget:
             continue
         kept.append(line)
         seen.add(line)
-        used += cost
-    return "\n".join(kept)
+        budget -= cost
+    return kept
 
 
 class ExtractiveSummarizer:

@@ -88,7 +88,8 @@ def plan_request(
     or negative budget retains nothing (FAULTS F-18). In agent mode a note records when the
     budget forced fewer than ``config.preserve_turns`` whole turns to be kept.
     ``summarize_below``: no message with this id or above may be summarized (the start of a
-    concurrent turn still in flight, FAULTS F-26); units from there on stay verbatim.
+    concurrent turn still in flight, FAULTS F-26); units from there on stay verbatim, unless
+    that would put the request over the context window (the window always wins).
     ``force``: compress now whatever the size: all history before the current turn is summarized.
     """
     history, current = split_current_turn(increment)
@@ -129,9 +130,18 @@ def plan_request(
             None,
         )
         if pinned is not None:
-            plan.retained = plan.to_summarize[pinned:] + plan.retained
-            plan.to_summarize = plan.to_summarize[:pinned]
-            plan.notes.append(f"messages from id {summarize_below} on belong to a turn in flight: kept verbatim")
+            pinned_units = plan.to_summarize[pinned:] + plan.retained
+            # The pin yields to the window: a dead turn that still looks in flight must not
+            # block compression for good.
+            if fixed + config.summary_reserve_tokens + sum(unit.tokens for unit in pinned_units) <= config.context_window:
+                plan.retained = pinned_units
+                plan.to_summarize = plan.to_summarize[:pinned]
+                plan.notes.append(f"messages from id {summarize_below} on belong to a turn in flight: kept verbatim")
+            else:
+                plan.notes.append(
+                    f"messages from id {summarize_below} on belong to a turn in flight, but keeping them verbatim "
+                    "would overflow the context window: summarized"
+                )
     if force:
         plan.notes.append("compression requested by the user: all history before the current turn is summarized")
     elif budget <= 0:

@@ -409,3 +409,17 @@ def test_f09_f10_a_later_system_message_is_history(session_key, summary_role, no
     if summary_role == "user":
         assert [m["role"] for m in context.messages].count("system") == 1
         assert notice["content"] == "[System message] Notice: maintenance tonight."
+
+
+def test_a_pin_that_would_overflow_the_window_yields(session_key):
+    store = Store()
+    first = store.add(user("an old question of a turn that looks in flight"))[0]
+    chat(store, 40)
+    store.add(user("now"))
+    context = async_to_sync(make_engine(primary=ScriptedSummarizer(default="facts")).build_context)(
+        session_key=session_key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent",
+        summarize_below=first["id"],
+    )
+    check_context(context, stored=store.rows, system_prompt=SYSTEM, counter=COUNTER)
+    assert context.tokens <= context.target_tokens and not context.overflow
+    assert any("would overflow the context window" in note for note in context.events[0]["notes"])

@@ -97,3 +97,12 @@ async def test_extractive_summarizer_reads_the_prompt_like_an_llm_would():
 
     text = await ExtractiveSummarizer(COUNTER).summarize(request("- User: I am Ada.", render_transcript(messages)))
     assert text.startswith("- User: I am Ada.") and "HAT123" in text and "$540" in text
+
+
+def test_a_full_extractive_summary_still_absorbs_new_facts_and_keeps_the_first():
+    previous = "\n".join(f"- User: fact number {i} is code RX{i:04d}." for i in range(60))
+    assert COUNTER.count_text(previous) > 300
+    summary = extractive_summary(previous, "- User: my dog's name is Biscuit-77.", max_tokens=300, counter=COUNTER)
+    assert COUNTER.count_text(summary) <= 300
+    assert "RX0000" in summary and "Biscuit-77" in summary
+    assert summary.splitlines()[-1] == "- User: my dog's name is Biscuit-77."
