@@ -18,6 +18,9 @@ from django.http import Http404, HttpRequest
 
 from chatapp.models import ChatSession
 
+# Session ids are 64-bit database keys.
+SESSION_ID_MAX = 2**63 - 1
+
 
 @dataclass(frozen=True)
 class Owner:
@@ -74,7 +77,10 @@ def session_queryset_for_owner(owner: Owner) -> QuerySet[ChatSession]:
 
 def session_get_for_owner(request_or_scope: HttpRequest | dict[str, Any], session_id: int) -> ChatSession:
     """The chat session ``session_id`` if the caller owns it; raises ``Http404`` otherwise
-    (another user's, another browser's, or no such session)."""
+    (another user's, another browser's, or no such session, including an id too large for a
+    database key, which the URL's ``<int:...>`` lets through)."""
+    if not 0 < session_id <= SESSION_ID_MAX:
+        raise Http404("No such chat session.")
     session = session_queryset_for_owner(owner_from(request_or_scope)).filter(pk=session_id).first()
     if session is None:
         raise Http404("No such chat session.")

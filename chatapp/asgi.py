@@ -1,8 +1,9 @@
 """The ASGI application, served by Daphne: HTTP through Django, WebSockets through Channels.
 
 Django is set up first (``get_asgi_application``) so that the consumer's imports may use models.
-Sockets pass the origin check (``ALLOWED_HOSTS``), then the session and auth middleware (which
-put ``session`` and ``user`` in the scope), then the router. With ``SERVE_STATIC`` (the embedded
+Sockets pass the origin checks (the Origin's host is in ``ALLOWED_HOSTS``, and the Origin is this
+site itself or a trusted origin: :mod:`chatapp.origin`), then the session and auth middleware
+(which put ``session`` and ``user`` in the scope), then the router. With ``SERVE_STATIC`` (the embedded
 default) static files are served by Django itself, since a single Daphne process has no proxy in
 front of it; a production proxy serves ``STATIC_ROOT`` instead.
 """
@@ -22,11 +23,14 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from chatapp.origin import SameOriginValidator  # noqa: E402
 from chatapp.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": ASGIStaticFilesHandler(django_asgi_app) if settings.SERVE_STATIC else django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": AllowedHostsOriginValidator(
+            SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))
+        ),
     }
 )

@@ -8,38 +8,69 @@ Server events sent only to this socket::
 
     chat.ack      {client_message_id, message_id, duplicate, pending}   after chat.send stored (or found) it
     chat.history  {messages: [message...], more, pending: [user message id...]}   answer to chat.sync
-    error         {code, message, client_message_id?}                  an invalid client event
+    error         {code, message, client_message_id?}                  an invalid client event, or
+                  code "busy": a chat.send refused, nothing stored, while the session has
+                  CHAT_MAX_PENDING_TURNS turns in flight
+
+``pending`` lists the turns in flight (their lease is fresh, see :mod:`chatapp.turns`). A turn
+interrupted by a restart is closed with an error reply when a socket connects, syncs or sends
+after its lease expired, so its transcript ends and it is never pending forever.
 
 Events of the session group: ``chat.message`` for every stored message (user messages carry
 their ``client_message_id``) and the turn events listed in :mod:`chatapp.turn`. A resend of a
 known ``client_message_id`` stores nothing: this socket gets the ack (``duplicate: true``), the
 stored user message and the stored replies (with ``chat.done`` when the turn has ended); a turn
 still running finishes and reaches this socket through the group. Sockets for sessions that are
-not the caller's (or do not exist) are closed with code 4404.
+not the caller's (or do not exist) are closed with code 4404, and so are the sockets of a
+session when it is deleted. Any other WebSocket path (:class:`NotFoundConsumer`) is closed with
+4404 too.
+
+Events outside turns: ``memory.compression`` and ``memory.summary {summary}`` (both with
+``turn_id`` None and ``step`` 0) after the inspector's "compress now".
+
+The chat page opens its socket as ``/ws/chat/<id>/?ui=html`` and then gets no JSON at all: every
+event above arrives as server-rendered HTML fragments for htmx's WebSocket extension (see
+:mod:`chatapp.page`), a snapshot of the page's state on connect and on ``chat.sync``. Client
+events are the same JSON in both forms (extra keys, such as the ``HEADERS`` htmx adds, are
+ignored).
 """
 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
+from django.conf import settings
 from django.http import Http404
 
 from chatapp import selectors, services
 from chatapp.access import asession_get_for_owner
 from chatapp.models import ChatSession, Message
-from chatapp.protocol import ChatSend, ChatStop, ChatSync, ProtocolError, client_event_parse, frame_decode
+from chatapp.page import PageFeed
+from chatapp.protocol import (
+    ChatSend,
+    ChatStop,
+    ChatSync,
+    ProtocolError,
+    client_event_parse,
+    frame_decode,
+)
 from chatapp.realtime import session_group_name
 from chatapp.turns import chat_turn_start, chat_turn_stop
 
 CLOSE_NOT_FOUND = 4404
+# ``?ui=html``: the chat page's socket, which gets server-rendered HTML instead of JSON.
+UI_PARAMETER = "ui"
+UI_HTML = "html"
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
     """One browser tab's socket on one chat session."""
 
     chat_session: ChatSession | None = None
+    feed: PageFeed | None = None
 
     async def connect(self) -> None:
         try:
@@ -51,8 +82,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.accept()
             await self.close(code=CLOSE_NOT_FOUND)
             return
+        await database_sync_to_async(services.turns_interrupted_close)(session_id=self.chat_session.pk)
+        query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
+        if query.get(UI_PARAMETER) == [UI_HTML]:
+            self.feed = PageFeed(session_id=self.chat_session.pk)
         await self.channel_layer.group_add(session_group_name(self.chat_session.pk), self.channel_name)
         await self.accept()
+        if self.feed is not None:
+            await self.send_snapshot()
 
     async def disconnect(self, code: int) -> None:
         if self.chat_session is not None:
@@ -65,7 +102,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         try:
             event = client_event_parse(frame_decode(text_data, bytes_data))
         except ProtocolError as exc:
-            await self.send_json(exc.as_event())
+            await self.deliver(exc.as_event())
             return
         if isinstance(event, ChatSend):
             await self.chat_send(session, event)
@@ -75,10 +112,22 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.chat_stop(session, event)
 
     async def chat_send(self, session: ChatSession, event: ChatSend) -> None:
-        """Store the user message once and start its turn; a resend replays what is stored."""
-        message, created = await database_sync_to_async(services.user_message_submit)(
-            session=session, client_message_id=event.client_message_id, text=event.text
-        )
+        """Store the user message once and start its turn; a resend replays what is stored (an
+        interrupted turn is closed first, so its resend gets the error reply and ``chat.done``).
+        A new message is refused (``busy``) while the session has its maximum of turns in flight."""
+        await database_sync_to_async(services.turns_interrupted_close)(session_id=session.pk)
+        try:
+            message, created = await database_sync_to_async(services.user_message_submit)(
+                session=session,
+                client_message_id=event.client_message_id,
+                text=event.text,
+                max_pending=settings.CHAT_MAX_PENDING_TURNS,
+            )
+        except services.TurnLimitReached as exc:
+            await self.deliver(
+                {"type": "error", "code": "busy", "message": str(exc), "client_message_id": event.client_message_id}
+            )
+            return
         if created:
             await self._ack(message, duplicate=False, pending=True)
             chat_turn_start(session_id=session.pk, user_message_id=message.pk)
@@ -87,18 +136,24 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         final = next((reply for reply in replies if reply.is_final_reply), None)
         await self._ack(message, duplicate=True, pending=final is None)
         for stored in [message, *replies]:
-            await self.send_json({"type": "chat.message", "message": stored.as_dict()})
+            await self.deliver({"type": "chat.message", "message": stored.as_dict()})
         if final is not None:
-            await self.send_json(
+            await self.deliver(
                 {"type": "chat.done", "turn_id": message.pk, "status": final.status, "message_id": final.pk}
             )
 
     async def chat_sync(self, session: ChatSession, event: ChatSync) -> None:
-        """Send every stored message after ``after_message_id`` and the turns still pending."""
+        """Send every stored message after ``after_message_id`` and the turns still pending (the
+        chat page's socket gets a snapshot of the page instead). Interrupted turns are closed
+        first, so their error replies are among the messages and they are not pending."""
+        await database_sync_to_async(services.turns_interrupted_close)(session_id=session.pk)
+        if self.feed is not None:
+            await self.send_snapshot()
+            return
         messages, more = await database_sync_to_async(selectors.message_list_after)(
             session_id=session.pk, after_id=event.after_message_id
         )
-        pending = await database_sync_to_async(selectors.turn_pending_list)(session_id=session.pk)
+        pending = await database_sync_to_async(selectors.turn_in_flight_list)(session_id=session.pk)
         await self.send_json(
             {"type": "chat.history", "messages": [m.as_dict() for m in messages], "more": more, "pending": pending}
         )
@@ -115,10 +170,38 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def session_event(self, message: dict[str, Any]) -> None:
         """Channel-layer handler: relay a session event to this socket."""
-        await self.send_json(message["event"])
+        await self.deliver(message["event"])
+
+    async def session_deleted(self, message: dict[str, Any]) -> None:
+        """Channel-layer handler: the session was deleted; stop its turns here and close (4404)."""
+        if self.chat_session is not None:
+            chat_turn_stop(session_id=self.chat_session.pk)
+            await self.channel_layer.group_discard(session_group_name(self.chat_session.pk), self.channel_name)
+            self.chat_session = None
+        await self.close(code=CLOSE_NOT_FOUND)
+
+    async def deliver(self, event: dict[str, Any]) -> None:
+        """Send a server event: as JSON, or on the chat page's socket as the HTML it renders to
+        (nothing when the page needs no change)."""
+        if self.feed is None:
+            await self.send_json(event)
+            return
+        if event.get("type") == "chat.delta":
+            html = self.feed.render_delta(event)
+        else:
+            html = await database_sync_to_async(self.feed.render)(event)
+        if html:
+            await self.send(text_data=html)
+
+    async def send_snapshot(self) -> None:
+        """Send the chat page's whole state (``PageFeed.snapshot``)."""
+        if self.feed is not None:
+            html = await database_sync_to_async(self.feed.snapshot)()
+            if html:
+                await self.send(text_data=html)
 
     async def _ack(self, message: Message, *, duplicate: bool, pending: bool) -> None:
-        await self.send_json(
+        await self.deliver(
             {
                 "type": "chat.ack",
                 "client_message_id": message.client_message_id,
@@ -127,3 +210,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 "pending": pending,
             }
         )
+
+
+class NotFoundConsumer(AsyncWebsocketConsumer):
+    """Every WebSocket path without a route (``/ws/chat/abc/``, ``/ws/other/``): accepted, then
+    closed with 4404 like a session that is not the caller's (a refused handshake would only
+    show as 1006 in the browser)."""
+
+    async def connect(self) -> None:
+        await self.accept()
+        await self.close(code=CLOSE_NOT_FOUND)

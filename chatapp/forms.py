@@ -1,13 +1,75 @@
-"""HTML forms."""
+"""HTML forms: they parse and validate input; views act on ``cleaned_data``."""
 
 from __future__ import annotations
 
+from pathlib import PurePath
+
 from django import forms
+from django.conf import settings
+from django.core.files.uploadedfile import UploadedFile
 
 from chatapp.models import ChatSession
+
+UPLOAD_EXTENSIONS = (".md", ".markdown", ".txt")
 
 
 class SessionCreateForm(forms.Form):
     """A new chat session: its mode (agent or quick-answer)."""
 
     mode = forms.ChoiceField(choices=ChatSession.Mode.choices, initial=ChatSession.Mode.AGENT)
+
+
+class SessionModeForm(forms.Form):
+    """The mode a session uses from its next turn on."""
+
+    mode = forms.ChoiceField(choices=ChatSession.Mode.choices, widget=forms.RadioSelect)
+
+
+class SessionRenameForm(forms.Form):
+    """A session's new title (blank shows "Chat <id>")."""
+
+    title = forms.CharField(max_length=200, required=False, strip=True)
+
+
+class DocumentUploadForm(forms.Form):
+    """A text or Markdown file for the knowledge base, with an optional title.
+
+    ``cleaned_data["text"]`` is the decoded body. Rejected: other extensions, files larger than
+    ``KB_MAX_UPLOAD_BYTES``, bytes that are not UTF-8, NUL characters, and files without text.
+    """
+
+    file = forms.FileField(help_text="A .md, .markdown or .txt file in UTF-8.")
+    title = forms.CharField(
+        max_length=200,
+        required=False,
+        strip=True,
+        help_text="Optional; defaults to the first heading or the file name.",
+    )
+
+    def clean_file(self) -> UploadedFile:
+        upload: UploadedFile = self.cleaned_data["file"]
+        name = upload.name or ""
+        if PurePath(name).suffix.lower() not in UPLOAD_EXTENSIONS:
+            raise forms.ValidationError(
+                "Only text and Markdown files can be uploaded (%(extensions)s).",
+                code="extension",
+                params={"extensions": ", ".join(UPLOAD_EXTENSIONS)},
+            )
+        limit = settings.KB_MAX_UPLOAD_BYTES
+        if upload.size is None or upload.size > limit:
+            raise forms.ValidationError(
+                "The file is %(size)s bytes; the limit is %(limit)s bytes.",
+                code="too_large",
+                params={"size": upload.size, "limit": limit},
+            )
+        raw = upload.read(limit + 1)
+        try:
+            text = raw.decode("utf-8-sig")
+        except UnicodeDecodeError:
+            raise forms.ValidationError("The file is not UTF-8 text.", code="encoding") from None
+        if "\x00" in text:
+            raise forms.ValidationError("The file contains NUL characters; it is not a text file.", code="binary")
+        if not text.strip():
+            raise forms.ValidationError("The file is empty.", code="empty")
+        self.cleaned_data["text"] = text
+        return upload

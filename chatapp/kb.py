@@ -18,11 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.db import connection, transaction
+from django.db.models import Count
+from django.utils.text import slugify
 
 from chatapp.models import Chunk, Document
 from memory.tokens import TokenCounter
 
 DEMO_KB_DIR = Path(__file__).resolve().parent / "demo_kb"
+UPLOAD_SLUG_PREFIX = "upload-"
 
 # Chunks stay small so that a few of them fit the offline engine's small context window.
 CHUNK_MAX_CHARS = 600
@@ -135,6 +138,34 @@ def document_upsert(*, slug: str, title: str, body: str) -> tuple[Document, bool
     return document, True
 
 
+def document_title(body: str, *, fallback: str) -> str:
+    """A document's title: its first Markdown heading, else ``fallback`` (at most 200 characters)."""
+    heading = next((m.group("title") for line in body.splitlines() if (m := _HEADING.match(line))), fallback)
+    return heading[:200]
+
+
+def document_upload(*, filename: str, body: str, title: str = "") -> tuple[Document, bool]:
+    """Store an uploaded text/Markdown document; returns ``(document, changed)`` like
+    :func:`document_upsert`. Its slug is ``upload-`` plus the slugified file name (so uploading a
+    file of the same name again replaces it); ``title`` defaults to :func:`document_title`.
+    The caller validates size and encoding (:class:`chatapp.forms.DocumentUploadForm`)."""
+    stem = Path(filename).stem
+    slug = f"{UPLOAD_SLUG_PREFIX}{slugify(stem) or 'document'}"[:100]
+    return document_upsert(slug=slug, title=(title.strip() or document_title(body, fallback=stem))[:200], body=body)
+
+
+def document_list() -> list[Document]:
+    """Every document of the knowledge base by title, each annotated with ``chunk_count``."""
+    return list(Document.objects.annotate(chunk_count=Count("chunks")).order_by("title", "id"))
+
+
+def document_delete(*, document_id: int) -> bool:
+    """Delete document ``document_id`` and its chunks (the full-text index follows); returns
+    whether it existed."""
+    deleted, _ = Document.objects.filter(pk=document_id).delete()
+    return deleted > 0
+
+
 def document_load_directory(directory: Path, *, slug_prefix: str = "") -> dict[str, int]:
     """Upsert every ``*.md`` and ``*.txt`` file of ``directory`` (slug: ``slug_prefix`` + file stem,
     title: the first Markdown heading, else the stem); returns ``{"changed": n, "unchanged": m}``.
@@ -142,8 +173,9 @@ def document_load_directory(directory: Path, *, slug_prefix: str = "") -> dict[s
     counts = {"changed": 0, "unchanged": 0}
     for path in sorted([*directory.glob("*.md"), *directory.glob("*.txt")]):
         body = path.read_text(encoding="utf-8")
-        heading = next((m.group("title") for line in body.splitlines() if (m := _HEADING.match(line))), path.stem)
-        _, changed = document_upsert(slug=f"{slug_prefix}{path.stem}"[:100], title=heading[:200], body=body)
+        _, changed = document_upsert(
+            slug=f"{slug_prefix}{path.stem}"[:100], title=document_title(body, fallback=path.stem), body=body
+        )
         counts["changed" if changed else "unchanged"] += 1
     return counts
 

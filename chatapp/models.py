@@ -127,10 +127,29 @@ class Message(models.Model):
         return wire
 
 
+class TurnLease(models.Model):
+    """Proof that the turn opened by ``user_message`` is alive.
+
+    The worker running (or queueing) the turn moves ``heartbeat`` forward every few seconds
+    (:mod:`chatapp.turns`). A turn without a final reply whose heartbeat is older than
+    ``CHAT_TURN_LEASE_SECONDS`` was interrupted (a restart, a crashed worker): it no longer counts
+    as in flight, and the first request that notices closes it with an error reply
+    (:func:`chatapp.services.turns_interrupted_close`). Kept apart from ``Message`` so that
+    message rows stay the unchanged record of the conversation.
+    """
+
+    user_message = models.OneToOneField(Message, primary_key=True, on_delete=models.CASCADE, related_name="turn_lease")
+    heartbeat = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"lease of turn #{self.user_message_id} (heartbeat {self.heartbeat.isoformat()})"
+
+
 class ModelCall(models.Model):
     """One request sent to the chat model, exactly as built by the memory engine.
 
-    ``context`` is ``MemoryContext.as_dict()`` (messages, sources, sections, summary, events, ...),
+    ``context`` is ``MemoryContext.as_dict()`` (messages, sources, sections, summary, events, ...)
+    plus ``tools``, the tool schemas sent with the request (``[]`` for none),
     ``estimated_tokens`` the engine's estimate of the request, ``prompt_tokens`` and
     ``completion_tokens`` what the provider reported (None when it did not). ``step`` counts model
     calls within a turn from 1.

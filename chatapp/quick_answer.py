@@ -11,7 +11,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 
 from chatapp import selectors
-from chatapp.kb import kb_search, passages_fit, passages_format
+from chatapp.kb import Passage, kb_search, passages_fit, passages_format
 from chatapp.models import Message
 from chatapp.turn import ModelCallFailed, Turn, TurnStopped
 
@@ -20,6 +20,13 @@ QUICK_ANSWER_PROMPT = (
     "base passages below and the conversation so far. Quote numbers exactly. If the passages do "
     "not contain the answer, say so briefly instead of guessing."
 )
+
+
+def quick_answer_system_prompt(passages: list[Passage]) -> str:
+    """The system prompt of a quick answer: the instructions, then the retrieved ``passages``
+    (``[n] title`` blocks, :func:`chatapp.kb.passages_format`) or a note that none matched."""
+    knowledge = passages_format(passages) if passages else "(no passage matched the question)"
+    return f"{QUICK_ANSWER_PROMPT}\n\nKnowledge base passages:\n\n{knowledge}"
 
 
 async def quick_answer_run(turn: Turn) -> Message:
@@ -32,10 +39,9 @@ async def quick_answer_run(turn: Turn) -> Message:
         "chat.retrieval",
         passages=[{key: value for key, value in p.as_dict().items() if key != "text"} for p in passages],
     )
-    knowledge = passages_format(passages) if passages else "(no passage matched the question)"
     ctx = await turn.engine.build_context(
         session_key=turn.session_key,
-        system_prompt=f"{QUICK_ANSWER_PROMPT}\n\nKnowledge base passages:\n\n{knowledge}",
+        system_prompt=quick_answer_system_prompt(passages),
         load_increment=turn.load_increment,
         mode="quick-answer",
         summarize_below=await turn.summarize_below(),

@@ -19,6 +19,9 @@ from django.db import transaction
 
 # The channel-layer message type the consumer relays to its socket (handler ``session_event``).
 RELAY_TYPE = "session.event"
+# The channel-layer message that stops the session's turns and closes its sockets (handler
+# ``session_deleted``): the session is gone.
+DELETED_TYPE = "session.deleted"
 
 
 def session_group_name(session_id: int) -> str:
@@ -37,3 +40,13 @@ def event_broadcast_on_commit(session_id: int, event: dict[str, Any]) -> None:
     """From synchronous ORM code: send ``event`` to the session's sockets once the current
     transaction commits (immediately when none is open), and never if it rolls back."""
     transaction.on_commit(partial(async_to_sync(event_broadcast), session_id, event))
+
+
+def session_sockets_close_on_commit(session_id: int) -> None:
+    """From synchronous ORM code that deletes session ``session_id``: once the transaction
+    commits, every socket of the session stops the turns it runs and closes with code 4404."""
+    layer = get_channel_layer()
+    if layer is not None:
+        transaction.on_commit(
+            partial(async_to_sync(layer.group_send), session_group_name(session_id), {"type": DELETED_TYPE})
+        )

@@ -5,13 +5,15 @@ The knowledge-base search selector is :func:`chatapp.kb.kb_search`.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Exists, Min, OuterRef, Q, QuerySet
+from django.utils import timezone
 
 from chatapp.access import Owner, session_queryset_for_owner
-from chatapp.models import ChatSession, Message
+from chatapp.models import ChatSession, Message, TurnLease
 
 SYNC_MAX_MESSAGES = 500
 
@@ -64,6 +66,16 @@ def message_list_for_context(*, session_id: int, boundary: int | None, turn_mess
     return [{"id": row.pk, **row.to_wire(), "token_count": row.token_count} for row in rows.order_by("id")]
 
 
+def message_last_user_id(*, session_id: int) -> int | None:
+    """The id of the session's newest user message (None when it has none)."""
+    return (
+        Message.objects.filter(session_id=session_id, role=Message.Role.USER)
+        .order_by("-id")
+        .values_list("id", flat=True)
+        .first()
+    )
+
+
 def turn_replies_get(*, user_message: Message) -> list[Message]:
     """The stored assistant and tool messages of the turn ``user_message`` opened, in id order."""
     return list(Message.objects.filter(reply_to=user_message).order_by("id"))
@@ -74,14 +86,27 @@ def _pending_user_messages(session_id: int) -> QuerySet[Message]:
     return Message.objects.filter(session_id=session_id, role=Message.Role.USER).exclude(Exists(final_reply))
 
 
-def turn_pending_list(*, session_id: int) -> list[int]:
-    """Ids of the session's user messages whose turn has no final reply yet (an assistant message
-    without ``tool_calls``): turns in flight, or interrupted by a server restart."""
-    return list(_pending_user_messages(session_id).order_by("id").values_list("id", flat=True))
+def _alive() -> Exists:
+    """A fresh lease: a heartbeat within the last ``CHAT_TURN_LEASE_SECONDS``."""
+    cutoff = timezone.now() - timedelta(seconds=settings.CHAT_TURN_LEASE_SECONDS)
+    return Exists(TurnLease.objects.filter(user_message=OuterRef("pk"), heartbeat__gte=cutoff))
 
 
-def turn_in_flight_first_id(*, session_id: int, since: datetime) -> int | None:
-    """The id of the session's oldest user message sent at or after ``since`` whose turn has no
-    final reply yet, or None. Memory compression must not summarize from there on while that
-    turn runs (FAULTS F-26); pending turns older than ``since`` count as interrupted."""
-    return _pending_user_messages(session_id).filter(created__gte=since).aggregate(first=Min("id"))["first"]
+def turn_in_flight_list(*, session_id: int) -> list[int]:
+    """Ids of the session's user messages whose turn is in flight, ascending: no final reply (an
+    assistant message without ``tool_calls``) yet, and a fresh lease (:class:`TurnLease`), so
+    running or queued on some worker right now. These are the turns a client sees as pending."""
+    return list(_pending_user_messages(session_id).filter(_alive()).order_by("id").values_list("id", flat=True))
+
+
+def turn_in_flight_first_id(*, session_id: int) -> int | None:
+    """The id of the session's oldest user message whose turn is in flight (see
+    :func:`turn_in_flight_list`), or None. Memory compression must not summarize from there on
+    while that turn runs (FAULTS F-26); an interrupted turn pins nothing."""
+    return _pending_user_messages(session_id).filter(_alive()).aggregate(first=Min("id"))["first"]
+
+
+def turn_interrupted_list(*, session_id: int) -> list[int]:
+    """Ids of the session's user messages whose turn was interrupted, ascending: no final reply,
+    and no fresh lease (the worker running it stopped, e.g. a server restart mid-reply)."""
+    return list(_pending_user_messages(session_id).exclude(_alive()).order_by("id").values_list("id", flat=True))

@@ -13,13 +13,16 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from chatapp import selectors
 from chatapp.access import Owner
 from chatapp.llm.clients import chat_endpoint
-from chatapp.models import ChatSession, Message, ModelCall
-from chatapp.realtime import event_broadcast_on_commit
+from chatapp.models import ChatSession, Message, ModelCall, TurnLease
+from chatapp.realtime import event_broadcast_on_commit, session_sockets_close_on_commit
+from memory.services import session_memory_delete
 from memory.tokens import get_counter
 
 TITLE_MAX_CHARS = 60
+INTERRUPTED_TEXT = "[Interrupted: the server stopped before this reply finished. Please send your message again.]"
 
 
 def chat_session_create(*, owner: Owner, mode: str, title: str = "") -> ChatSession:
@@ -40,18 +43,64 @@ def chat_session_create(*, owner: Owner, mode: str, title: str = "") -> ChatSess
     )
 
 
+def chat_session_rename(*, session: ChatSession, title: str) -> ChatSession:
+    """Give ``session`` the title ``title`` (surrounding spaces removed, at most 200 characters;
+    an empty title makes the page show "Chat <id>"). Does not move it in the session list."""
+    session.title = " ".join(title.split())[:200]
+    ChatSession.objects.filter(pk=session.pk).update(title=session.title)
+    return session
+
+
+def chat_session_mode_set(*, session: ChatSession, mode: str) -> ChatSession:
+    """Switch ``session`` to ``mode`` (agent or quick-answer) from its next turn on; a turn
+    already running keeps its mode. Raises ``ValueError`` for an unknown mode."""
+    if mode not in ChatSession.Mode.values:
+        raise ValueError(f"unknown chat mode {mode!r}")
+    session.mode = mode
+    ChatSession.objects.filter(pk=session.pk).update(mode=mode)
+    return session
+
+
+def chat_session_delete(*, session: ChatSession) -> None:
+    """Delete ``session`` with its messages and model-call records, and the memory app's state of
+    it (summary and compression events), in one transaction. After the commit its sockets stop
+    the session's turns and close with code 4404."""
+    session_id = session.pk
+    with transaction.atomic():
+        session_memory_delete(session_key=str(session_id))
+        session.delete()
+        session_sockets_close_on_commit(session_id)
+
+
 def message_token_count(wire: dict[str, Any]) -> int:
     """Tokens ``wire`` costs in a chat-model request (the chat model's encoding; SPEC.md section 5)."""
     return get_counter(chat_endpoint().model).count_message(wire)
 
 
-def user_message_submit(*, session: ChatSession, client_message_id: str, text: str) -> tuple[Message, bool]:
+class TurnLimitReached(Exception):
+    """A new user message was refused: its session already has ``limit`` turns in flight."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"This chat already has {limit} messages waiting for a reply. "
+            "Wait for an answer, then send your message again."
+        )
+        self.limit = limit
+
+
+def user_message_submit(
+    *, session: ChatSession, client_message_id: str, text: str, max_pending: int | None = None
+) -> tuple[Message, bool]:
     """Store the user's message ``text`` once per ``client_message_id``; returns ``(message, created)``.
 
     A resend with a known ``client_message_id`` (after a reconnect, FAULTS F-27) stores nothing
     and returns the stored message with ``created`` False, also when two resends race. A new
-    message also names an untitled session and moves it to the top of the list. On commit the
-    session's sockets get a ``chat.message`` event.
+    message opens a turn: it is stored with the turn's lease (:class:`TurnLease`, fresh until the
+    turn's own heartbeat takes over), names an untitled session and moves it to the top of the
+    list. With ``max_pending``, a new message is refused with :class:`TurnLimitReached`, storing
+    nothing, when the session already has that many turns in flight (counted in the same
+    transaction, under a lock on the session row, so concurrent sends cannot pass the bound
+    together). On commit the session's sockets get a ``chat.message`` event.
     """
     existing = Message.objects.filter(session=session, client_message_id=client_message_id).first()
     if existing is not None:
@@ -59,6 +108,10 @@ def user_message_submit(*, session: ChatSession, client_message_id: str, text: s
     wire = {"role": Message.Role.USER, "content": text}
     try:
         with transaction.atomic():
+            if max_pending is not None:
+                ChatSession.objects.select_for_update().filter(pk=session.pk).exists()
+                if len(selectors.turn_in_flight_list(session_id=session.pk)) >= max_pending:
+                    raise TurnLimitReached(max_pending)
             message = Message.objects.create(
                 session=session,
                 role=Message.Role.USER,
@@ -66,12 +119,55 @@ def user_message_submit(*, session: ChatSession, client_message_id: str, text: s
                 client_message_id=client_message_id,
                 token_count=message_token_count(wire),
             )
+            TurnLease.objects.create(user_message=message, heartbeat=timezone.now())
             ChatSession.objects.filter(pk=session.pk).update(updated=timezone.now())
             ChatSession.objects.filter(pk=session.pk, title="").update(title=" ".join(text.split())[:TITLE_MAX_CHARS])
             event_broadcast_on_commit(session.pk, {"type": "chat.message", "message": message.as_dict()})
     except IntegrityError:
         return Message.objects.get(session=session, client_message_id=client_message_id), False
     return message, True
+
+
+def turn_lease_renew(*, user_message_id: int) -> None:
+    """Record a heartbeat of the turn opened by ``user_message_id``: it is alive now. Creates the
+    lease when the message has none (stored by other code, e.g. a test or an older version);
+    does nothing once the message is gone (its session was deleted)."""
+    now = timezone.now()
+    if TurnLease.objects.filter(user_message_id=user_message_id).update(heartbeat=now):
+        return
+    if Message.objects.filter(pk=user_message_id).exists():
+        TurnLease.objects.get_or_create(user_message_id=user_message_id, defaults={"heartbeat": now})
+
+
+def turns_interrupted_close(*, session_id: int) -> list[Message]:
+    """Close every interrupted turn of the session (:func:`chatapp.selectors.turn_interrupted_list`)
+    with a final assistant reply, status ``error``, content :data:`INTERRUPTED_TEXT`; returns the
+    replies stored, oldest turn first. After the commit the session's sockets get
+    ``chat.message`` and ``chat.done {turn_id, status: "error", message_id}``.
+
+    Safe from any number of workers at once: each turn is re-checked under a lock on its user
+    message row (the database serializes SQLite writers), so it is closed exactly once. A turn
+    whose lease was renewed meanwhile is left alone.
+    """
+    closed: list[Message] = []
+    for user_message_id in selectors.turn_interrupted_list(session_id=session_id):
+        with transaction.atomic():
+            Message.objects.select_for_update().filter(pk=user_message_id).exists()
+            if user_message_id not in selectors.turn_interrupted_list(session_id=session_id):
+                continue
+            reply = reply_message_store(
+                session_id=session_id,
+                reply_to_id=user_message_id,
+                role=Message.Role.ASSISTANT,
+                content=INTERRUPTED_TEXT,
+                status=Message.Status.ERROR,
+            )
+            event_broadcast_on_commit(
+                session_id,
+                {"type": "chat.done", "turn_id": user_message_id, "status": Message.Status.ERROR, "message_id": reply.pk},
+            )
+        closed.append(reply)
+    return closed
 
 
 def reply_message_store(
@@ -130,7 +226,8 @@ def model_call_record(
     estimated_tokens: int,
 ) -> ModelCall:
     """Record a request to the chat model before it is sent: ``context`` is the memory engine's
-    ``MemoryContext.as_dict()`` (what the model sees), ``estimated_tokens`` its estimate."""
+    ``MemoryContext.as_dict()`` (what the model sees) plus ``tools`` (the tool schemas sent),
+    ``estimated_tokens`` its estimate."""
     return ModelCall.objects.create(
         session_id=session_id,
         reply_to_id=reply_to_id,

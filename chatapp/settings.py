@@ -8,7 +8,9 @@ naming the variable at start-up. The README has a table of every variable.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -43,8 +45,7 @@ def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int
         value = int(raw)
     except ValueError:
         raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from None
-    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        raise ImproperlyConfigured(f"{name} must be between {minimum} and {maximum}, got {value}")
+    _check_range(name, value, minimum, maximum)
     return value
 
 
@@ -57,9 +58,45 @@ def env_float(name: str, default: float, *, minimum: float | None = None, maximu
         value = float(raw)
     except ValueError:
         raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from None
-    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        raise ImproperlyConfigured(f"{name} must be between {minimum} and {maximum}, got {value}")
+    _check_range(name, value, minimum, maximum)
     return value
+
+
+def _check_range(name: str, value: float, minimum: float | None, maximum: float | None) -> None:
+    """Raise ImproperlyConfigured when ``value`` is outside ``[minimum, maximum]`` (either bound
+    may be None), with a message that states only the bounds that exist."""
+    if minimum is not None and maximum is not None:
+        bounds = f"between {minimum} and {maximum}"
+    elif minimum is not None:
+        bounds = f"at least {minimum}"
+    else:
+        bounds = f"at most {maximum}"
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise ImproperlyConfigured(f"{name} must be {bounds}, got {value}")
+
+
+def env_url(name: str, default: str = "", *, schemes: tuple[str, ...]) -> str:
+    """A URL whose scheme is one of ``schemes`` (``"redis"``, ``"https"``, ...) and that names a
+    host (for ``unix``: a socket path); ``default`` when unset or empty. Anything else is
+    ImproperlyConfigured, naming the variable (a password in the value is not repeated)."""
+    raw = env_str(name)
+    if not raw:
+        return default
+    try:
+        parts = urlsplit(raw)
+        parts.port  # noqa: B018  (raises ValueError for a port that is not a number in range)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in schemes or not (parts.path if parts.scheme == "unix" else parts.hostname):
+        prefixes = [f"{scheme}://" for scheme in schemes]
+        expected = " or ".join([", ".join(prefixes[:-1]), prefixes[-1]] if len(prefixes) > 1 else prefixes)
+        raise ImproperlyConfigured(f"{name} must be a URL starting with {expected} and naming a host, got {_redacted(raw)!r}")
+    return raw
+
+
+def _redacted(url: str) -> str:
+    """``url`` without the password of its user info, for error messages."""
+    return re.sub(r"(?<=://)[^/@]*@", "***@", url)
 
 
 def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
@@ -84,6 +121,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
+    # Named partials ({% partialdef %}) without the automatic loader rewrite: TEMPLATES says it.
+    "template_partials.apps.SimpleAppConfig",
     "memory",
     "chatapp",
 ]
@@ -106,8 +145,23 @@ TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
         "DIRS": [BASE_DIR / "templates"],
-        "APP_DIRS": True,
         "OPTIONS": {
+            # "page.html#name" renders one named partial of a page (htmx requests, socket pushes).
+            "loaders": [
+                (
+                    "template_partials.loader.Loader",
+                    [
+                        (
+                            "django.template.loaders.cached.Loader",
+                            [
+                                "django.template.loaders.filesystem.Loader",
+                                "django.template.loaders.app_directories.Loader",
+                            ],
+                        )
+                    ],
+                )
+            ],
+            "builtins": ["template_partials.templatetags.partials"],
             "context_processors": [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
@@ -134,16 +188,21 @@ else:
         }
     }
 
-_redis_url = env_str("REDIS_URL")
+# Messages a channel (one socket) may hold before the layer drops new ones. The layers' default
+# of 100 silently lost a streamed reply's events when a socket was briefly busy.
+CHANNEL_CAPACITY = 1000
+_redis_url = env_url("REDIS_URL", schemes=("redis", "rediss", "unix"))
 if _redis_url:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [_redis_url]},
+            "CONFIG": {"hosts": [_redis_url], "capacity": CHANNEL_CAPACITY},
         }
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": CHANNEL_CAPACITY}}
+    }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LANGUAGE_CODE = "en-us"
@@ -166,21 +225,22 @@ LOGGING = {
 }
 
 # --- LLM endpoints (SPEC.md section 6). An empty base URL selects the built-in offline engine.
-LLM_CHAT_BASE_URL = env_str("LLM_BASE_URL")
+_HTTP = ("http", "https")
+LLM_CHAT_BASE_URL = env_url("LLM_BASE_URL", schemes=_HTTP)
 LLM_CHAT_API_KEY = env_str("LLM_API_KEY", "offline")
 LLM_CHAT_MODEL = env_str("LLM_MODEL", "offline-engine" if not LLM_CHAT_BASE_URL else "gpt-4o-mini")
 LLM_CHAT_CONTEXT_WINDOW = env_int("LLM_CONTEXT_WINDOW", 2048 if not LLM_CHAT_BASE_URL else 128_000, minimum=256)
 LLM_CHAT_TIMEOUT = env_float("LLM_TIMEOUT", 120.0, minimum=1.0)
 LLM_CHAT_MAX_OUTPUT_TOKENS = env_int("LLM_MAX_OUTPUT_TOKENS", 1024, minimum=16)
 
-LLM_SUMMARY_BASE_URL = env_str("SUMMARY_BASE_URL", LLM_CHAT_BASE_URL)
+LLM_SUMMARY_BASE_URL = env_url("SUMMARY_BASE_URL", LLM_CHAT_BASE_URL, schemes=_HTTP)
 LLM_SUMMARY_API_KEY = env_str("SUMMARY_API_KEY", LLM_CHAT_API_KEY)
 LLM_SUMMARY_MODEL = env_str("SUMMARY_MODEL", LLM_CHAT_MODEL)
 LLM_SUMMARY_CONTEXT_WINDOW = env_int("SUMMARY_CONTEXT_WINDOW", LLM_CHAT_CONTEXT_WINDOW, minimum=256)
 LLM_SUMMARY_TEMPERATURE = env_float("SUMMARY_TEMPERATURE", 0.3, minimum=0.0, maximum=2.0)
 LLM_SUMMARY_TIMEOUT = env_float("SUMMARY_TIMEOUT", 60.0, minimum=0.1)
 
-LLM_FAILOVER_BASE_URL = env_str("FAILOVER_BASE_URL")
+LLM_FAILOVER_BASE_URL = env_url("FAILOVER_BASE_URL", schemes=_HTTP)
 LLM_FAILOVER_API_KEY = env_str("FAILOVER_API_KEY", LLM_SUMMARY_API_KEY)
 LLM_FAILOVER_MODEL = env_str("FAILOVER_MODEL")
 LLM_FAILOVER_CONTEXT_WINDOW = env_int("FAILOVER_CONTEXT_WINDOW", LLM_SUMMARY_CONTEXT_WINDOW, minimum=256)
@@ -203,8 +263,15 @@ CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 8000, minimum=1)
 AGENT_MAX_STEPS = env_int("AGENT_MAX_STEPS", 6, minimum=1, maximum=50)
 
 # --- Chat features (added with the WebSocket chat; see the README table).
+# Knowledge-base uploads: the largest accepted file, in bytes (UTF-8 text or Markdown).
+KB_MAX_UPLOAD_BYTES = env_int("KB_MAX_UPLOAD_BYTES", 256 * 1024, minimum=1024, maximum=10 * 1024 * 1024)
 QUICK_ANSWER_PASSAGES = env_int("QUICK_ANSWER_PASSAGES", 4, minimum=1, maximum=20)
 SERVE_STATIC = env_bool("SERVE_STATIC", True)
-# A turn still without a final reply after this many seconds was interrupted (e.g. a restart);
-# until then its question is protected from memory compression by concurrent turns (FAULTS F-26).
-CHAT_TURN_MAX_SECONDS = env_int("CHAT_TURN_MAX_SECONDS", 1800, minimum=60)
+# A turn proves it is alive by a heartbeat (chatapp.turns) about every third of this many
+# seconds. A turn without a final reply whose heartbeat is older was interrupted (a restart, a
+# crashed worker): it no longer counts as in flight, so it neither pins memory compression
+# (FAULTS F-26) nor stays "pending", and the next request closes it with an error reply.
+CHAT_TURN_LEASE_SECONDS = env_int("CHAT_TURN_LEASE_SECONDS", 90, minimum=10, maximum=3600)
+# Turns of one session that may be in flight (running or queued) at once; a chat.send beyond
+# them is refused with an error "busy" and stores nothing.
+CHAT_MAX_PENDING_TURNS = env_int("CHAT_MAX_PENDING_TURNS", 3, minimum=1, maximum=50)

@@ -21,12 +21,10 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from channels.db import database_sync_to_async
 from django.conf import settings
-from django.utils import timezone
 
 from chatapp import selectors, services
 from chatapp.llm.clients import Endpoint, LLMError, chat_endpoint, chat_stream
@@ -134,10 +132,9 @@ class Turn:
     async def summarize_below(self) -> int | None:
         """The memory engine's ``summarize_below`` for the next context: the first user message
         of the session's turns in flight (this one included), so that no concurrent turn's
-        question is summarized while it runs (FAULTS F-26). Turns pending for longer than
-        ``CHAT_TURN_MAX_SECONDS`` were interrupted and pin nothing."""
-        since = timezone.now() - timedelta(seconds=settings.CHAT_TURN_MAX_SECONDS)
-        return await database_sync_to_async(selectors.turn_in_flight_first_id)(session_id=self.session_id, since=since)
+        question is summarized while it runs (FAULTS F-26). Interrupted turns (their lease
+        expired) pin nothing."""
+        return await database_sync_to_async(selectors.turn_in_flight_first_id)(session_id=self.session_id)
 
     async def emit(self, event_type: str, **payload: Any) -> None:
         """Broadcast an event of this turn to every socket of the session, now."""
@@ -165,7 +162,7 @@ class Turn:
             mode=self.mode,
             step=step,
             model=self.endpoint.model,
-            context=ctx.as_dict(),
+            context={**ctx.as_dict(), "tools": tools or []},
             estimated_tokens=ctx.tokens,
         )
         await self.context_emit(ctx, step=step, model_call_id=record.pk)

@@ -1,4 +1,4 @@
-"""HTTP routes: the session list, new sessions and the chat page."""
+"""HTTP routes: the session list, chat pages with their partials and actions, the knowledge base."""
 
 from __future__ import annotations
 
@@ -10,4 +10,13 @@ urlpatterns = [
     path("", views.index, name="index"),
     path("s/new/", views.session_create, name="session-create"),
     path("s/<int:session_id>/", views.session_detail, name="session-detail"),
+    path("s/<int:session_id>/item/", views.session_item, name="session-item"),
+    path("s/<int:session_id>/rename/", views.session_rename, name="session-rename"),
+    path("s/<int:session_id>/delete/", views.session_delete, name="session-delete"),
+    path("s/<int:session_id>/mode/", views.session_mode, name="session-mode"),
+    path("s/<int:session_id>/inspector/", views.session_inspector, name="session-inspector"),
+    path("s/<int:session_id>/compress/", views.session_compress, name="session-compress"),
+    path("kb/", views.kb_index, name="kb-index"),
+    path("kb/upload/", views.kb_upload, name="kb-upload"),
+    path("kb/<int:document_id>/delete/", views.kb_delete, name="kb-delete"),
 ]

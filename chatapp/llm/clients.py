@@ -142,22 +142,25 @@ def get_client(endpoint: Endpoint) -> openai.AsyncOpenAI:
 
 @contextlib.contextmanager
 def translated_errors(endpoint: Endpoint) -> Iterator[None]:
-    """Re-raise the SDK's errors (and undecodable bodies) of a call to ``endpoint`` as LLMError."""
+    """Re-raise the SDK's errors (and undecodable bodies) of a call to ``endpoint`` as LLMError.
+    Every message is one sentence ending in one full stop, whatever the provider's text ends with."""
     try:
         yield
     except openai.APITimeoutError as exc:
-        raise LLMError(f"{endpoint.label} did not answer within {endpoint.timeout:g} s.", "timeout") from exc
+        raise LLMError(_sentence(f"{endpoint.label} did not answer within {endpoint.timeout:g} s"), "timeout") from exc
     except openai.APIConnectionError as exc:
         raise LLMError(_connection_message(endpoint, exc), "connection") from exc
     except openai.RateLimitError as exc:
-        raise LLMError(f"{endpoint.label} is rate limiting requests (HTTP 429): {_detail(exc)}", "rate_limit") from exc
+        message = f"{endpoint.label} is rate limiting requests (HTTP 429): {_detail(exc)}"
+        raise LLMError(_sentence(message), "rate_limit") from exc
     except openai.APIStatusError as exc:
         kind: LLMErrorKind = "server" if exc.status_code >= 500 else "status"
-        raise LLMError(f"{endpoint.label} failed with HTTP {exc.status_code}: {_detail(exc)}", kind) from exc
+        raise LLMError(_sentence(f"{endpoint.label} failed with HTTP {exc.status_code}: {_detail(exc)}"), kind) from exc
     except openai.APIError as exc:
-        raise LLMError(f"{endpoint.label} reported an error: {_detail(exc)}", "server") from exc
+        raise LLMError(_sentence(f"{endpoint.label} reported an error: {_detail(exc)}"), "server") from exc
     except json.JSONDecodeError as exc:
-        raise LLMError(f"{endpoint.label} sent a response that is not valid JSON ({exc.msg}).", "malformed") from exc
+        message = f"{endpoint.label} sent a response that is not valid JSON ({exc.msg})"
+        raise LLMError(_sentence(message), "malformed") from exc
 
 
 def _connection_message(endpoint: Endpoint, exc: openai.APIConnectionError) -> str:
@@ -170,7 +173,16 @@ def _connection_message(endpoint: Endpoint, exc: openai.APIConnectionError) -> s
     if any(isinstance(cause, ConnectionRefusedError) for cause in causes):
         return f"{endpoint.label} refused the connection (is the server running?)."
     detail = str(causes[-1]).strip() if causes else ""
-    return f"{endpoint.label} could not be reached: {detail or type(exc).__name__}."
+    return _sentence(f"{endpoint.label} could not be reached: {detail or type(exc).__name__}")
+
+
+def _sentence(text: str) -> str:
+    """``text`` ending in exactly one full stop (kept as is when it ends with ``?`` or ``!``):
+    provider and HTTP-stack messages end with a full stop or not, and are embedded in ours."""
+    text = text.rstrip()
+    if text.endswith(("?", "!")):
+        return text
+    return text.rstrip(". ") + "."
 
 
 def _detail(exc: openai.APIError) -> str:

@@ -10,7 +10,9 @@ Decision order for one request:
 2. trailing tool results get a text answer that quotes them;
 3. a user message asking to search (when ``kb_search`` is offered) or to compute (when
    ``calculator`` is offered) gets one tool call;
-4. a question is answered with the best-overlapping sentences of the context, or "not found";
+4. a question is answered by quoting the evidence that best overlaps it -- knowledge-base
+   passages, earlier user messages, the summary block, each labelled with its source, never
+   the system prompt's instructions -- or with "not found";
 5. anything else is acknowledged, restating its key fact.
 """
 
@@ -229,8 +231,16 @@ def _json_object(text: Any) -> dict[str, Any]:
 
 _WORD_RE = re.compile(r"[^\W_]+")
 _SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])\s+|\n+")
+_PARAGRAPH_SPLIT_RE = re.compile(r"\n\s*\n")
 _LINE_LABEL_RE = re.compile(r"^(?:-\s+)?(?:(?:User|Assistant|System|Tool)(?:\s*\[[^\]]*\])?\s*:\s*)?")
-_HEADER_RE = re.compile(r"^\[(?:Memory Summary|Raw archive)\b")
+_HEADER_RE = re.compile(r"^\[(?:Memory Summary|Raw archive)\b|^\[\d+ earlier archived messages omitted\]")
+_SUMMARY_BLOCK_RE = re.compile(r"^\s*\[Memory Summary\b")
+# chatapp.kb.passages_format writes knowledge-base passages as a "[n] <title>" line followed by
+# the passage: in the quick-answer system prompt and in kb_search tool results.
+_PASSAGE_HEAD_RE = re.compile(r"^\[\d+\][ \t]+(?P<title>[^\n]+)$", re.M)
+# A short line without closing punctuation inside a passage is a Markdown heading.
+_HEADING_MAX_WORDS = 8
+_CLOSING_PUNCTUATION = (".", "!", "?", ":", ";", ")", "\u201d", '"')
 _QUESTION_START_RE = re.compile(
     r"^(?:what|what's|who|who's|whom|whose|where|when|why|how|which|do|does|did|is|are|was|were|can|could|"
     r"would|should|will|have|has|tell\s+me|remind\s+me|recall)\b",
@@ -243,13 +253,45 @@ _SECOND_PERSON = {
     "i'm": "you're", "i've": "you've", "i'll": "you'll", "i'd": "you'd",
 }  # fmt: skip
 _FIRST_PERSON_RE = re.compile(r"\b(?:i'm|i've|i'll|i'd|i|me|my|mine|myself|am)\b", re.I)
+_ABOUT_THE_USER_RE = re.compile(r"\b(?:my|mine|myself)\b", re.I)
+# Function words, greetings and the filler of questions ("how much ... does ... include"): they
+# say what kind of answer is wanted, not what it is about.
 _STOPWORDS = frozenset(
     """a an the is are was were be been being am i me my mine myself you your yours we our us he she him her his
     it its they them their what whats which who whom whose when where why how do does did done can could would
     should will shall may might must have has had of to in on at for from by with about into and or but not no yes
     this that these those there here please tell remind know remember recall say said again so if then than as just
-    any some all let lets s t d ll re ve m also still now ok okay""".split()
+    any some all let lets s t d ll re ve m also still now ok okay much many include includes included including
+    get gets got give gives hello hi hey thanks thank kind sort""".split()
 )
+
+Source = Literal["kb", "conversation", "summary"]
+SOURCE_LABELS: dict[Source, str] = {
+    "kb": "From the knowledge base:",
+    "conversation": "From our conversation:",
+    "summary": "From the conversation summary:",
+}
+KB_SECTION_LABEL = "From the knowledge base ({section}):"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evidence:
+    """Something the engine may quote: a knowledge-base passage or one sentence of the
+    conversation or of the summary block.
+
+    ``sentences``: what may be quoted (a single sentence for conversation and summary);
+    ``sections``: for each sentence, the passage heading it stands under (the document title
+    before the first heading; ``""`` outside passages); ``sentence_words``: for each sentence,
+    its content words and its heading's; ``words``: the content words of all of it, title
+    included; ``topic``: those of the title and headings alone.
+    """
+
+    source: Source
+    sentences: tuple[str, ...]
+    sections: tuple[str, ...]
+    sentence_words: tuple[frozenset[str], ...]
+    words: frozenset[str]
+    topic: frozenset[str] = frozenset()
 
 
 def _answer_user(text: str, context: list[Message]) -> str:
@@ -266,44 +308,152 @@ def _answer_user(text: str, context: list[Message]) -> str:
 
 
 def _answer_question(question: str, context: list[Message]) -> str:
-    """Quote the context sentences that share the most content words with ``question``.
+    """Quote the evidence (:func:`context_evidence`) that shares the most content words with
+    ``question``, each quote labelled with its source (:data:`SOURCE_LABELS`; a passage also
+    names its section: "From the knowledge base (Free plan): “It includes 5 GB of storage...”").
 
-    A sentence must cover most of the question's content words (60 %, at most 3 needed), so that
-    "favourite colour" is not answered with "favourite food" once the colour was forgotten. Of
-    equally good sentences the two most recent are quoted, oldest first, so a later correction
-    comes last.
+    Evidence must cover most of the question's content words (60 %, at most 3 needed), so that
+    "favourite colour" is not answered with "favourite food" once the colour was forgotten; a
+    passage counts its title and headings, but must also have a sentence with one of the words
+    (its heading's count), which is what gets quoted. A question about the user ("my", "mine")
+    is answered from the conversation and the summary only: the knowledge base knows nothing
+    about them ("What's my name?" is not about a device name). Ties go to the evidence with the
+    best sentence, then to what the user said (conversation, summary: the two most recent,
+    oldest first, so a later correction comes last), then to the best-ranked passage (first in
+    the prompt).
     """
     wanted = content_words(question)
     if not wanted:
         return "I'm not sure what to look for. I can only answer from what I see in this conversation."
     needed = min(3, math.ceil(0.6 * len(wanted)))
-    scored = [(len(wanted & content_words(sentence)), sentence) for sentence in context_sentences(context)]
-    best = max((score for score, _ in scored), default=0)
-    if best < needed:
+    evidence = context_evidence(context)
+    if _ABOUT_THE_USER_RE.search(question):
+        evidence = [item for item in evidence if item.source != "kb"]
+    scored = [(_score(item, wanted), item) for item in evidence]
+    best = max((score for score, _ in scored), default=(0, 0))
+    if best[0] < needed or best[1] < 1:
         topic = " ".join(dict.fromkeys(word for word in _words(question) if word not in _STOPWORDS))
         return f"I don't find anything about “{topic}” in my current context."
-    chosen = [sentence for score, sentence in scored if score == best][-2:]
-    return "From our conversation: " + " ".join(f"“{_clip(sentence, QUOTE_WORDS)}”" for sentence in chosen)
+    tied = [item for score, item in scored if score == best]
+    chosen = [item for item in tied if item.source != "kb"][-2:] or tied[:1]
+    parts: list[str] = []
+    for index, item in enumerate(chosen):
+        sentence, section = _quote(item, wanted)
+        if item.source == "kb":
+            parts.append(KB_SECTION_LABEL.format(section=section) if section else SOURCE_LABELS["kb"])
+        elif index == 0 or chosen[index - 1].source != item.source:
+            parts.append(SOURCE_LABELS[item.source])
+        parts.append(f"“{_clip(sentence, QUOTE_WORDS)}”")
+    return " ".join(parts)
 
 
-def context_sentences(context: list[Message]) -> list[str]:
-    """The factual sentences the engine can see, oldest first: system messages (the summary
-    block included), user messages and tool results. Its own earlier replies are left out so it
-    never quotes itself; questions and summary headers carry no facts and are left out too."""
-    sentences: list[str] = []
-    for message in context:
-        if message.get("role") not in ("system", "user", "tool"):
+def context_evidence(context: list[Message]) -> list[Evidence]:
+    """What the engine may quote, oldest first.
+
+    - the first system message (the system prompt): only its knowledge-base passages, never
+      its instructions, which are no answer to anything;
+    - the summary block (any role): each sentence, as the summary;
+    - user messages and later system messages: each sentence, as the conversation;
+    - tool results: kb_search passages as the knowledge base, anything else as the conversation.
+
+    Its own earlier replies are left out so it never quotes itself; questions and headers carry
+    no facts and are left out too.
+    """
+    evidence: list[Evidence] = []
+    for index, message in enumerate(context):
+        role = message.get("role")
+        text = plain_text(message.get("content"))
+        if role not in ("system", "user", "tool"):
             continue
-        for piece in _SENTENCE_SPLIT_RE.split(plain_text(message.get("content"))):
-            sentence = _LINE_LABEL_RE.sub("", piece.strip()).strip()
-            if sentence and not sentence.endswith("?") and not _HEADER_RE.match(sentence):
-                sentences.append(sentence)
-    return sentences
+        if _SUMMARY_BLOCK_RE.match(text):
+            evidence += _sentences("summary", text)
+        elif role == "system" and index == 0:
+            evidence += _passages(text)
+        elif role == "tool":
+            evidence += _passages(text) or _sentences("conversation", text)
+        else:
+            evidence += _sentences("conversation", text)
+    return evidence
+
+
+def _passages(text: str) -> list[Evidence]:
+    """The knowledge-base passages (``[n] title`` blocks) of ``text``; none when it has no such
+    block. A short line without closing punctuation is a heading: a section, not a sentence."""
+    heads = list(_PASSAGE_HEAD_RE.finditer(text))
+    passages: list[Evidence] = []
+    for number, head in enumerate(heads):
+        body = text[head.end() : heads[number + 1].start() if number + 1 < len(heads) else len(text)]
+        title = head.group("title").strip()
+        section = title
+        heading_words: frozenset[str] = frozenset()
+        topic = set(content_words(title))
+        sentences: list[tuple[str, str, frozenset[str]]] = []
+        for paragraph in _PARAGRAPH_SPLIT_RE.split(body):
+            paragraph = " ".join(paragraph.split())
+            if _is_heading(paragraph):
+                section, heading_words = paragraph, frozenset(content_words(paragraph))
+                topic |= heading_words
+                continue
+            for sentence in _SENTENCE_SPLIT_RE.split(paragraph):
+                if sentence:
+                    sentences.append((sentence, section, heading_words | content_words(sentence)))
+        if sentences:
+            passages.append(
+                Evidence(
+                    source="kb",
+                    sentences=tuple(sentence for sentence, _, _ in sentences),
+                    sections=tuple(section for _, section, _ in sentences),
+                    sentence_words=tuple(words for _, _, words in sentences),
+                    words=frozenset(topic.union(*(words for _, _, words in sentences))),
+                    topic=frozenset(topic),
+                )
+            )
+    return passages
+
+
+def _is_heading(paragraph: str) -> bool:
+    return 0 < len(paragraph.split()) <= _HEADING_MAX_WORDS and not paragraph.endswith(_CLOSING_PUNCTUATION)
+
+
+def _sentences(source: Source, text: str) -> list[Evidence]:
+    """One piece of evidence per factual sentence of ``text`` (line labels such as ``- User:``
+    removed; questions and summary headers skipped)."""
+    evidence: list[Evidence] = []
+    for piece in _SENTENCE_SPLIT_RE.split(text):
+        sentence = _LINE_LABEL_RE.sub("", piece.strip()).strip()
+        if sentence and not sentence.endswith("?") and not _HEADER_RE.match(sentence):
+            words = frozenset(content_words(sentence))
+            evidence.append(
+                Evidence(source=source, sentences=(sentence,), sections=("",), sentence_words=(words,), words=words)
+            )
+    return evidence
+
+
+def _score(item: Evidence, wanted: set[str]) -> tuple[int, int]:
+    """``(words of the question in the evidence, most of them in one of its sentences)``."""
+    return len(wanted & item.words), max(len(wanted & words) for words in item.sentence_words)
+
+
+def _quote(item: Evidence, wanted: set[str]) -> tuple[str, str]:
+    """``(sentence, section)``: the sentence of ``item`` to quote and the heading it stands under.
+
+    The sentence with the most question words that the title and headings do not already say
+    (for "How much storage does the Free plan include?" under "Free plan": the one with
+    "storage"), then the most question words (its heading's included), then the earliest.
+    """
+
+    def rank(index: int) -> tuple[int, int, int]:
+        found = wanted & item.sentence_words[index]
+        return len(found - item.topic), len(found), -index
+
+    best = max(range(len(item.sentences)), key=rank)
+    return item.sentences[best], item.sections[best]
 
 
 def content_words(text: str) -> set[str]:
     """Lower-cased words of ``text`` without stop words, with plural endings folded."""
-    return {_stem(word) for word in _words(text) if word not in _STOPWORDS}
+    stems = (_stem(word) for word in _words(text) if word not in _STOPWORDS)
+    return {stem for stem in stems if stem not in _STOPWORDS}
 
 
 def _words(text: str) -> list[str]:
@@ -311,11 +461,16 @@ def _words(text: str) -> list[str]:
 
 
 def _stem(word: str) -> str:
+    """``word`` with a plural ending and a final "e" folded ("plans" -> "plan", "copies" -> "copy",
+    "caches" and "cache" -> "cach"): stemming-lite, so that a question and a passage meet on the
+    same word whatever its number."""
     if len(word) > 4 and word.endswith("ies"):
         return word[:-3] + "y"
-    if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
-        return word[:-1]
-    return word
+    if len(word) > 4 and word.endswith(("sses", "xes", "ches", "shes")):
+        word = word[:-2]
+    elif len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        word = word[:-1]
+    return word[:-1] if len(word) > 3 and word.endswith("e") else word
 
 
 def _acknowledge(text: str) -> str:

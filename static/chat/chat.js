@@ -1,184 +1,179 @@
-// The chat page's socket: send messages, render streamed replies and stored messages, reconnect
-// and resynchronize from the server. Text is always inserted with textContent (never as HTML).
+// The few things the server cannot do for the chat page. Everything else is server-rendered HTML
+// that htmx swaps in: over the page's WebSocket (htmx's ws extension; see chatapp/page.py) or
+// by HTTP. This file:
+//   - composer: Enter sends, Shift+Enter adds a line; a sent message shows as a "pending" bubble
+//     in #outbox until the server's rendered copy arrives in #messages;
+//   - after every (re)connect, pending bubbles are sent again (the server ignores duplicates);
+//   - reflects the socket state in data-ws on #chat-page (browser tests wait on it);
+//   - keeps focus, open <details> and the scroll position across swaps;
+//   - drawers (chat list, inspector) on narrow screens, and "Copy" buttons.
+// Text is only ever inserted with textContent.
 (function () {
   "use strict";
 
-  const chat = document.getElementById("chat");
-  if (!chat) return;
-  const messagesEl = document.getElementById("messages");
-  const form = document.getElementById("composer");
-  const input = document.getElementById("text");
-  const stopButton = document.getElementById("stop");
-  const errorsEl = document.getElementById("errors");
-  const connectionEl = document.getElementById("connection");
-  const contextEl = document.getElementById("memory-context");
-  const eventsEl = document.getElementById("memory-events");
+  let socket = null; // the ws extension's socket wrapper while the socket is open
 
-  let lastId = Number(chat.dataset.lastId) || 0;
-  const outbox = new Map(); // client_message_id -> text, until the server acknowledges it
-  let socket = null;
-  let retries = 0;
-  let gone = false;
+  function page() { return document.getElementById("chat-page"); }
 
   function newClientId() {
     if (window.crypto && crypto.randomUUID) return crypto.randomUUID();
     return Date.now().toString(36) + "-" + Math.random().toString(36).slice(2);
   }
 
-  function node(tag, className, text) {
-    const element = document.createElement(tag);
-    if (className) element.className = className;
-    if (text !== undefined && text !== null) element.textContent = text;
-    return element;
+  function sendPending(bubble) {
+    if (!socket || bubble.querySelector(".rejected")) return;
+    socket.send(JSON.stringify({
+      type: "chat.send",
+      client_message_id: bubble.dataset.clientId,
+      text: bubble.querySelector(".content").textContent,
+    }));
   }
 
-  function renderMessage(m) {
-    const article = node("article", "message " + m.role + " status-" + m.status);
-    article.dataset.id = m.id;
-    if (m.reply_to) article.dataset.replyTo = m.reply_to;
-    if (m.client_message_id) article.dataset.clientId = m.client_message_id;
-    if (m.role === "tool") {
-      const details = node("details");
-      details.append(node("summary", null, "tool result: " + m.name), node("pre", null, m.content));
-      article.append(details);
-      return article;
-    }
-    if (m.content) article.append(node("div", "content", m.content));
-    for (const call of m.tool_calls || []) {
-      article.append(node("div", "tool-call", "calls " + call.function.name + "(" + call.function.arguments + ")"));
-    }
-    if (m.status !== "complete") article.append(node("div", "status", m.status));
-    return article;
-  }
-
-  function showMessage(m, step) {
-    if (messagesEl.querySelector('[data-id="' + m.id + '"]')) return;
-    lastId = Math.max(lastId, m.id);
-    const element = renderMessage(m);
-    const optimistic = m.client_message_id && messagesEl.querySelector('[data-client-id="' + CSS.escape(m.client_message_id) + '"]');
-    if (optimistic) {
-      optimistic.replaceWith(element);
-      return;
-    }
-    if (m.reply_to && step !== undefined) {
-      const streaming = messagesEl.querySelector('[data-stream="' + m.reply_to + ":" + step + '"]');
-      if (streaming) {
-        streaming.replaceWith(element);
-        return;
-      }
-    }
-    messagesEl.append(element);
-  }
-
-  function appendDelta(event) {
-    const key = event.turn_id + ":" + event.step;
-    let bubble = messagesEl.querySelector('[data-stream="' + key + '"]');
-    if (!bubble) {
-      bubble = node("article", "message assistant streaming");
-      bubble.dataset.stream = key;
-      bubble.append(node("div", "content", ""));
-      messagesEl.append(bubble);
-    }
-    bubble.firstChild.textContent += event.text;
-  }
-
-  function showError(text) {
-    errorsEl.replaceChildren(node("p", null, text));
-  }
-
-  function send(payload) {
-    if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify(payload));
-  }
-
-  const handlers = {
-    "chat.ack": (e) => outbox.delete(e.client_message_id),
-    "chat.message": (e) => showMessage(e.message, e.step),
-    "chat.history": (e) => {
-      e.messages.forEach((m) => showMessage(m));
-      if (e.more) send({ type: "chat.sync", after_message_id: lastId });
-      chat.dataset.pending = e.pending.length;
-    },
-    "chat.turn": () => { chat.dataset.busy = "true"; },
-    "chat.delta": appendDelta,
-    "chat.done": (e) => {
-      messagesEl.querySelectorAll('[data-stream^="' + e.turn_id + ':"]').forEach((b) => b.remove());
-      chat.dataset.busy = "false";
-    },
-    "chat.retrieval": (e) => {
-      eventsEl.append(node("li", null, "retrieved: " + (e.passages.map((p) => p.title).join(", ") || "nothing")));
-    },
-    "memory.context": (e) => {
-      contextEl.textContent =
-        "Context: " + e.tokens + " / " + e.context_window + " tokens (trigger " + e.trigger_tokens +
-        ", target " + e.target_tokens + "); summary: " + e.summary.type + ", " +
-        e.summary.compressed_count + " messages consolidated";
-    },
-    "memory.compression": (e) => {
-      const ev = e.event;
-      eventsEl.append(node("li", null, ev.kind + ": " + ev.tokens_before + " → " + ev.tokens_after +
-        " tokens, " + ev.messages_summarized + " messages summarized (" + ev.result_type + ")"));
-    },
-    "error": (e) => {
-      if (e.client_message_id) {
-        outbox.delete(e.client_message_id);
-        const bubble = messagesEl.querySelector('[data-client-id="' + CSS.escape(e.client_message_id) + '"]');
-        if (bubble) bubble.classList.add("rejected");
-      }
-      showError(e.message);
-    },
-  };
-
-  function connect() {
-    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
-    chat.dataset.ws = "connecting";
-    socket = new WebSocket(scheme + location.host + chat.dataset.wsPath);
-    socket.addEventListener("open", () => {
-      retries = 0;
-      chat.dataset.ws = "open";
-      connectionEl.textContent = "connected";
-      send({ type: "chat.sync", after_message_id: lastId });
-      outbox.forEach((text, id) => send({ type: "chat.send", client_message_id: id, text: text }));
-    });
-    socket.addEventListener("message", (message) => {
-      const event = JSON.parse(message.data);
-      const handler = handlers[event.type];
-      if (handler) handler(event);
-    });
-    socket.addEventListener("close", (close) => {
-      chat.dataset.ws = "closed";
-      if (close.code === 4404) {
-        gone = true;
-        connectionEl.textContent = "this chat does not exist";
-        return;
-      }
-      const delay = Math.min(30000, 500 * 2 ** retries) * (0.5 + Math.random() / 2);
-      retries += 1;
-      connectionEl.textContent = "reconnecting…";
-      window.setTimeout(() => { if (!gone) connect(); }, delay);
+  // A pending bubble is done once the server's copy of the message is in the transcript.
+  function reconcileOutbox() {
+    const messages = document.getElementById("messages");
+    document.querySelectorAll("#outbox [data-client-id]").forEach((bubble) => {
+      const selector = '[data-client-id="' + CSS.escape(bubble.dataset.clientId) + '"]';
+      if (messages && messages.querySelector(selector)) bubble.remove();
     });
   }
 
-  form.addEventListener("submit", (submit) => {
-    submit.preventDefault();
+  function setConnection(state, label) {
+    const element = page();
+    if (element) element.dataset.ws = state;
+    const status = document.getElementById("connection");
+    if (status) status.textContent = label;
+  }
+
+  document.addEventListener("htmx:wsConnecting", () => setConnection("connecting", "connecting…"));
+  document.addEventListener("htmx:wsOpen", (event) => {
+    socket = event.detail.socketWrapper;
+    setConnection("open", "connected");
+    document.querySelectorAll("#outbox [data-client-id]").forEach(sendPending);
+  });
+  document.addEventListener("htmx:wsClose", (event) => {
+    socket = null;
+    if (event.detail.event.code === 4404) setConnection("gone", "this chat no longer exists");
+    else setConnection("closed", "reconnecting…");
+  });
+
+  // --- keeping the reader's place across swaps ------------------------------------------------
+  let kept = null;
+
+  function keepPlace() {
+    const thread = document.getElementById("thread");
+    kept = {
+      open: Array.from(document.querySelectorAll("details[open][id]"), (d) => d.id),
+      focus: document.activeElement && document.activeElement.id,
+      atBottom: thread ? thread.scrollHeight - thread.scrollTop - thread.clientHeight < 80 : false,
+    };
+  }
+
+  function restorePlace() {
+    if (!kept) return;
+    kept.open.forEach((id) => {
+      const details = document.getElementById(id);
+      if (details && details.tagName === "DETAILS") details.open = true;
+    });
+    if (kept.focus && (!document.activeElement || document.activeElement === document.body)) {
+      const again = document.getElementById(kept.focus);
+      if (again) again.focus({ preventScroll: true });
+    }
+    const thread = document.getElementById("thread");
+    if (thread && kept.atBottom) thread.scrollTop = thread.scrollHeight;
+    kept = null;
+  }
+
+  document.addEventListener("htmx:wsBeforeMessage", keepPlace);
+  document.addEventListener("htmx:wsAfterMessage", () => { restorePlace(); reconcileOutbox(); });
+  document.addEventListener("htmx:beforeSwap", keepPlace);
+  document.addEventListener("htmx:afterSettle", (event) => {
+    restorePlace();
+    // The user's own action (an HTTP swap, never a socket push) replaced what had focus: move
+    // focus into what replaced it rather than leaving it on <body>.
+    const swapped = event.detail.elt;
+    if (document.activeElement === document.body && swapped && swapped.isConnected) {
+      const next = swapped.querySelector("[autofocus]") ||
+        swapped.querySelector("a[href], button:not([disabled]), input:not([type=hidden]), textarea, select");
+      if (next) next.focus();
+    }
+  });
+
+  document.addEventListener("DOMContentLoaded", () => {
+    const thread = document.getElementById("thread");
+    if (thread) thread.scrollTop = thread.scrollHeight;
+  });
+
+  // --- composer -----------------------------------------------------------------------------
+  document.addEventListener("submit", (event) => {
+    const form = event.target;
+    if (form.id !== "composer") return;
+    event.preventDefault();
+    const input = form.querySelector("textarea");
     const text = input.value;
     if (!text.trim()) return;
-    const id = newClientId();
-    outbox.set(id, text);
-    const bubble = node("article", "message user pending");
-    bubble.dataset.clientId = id;
-    bubble.append(node("div", "content", text));
-    messagesEl.append(bubble);
-    errorsEl.replaceChildren();
+    const bubble = document.createElement("article");
+    bubble.className = "message user pending";
+    bubble.dataset.clientId = newClientId();
+    const content = document.createElement("div");
+    content.className = "content plain";
+    content.textContent = text;
+    const note = document.createElement("p");
+    note.className = "pending-note";
+    note.textContent = socket ? "sending…" : "waiting for the connection…";
+    bubble.append(content, note);
+    document.getElementById("outbox").append(bubble);
+    document.getElementById("errors").replaceChildren();
     input.value = "";
-    send({ type: "chat.send", client_message_id: id, text: text });
+    sendPending(bubble);
+    const thread = document.getElementById("thread");
+    thread.scrollTop = thread.scrollHeight;
   });
-  input.addEventListener("keydown", (key) => {
-    if (key.key === "Enter" && !key.shiftKey) {
-      key.preventDefault();
-      form.requestSubmit();
+
+  document.addEventListener("keydown", (event) => {
+    const input = event.target;
+    if (input.id === "composer-text" && event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      input.form.requestSubmit();
+    }
+    if (event.key === "Escape" && document.body.dataset.drawer) closeDrawer();
+  });
+
+  // --- drawers and copy buttons ------------------------------------------------------------
+  function closeDrawer() {
+    const name = document.body.dataset.drawer;
+    delete document.body.dataset.drawer;
+    document.querySelectorAll("[data-drawer]").forEach((b) => b.setAttribute("aria-expanded", "false"));
+    const toggle = name && document.querySelector('[data-drawer="' + name + '"]');
+    if (toggle) toggle.focus();
+  }
+
+  document.addEventListener("click", (event) => {
+    const toggle = event.target.closest("[data-drawer]");
+    if (toggle) {
+      const name = toggle.dataset.drawer;
+      if (document.body.dataset.drawer === name) {
+        closeDrawer();
+        return;
+      }
+      document.body.dataset.drawer = name;
+      document.querySelectorAll("[data-drawer]").forEach((b) => b.setAttribute("aria-expanded", String(b === toggle)));
+      const drawer = document.getElementById(name);
+      const close = drawer && drawer.querySelector("[data-drawer-close]");
+      if (close) close.focus();
+      return;
+    }
+    // A click on the dimmed page around an open drawer lands on <body> (its ::after backdrop).
+    if (event.target.closest("[data-drawer-close]") || (event.target === document.body && document.body.dataset.drawer)) {
+      closeDrawer();
+      return;
+    }
+    const copy = event.target.closest("[data-copy]");
+    if (copy) {
+      const source = document.getElementById(copy.dataset.copy);
+      if (source && navigator.clipboard) {
+        navigator.clipboard.writeText(source.textContent).then(() => { copy.textContent = "Copied"; });
+      }
     }
   });
-  stopButton.addEventListener("click", () => send({ type: "chat.stop" }));
-
-  connect();
 })();

@@ -7,6 +7,7 @@ import itertools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -18,12 +19,13 @@ from django.contrib.auth import get_user_model
 from django.contrib.sessions.backends.db import SessionStore
 from django.db import connections
 from django.test import Client
+from django.utils import timezone
 
 from chatapp.access import Owner
 from chatapp.asgi import application
 from chatapp.kb import DEMO_KB_DIR, document_load_directory
 from chatapp.llm.offline import OFFLINE_MODEL
-from chatapp.models import ChatSession, Message
+from chatapp.models import ChatSession, Message, TurnLease
 from chatapp.services import message_token_count
 from chatapp.turns import chat_turns_wait
 
@@ -73,6 +75,14 @@ def message_make(session: ChatSession, role: str, content: str | None, **fields:
     return Message.objects.create(
         session=session, role=role, content=content, token_count=message_token_count(wire), **fields
     )
+
+
+def lease_make(user_message: Message, *, age_seconds: float = 0.0) -> TurnLease:
+    """The lease of ``user_message``'s turn, renewed ``age_seconds`` ago: fresh by default (a
+    turn running on some worker), expired when older than ``CHAT_TURN_LEASE_SECONDS``."""
+    heartbeat = timezone.now() - timedelta(seconds=age_seconds)
+    lease, _ = TurnLease.objects.update_or_create(user_message=user_message, defaults={"heartbeat": heartbeat})
+    return lease
 
 
 @pytest.fixture

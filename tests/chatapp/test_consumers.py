@@ -11,12 +11,14 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 
+from chatapp import services
 from chatapp.models import ChatSession, Message, ModelCall
 from tests.chatapp.conftest import (
     TIMEOUT,
     Visitor,
     chat_session_make,
     is_done,
+    lease_make,
     message_make,
     of_type,
     receive_until,
@@ -81,12 +83,59 @@ async def test_unknown_session_is_closed_with_4404(ws, alice):
         await assert_closed_not_found(communicator)
 
 
-@pytest.mark.parametrize("origin", ["http://evil.example", None])
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "http://evil.example",  # another host
+        "http://127.0.0.1:9999",  # another program on the same machine: another port
+        "https://127.0.0.1",  # another scheme (and so another port)
+        "https://127.0.0.1:8000",  # another scheme on the same port
+        "http://localhost:8000",  # an allowed host, but not the one this page was served from
+        "null",  # sandboxed frames, file:// pages
+        "http://127.0.0.1:8000:1",  # malformed
+        None,  # no Origin at all
+    ],
+)
 async def test_foreign_or_missing_origin_is_refused(ws, alice, origin):
     session = await make_session(alice)
     async with ws(f"/ws/chat/{session.pk}/", cookie=alice.cookie, origin=origin) as communicator:
+        connected, code = await communicator.connect(timeout=TIMEOUT)
+        assert not connected and code == 1000  # handshake refused: HTTP 403 for the browser
+
+
+@pytest.mark.parametrize("origin", ["http://127.0.0.1:8000", "HTTP://127.0.0.1:8000", "http://127.0.0.1:8000/"])
+async def test_the_page_own_origin_connects(ws, alice, origin):
+    session = await make_session(alice)
+    async with ws(f"/ws/chat/{session.pk}/", cookie=alice.cookie, origin=origin) as communicator:
         connected, _ = await communicator.connect(timeout=TIMEOUT)
-        assert not connected
+        assert connected
+
+
+async def test_a_trusted_origin_connects_through_a_proxy_that_rewrites_host(ws, alice, settings):
+    # The proxy serves https://localhost and forwards with Host 127.0.0.1:8000 (the fixture's).
+    settings.CSRF_TRUSTED_ORIGINS = ["https://localhost"]
+    session = await make_session(alice)
+    async with ws(f"/ws/chat/{session.pk}/", cookie=alice.cookie, origin="https://localhost") as trusted:
+        assert (await trusted.connect(timeout=TIMEOUT))[0]
+    async with ws(f"/ws/chat/{session.pk}/", cookie=alice.cookie, origin="https://localhost:8443") as other:
+        assert not (await other.connect(timeout=TIMEOUT))[0]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/ws/chat/abc/",
+        "/ws/chat/",
+        "/ws/chat/1/extra/",
+        "/ws/other/",
+        "/",
+        "/ws/chat/" + "9" * 30 + "/",  # a number, but too large for a database key
+        "/ws/chat/" + "9" * 5000 + "/",  # too long even to convert
+    ],
+)
+async def test_unknown_paths_are_closed_with_4404(ws, alice, path):
+    async with ws(path, cookie=alice.cookie) as communicator:
+        await assert_closed_not_found(communicator)
 
 
 # --- streaming turns ------------------------------------------------------------------------
@@ -164,8 +213,8 @@ async def test_quick_answer_retrieves_then_answers_once(ws, anon):
 
 async def test_model_failure_ends_turn_with_error_and_keeps_history(ws, alice, settings):
     session = await make_session(alice, mode=ChatSession.Mode.QUICK_ANSWER)
-    await sync_to_async(message_make)(session, "user", "My order number is 4711.")
-    await sync_to_async(message_make)(session, "assistant", "Noted: 4711.")
+    earlier = await sync_to_async(message_make)(session, "user", "My order number is 4711.")
+    await sync_to_async(message_make)(session, "assistant", "Noted: 4711.", reply_to=earlier)
     settings.OFFLINE_FAIL_CHAT = True
     async with ws(f"/ws/chat/{session.pk}/", cookie=alice.cookie) as communicator:
         await communicator.connect(timeout=TIMEOUT)
@@ -271,6 +320,8 @@ async def test_reconnect_mid_reply_gets_the_complete_reply(ws, alice, settings):
 async def test_sync_after_reconnect_returns_missed_messages_and_pages(ws, alice, settings):
     session = await make_session(alice)
     created = [await sync_to_async(message_make)(session, "user", f"note {i}") for i in range(3)]
+    for message in created:  # their turns are running on other workers
+        await sync_to_async(lease_make)(message)
     async with ws(f"/ws/chat/{session.pk}/", cookie=alice.cookie) as communicator:
         await communicator.connect(timeout=TIMEOUT)
         await communicator.send_json_to({"type": "chat.sync", "after_message_id": created[0].pk})
@@ -307,6 +358,16 @@ async def test_sync_after_reconnect_returns_missed_messages_and_pages(ws, alice,
         ('{"type": "chat.sync", "after_message_id": -1}', "bad_field"),
         ('{"type": "chat.sync", "after_message_id": "3"}', "bad_field"),
         ('{"type": "chat.sync", "after_message_id": true}', "bad_field"),
+        # A lone surrogate has no UTF-8 form: it could be neither stored nor echoed.
+        ('{"type": "chat.send", "client_message_id": "m1", "text": "hello \\ud800 world"}', "bad_field"),
+        ('{"type": "chat.send", "client_message_id": "m1", "text": "hi", "HEADERS": {"x": ["\\udfff"]}}', "bad_field"),
+        ('{"type": "chat.stop", "\\udc00": 1}', "bad_field"),
+        # Integers past Python's conversion limit (4,300 digits) are a decoding error, not a crash.
+        ('{"type": "chat.sync", "after_message_id": ' + "9" * 5000 + "}", "bad_json"),
+        ('{"type": "chat.send", "client_message_id": "m1", "text": "hi", "n": ' + "9" * 5000 + "}", "bad_json"),
+        ('{"type": "chat.sync", "after_message_id": ' + "9" * 30 + "}", "bad_field"),
+        ('{"type": "chat.sync", "after_message_id": 9223372036854775808}', "bad_field"),
+        ('{"type": "chat.sync", "after_message_id": 1e400}', "bad_field"),
     ],
 )
 async def test_malformed_events_get_a_clear_error_and_store_nothing(ws, alice, frame, code):
@@ -362,3 +423,159 @@ async def test_events_reach_every_tab_of_the_session(ws, alice):
         watched = await asyncio.wait_for(receive_until(watcher, is_done), timeout=TIMEOUT)
     # The watcher sees the same session events, without the sender's private ack.
     assert [e["type"] for e in watched] == [e["type"] for e in sent if e["type"] != "chat.ack"]
+
+
+async def test_a_message_of_the_maximum_length_in_escaped_emoji_is_accepted(ws, alice):
+    # json.dumps escapes each emoji as a 12-character surrogate pair ("\ud83d\ude00").
+    session = await make_session(alice, mode=ChatSession.Mode.QUICK_ANSWER)
+    text = "\U0001f600" * 8000
+    frame = json.dumps(send("e1", text))
+    assert len(frame) > 8000 * 12
+    async with ws(f"/ws/chat/{session.pk}/", cookie=alice.cookie) as communicator:
+        await communicator.connect(timeout=TIMEOUT)
+        await communicator.send_to(text_data=frame)
+        events = await receive_until(communicator, is_done)
+        # One emoji more is refused for its length, not as a malformed frame.
+        await communicator.send_to(text_data=json.dumps(send("e2", text + "\U0001f600")))
+        assert (await communicator.receive_json_from(timeout=TIMEOUT))["code"] == "too_long"
+
+    assert events[0]["type"] == "chat.ack" and events[0]["client_message_id"] == "e1"
+    user = (await rows(session))[0]
+    assert user.content == text
+
+
+# --- bursts: one session's turns run one at a time, and only a few may wait -----------------
+
+
+async def test_a_burst_of_sends_stores_only_the_allowed_turns_and_answers_each(ws, alice, settings):
+    settings.OFFLINE_DELAY_SECONDS = 0.3
+    settings.CHAT_MAX_PENDING_TURNS = 3
+    session = await make_session(alice, mode=ChatSession.Mode.QUICK_ANSWER)
+    async with ws(f"/ws/chat/{session.pk}/", cookie=alice.cookie) as communicator:
+        await communicator.connect(timeout=TIMEOUT)
+        for i in range(10):
+            await communicator.send_json_to(send(f"b{i}", "What is the Team plan price per user?"))
+        events: list[dict[str, Any]] = []
+        while len(of_type(events, "chat.done")) < 3:
+            events += await receive_until(communicator, is_done)
+        assert await communicator.receive_nothing(timeout=0.3)
+
+    acks = of_type(events, "chat.ack")
+    busy = of_type(events, "error")
+    assert [a["client_message_id"] for a in acks] == ["b0", "b1", "b2"]
+    assert [(e["code"], e["client_message_id"]) for e in busy] == [("busy", f"b{i}") for i in range(3, 10)]
+    assert "3 messages waiting for a reply" in busy[0]["message"]
+    stored = await rows(session)
+    assert [m.client_message_id for m in stored if m.role == "user"] == ["b0", "b1", "b2"]
+    finals = [m for m in stored if m.role == "assistant"]
+    assert [m.reply_to_id for m in finals] == [a["message_id"] for a in acks]
+    assert all(m.status == Message.Status.COMPLETE and "12 euros" in m.content for m in finals)
+    # One after another: each turn starts only after the previous one is done.
+    order = [(e["type"], e["turn_id"]) for e in events if e["type"] in ("chat.turn", "chat.done")]
+    assert order == [(kind, a["message_id"]) for a in acks for kind in ("chat.turn", "chat.done")]
+
+
+async def test_many_accepted_sends_lose_no_event(ws, alice, settings):
+    settings.CHAT_MAX_PENDING_TURNS = 20
+    session = await make_session(alice, mode=ChatSession.Mode.QUICK_ANSWER)
+    async with ws(f"/ws/chat/{session.pk}/", cookie=alice.cookie) as communicator:
+        await communicator.connect(timeout=TIMEOUT)
+        for i in range(15):
+            await communicator.send_json_to(send(f"m{i}", f"Question {i}: where are the data centres?"))
+        events: list[dict[str, Any]] = []
+        while len(of_type(events, "chat.done")) < 15:
+            events += await receive_until(communicator, is_done)
+
+    finals = [m for m in await rows(session) if m.role == "assistant"]
+    assert len(finals) == 15 and all(m.status == Message.Status.COMPLETE for m in finals)
+    assert [e["message_id"] for e in of_type(events, "chat.done")] == [m.pk for m in finals]
+    assert len(of_type(events, "chat.message")) == 30  # every stored row announced
+
+
+# --- turns interrupted by a restart ----------------------------------------------------------
+
+
+async def test_a_turn_interrupted_by_a_restart_is_closed_when_a_tab_reconnects(ws, alice, settings):
+    session = await make_session(alice, mode=ChatSession.Mode.QUICK_ANSWER)
+    dead = await sync_to_async(message_make)(session, "user", "How large can a file be?")
+    # Its worker stopped: the lease was last renewed longer ago than the lease period.
+    await sync_to_async(lease_make)(dead, age_seconds=settings.CHAT_TURN_LEASE_SECONDS + 1)
+    async with ws(f"/ws/chat/{session.pk}/", cookie=alice.cookie) as communicator:
+        await communicator.connect(timeout=TIMEOUT)
+        await communicator.send_json_to({"type": "chat.sync", "after_message_id": dead.pk})
+        history = await communicator.receive_json_from(timeout=TIMEOUT)
+        assert await communicator.receive_nothing(timeout=0.2)
+        # The chat goes on: the next message is answered.
+        await communicator.send_json_to(send("next", "How large can a file be?"))
+        events = await receive_until(communicator, is_done)
+
+    closed = await Message.objects.aget(reply_to=dead)
+    assert closed.status == Message.Status.ERROR and closed.content.startswith("[Interrupted: the server stopped")
+    assert history["pending"] == [] and [m["id"] for m in history["messages"]] == [closed.pk]
+    assert events[-1]["status"] == "complete"
+    assert await Message.objects.filter(reply_to=dead).acount() == 1
+
+
+async def test_the_tab_that_notices_an_interrupted_turn_tells_every_tab(ws, alice, settings):
+    session = await make_session(alice, mode=ChatSession.Mode.QUICK_ANSWER)
+    turn = await sync_to_async(message_make)(session, "user", "How large can a file be?")
+    await sync_to_async(lease_make)(turn)  # alive when the tabs connect
+    path = f"/ws/chat/{session.pk}/"
+    async with ws(path, cookie=alice.cookie) as first, ws(path, cookie=alice.cookie) as second:
+        await first.connect(timeout=TIMEOUT)
+        await second.connect(timeout=TIMEOUT)
+        await first.send_json_to({"type": "chat.sync", "after_message_id": turn.pk})
+        assert (await first.receive_json_from(timeout=TIMEOUT))["pending"] == [turn.pk]
+        # Its worker dies; the lease runs out.
+        await sync_to_async(lease_make)(turn, age_seconds=settings.CHAT_TURN_LEASE_SECONDS + 1)
+        await first.send_json_to({"type": "chat.sync", "after_message_id": turn.pk})
+        history = await first.receive_json_from(timeout=TIMEOUT)
+        watched = await receive_until(second, is_done)
+
+    closed = await Message.objects.aget(reply_to=turn)
+    assert history["pending"] == [] and [m["id"] for m in history["messages"]] == [closed.pk]
+    assert [e["type"] for e in watched] == ["chat.message", "chat.done"]
+    assert watched[1] == {"type": "chat.done", "turn_id": turn.pk, "status": "error", "message_id": closed.pk}
+
+
+async def test_a_live_turn_stays_pending_past_its_lease_period_while_it_waits_and_runs(ws, alice, settings):
+    settings.CHAT_TURN_LEASE_SECONDS = 0.6  # heartbeats every 0.2 s
+    settings.OFFLINE_DELAY_SECONDS = 1.0
+    session = await make_session(alice, mode=ChatSession.Mode.QUICK_ANSWER)
+    path = f"/ws/chat/{session.pk}/"
+    async with ws(path, cookie=alice.cookie) as sender, ws(path, cookie=alice.cookie) as watcher:
+        await sender.connect(timeout=TIMEOUT)
+        await watcher.connect(timeout=TIMEOUT)
+        await sender.send_json_to(send("l1", "How large can a file be?"))
+        await sender.send_json_to(send("l2", "Where are the data centres?"))
+        await asyncio.sleep(1.0)  # longer than a lease: the first runs, the second waits its turn
+        await watcher.send_json_to({"type": "chat.sync", "after_message_id": 0})
+        history = await receive_until(watcher, lambda e: e["type"] == "chat.history")
+        events: list[dict[str, Any]] = []
+        while len(of_type(events, "chat.done")) < 2:
+            events += await receive_until(sender, is_done)
+
+    users = [m for m in await rows(session) if m.role == "user"]
+    assert history[-1]["pending"] == [m.pk for m in users]
+    finals = [m for m in await rows(session) if m.role == "assistant"]
+    assert [(m.reply_to_id, m.status) for m in finals] == [(m.pk, Message.Status.COMPLETE) for m in users]
+
+
+async def test_a_resend_of_an_interrupted_message_gets_the_closed_turn(ws, alice, settings):
+    session = await make_session(alice, mode=ChatSession.Mode.QUICK_ANSWER)
+    path = f"/ws/chat/{session.pk}/"
+    async with ws(path, cookie=alice.cookie) as communicator:
+        await communicator.connect(timeout=TIMEOUT)
+        stored, _ = await sync_to_async(services.user_message_submit)(
+            session=session, client_message_id="r1", text="How large can a file be?"
+        )
+        # The worker that was to answer it died before it started; its lease runs out.
+        await sync_to_async(lease_make)(stored, age_seconds=settings.CHAT_TURN_LEASE_SECONDS + 1)
+        await communicator.send_json_to(send("r1", "How large can a file be?"))
+        replay = await receive_until(communicator, is_done)
+
+    closed = await Message.objects.aget(reply_to=stored)
+    (ack,) = of_type(replay, "chat.ack")
+    assert (ack["duplicate"], ack["pending"]) == (True, False)
+    assert replay[-1] == {"type": "chat.done", "turn_id": stored.pk, "status": "error", "message_id": closed.pk}
+    assert await Message.objects.filter(session=session).acount() == 2

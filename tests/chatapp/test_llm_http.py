@@ -144,7 +144,7 @@ async def test_http_500_is_one_request_and_a_server_error(fake_openai: FakeOpenA
     exc = await stream_error(endpoint_for(fake_openai))
 
     assert exc.kind == "server"
-    assert str(exc) == f"The model endpoint at {fake_openai.base_url} failed with HTTP 500: model crashed"
+    assert str(exc) == f"The model endpoint at {fake_openai.base_url} failed with HTTP 500: model crashed."
     assert len(fake_openai.requests) == 1
 
 
@@ -154,7 +154,7 @@ async def test_http_429_is_one_request_and_a_rate_limit_error(fake_openai: FakeO
     exc = await stream_error(endpoint_for(fake_openai))
 
     assert exc.kind == "rate_limit"
-    assert str(exc) == f"The model endpoint at {fake_openai.base_url} is rate limiting requests (HTTP 429): slow down"
+    assert str(exc) == f"The model endpoint at {fake_openai.base_url} is rate limiting requests (HTTP 429): slow down."
     assert len(fake_openai.requests) == 1
 
 
@@ -206,6 +206,15 @@ async def test_connection_refused(refused_base_url: str) -> None:
 
     assert exc.kind == "connection"
     assert str(exc) == f"The model endpoint at {refused_base_url} refused the connection (is the server running?)."
+
+
+async def test_an_invalid_url_error_is_one_sentence_with_one_full_stop() -> None:
+    # httpx's own text ends with a full stop ("... 'https://' protocol."); ours must not add a second.
+    exc = await stream_error(endpoint_for("notaurl"))
+
+    assert exc.kind == "connection"
+    assert str(exc).startswith("The model endpoint at notaurl could not be reached: ")
+    assert str(exc).endswith("protocol.") and ".." not in str(exc)
 
 
 # --- OpenAISummarizer -----------------------------------------------------------------------

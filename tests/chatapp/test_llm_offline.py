@@ -10,9 +10,18 @@ import openai
 import pytest
 import tiktoken
 
-from chatapp.llm.clients import ChatEvent, Endpoint, LLMError, chat_endpoint, chat_stream, get_client
+from chatapp.kb import Passage
+from chatapp.llm.clients import (
+    ChatEvent,
+    Endpoint,
+    LLMError,
+    chat_endpoint,
+    chat_stream,
+    get_client,
+)
 from chatapp.llm.offline import OFFLINE_MODEL
 from chatapp.llm.summarizer import OpenAISummarizer, build_summarizer_chain
+from chatapp.quick_answer import quick_answer_system_prompt
 from chatapp.tools import TOOL_SCHEMAS
 from memory.prompts import build_summary_prompt
 from memory.summarizer import SummarizerChain, SummaryRequest
@@ -309,7 +318,7 @@ async def test_fail_chat_switch_fails_chat_but_not_summaries(settings: Any) -> N
     summary = await OpenAISummarizer(endpoint=chat_endpoint()).summarize(summary_request("", "- User: Code Q-42."))
 
     assert caught.value.kind == "server"
-    assert str(caught.value) == "The offline engine failed with HTTP 500: offline engine: chat is switched to fail (OFFLINE_FAIL_CHAT)"
+    assert str(caught.value) == "The offline engine failed with HTTP 500: offline engine: chat is switched to fail (OFFLINE_FAIL_CHAT)."
     assert "Q-42" in summary
 
 
@@ -360,3 +369,102 @@ async def test_slow_summaries_fail_on_the_chain_timeout(settings: Any) -> None:
     assert result.text is None and len(result.attempts) == 2
     assert all(a.error.startswith("TimeoutError") for a in result.attempts)
     assert time.perf_counter() - started < 2.0
+
+
+# --- quick-answer prompts: knowledge-base passages, never the instructions --------------------
+
+PRICING = Passage(
+    chunk_id=1,
+    document_id=1,
+    title="Kestrel Sync plans and pricing",
+    text="Free plan\n\nFree plan price: 0 euros. It includes 5 GB of storage, up to 3 devices and 30 days of "
+    "version history. Shared links expire after 7 days.",
+    score=1.0,
+)
+TEAM = Passage(
+    chunk_id=2,
+    document_id=1,
+    title="Kestrel Sync plans and pricing",
+    text="Team plan\n\nTeam plan price: 12 euros per user per month, with a minimum of 3 users. Each user adds "
+    "1 TB to a pooled team storage.",
+    score=0.5,
+)
+TROUBLE = Passage(
+    chunk_id=3,
+    document_id=2,
+    title="Kestrel Sync troubleshooting",
+    text="Error KS-207: conflicting copy\n\nKS-207 appears when the same file was changed on two devices. "
+    "Nothing is lost.",
+    score=0.2,
+)
+
+
+def quick_answer_system(*passages: Passage) -> dict[str, Any]:
+    return {"role": "system", "content": quick_answer_system_prompt(list(passages))}
+
+
+async def test_quick_answer_quotes_the_passage_that_answers_a_question_full_of_filler_words() -> None:
+    messages = [quick_answer_system(TEAM, PRICING), user("How much storage does the Free plan include?")]
+
+    text = text_of(await collect(messages))
+
+    assert text == (
+        "From the knowledge base (Free plan): “It includes 5 GB of storage, up to 3 devices and 30 days of version history.”"
+    )
+
+
+async def test_a_passage_is_found_through_its_heading_and_plural_forms() -> None:
+    messages = [quick_answer_system(PRICING, TROUBLE), user("Which error codes mean conflicting copies?")]
+
+    text = text_of(await collect(messages))
+
+    assert text.startswith("From the knowledge base (Error KS-207: conflicting copy): “KS-207 appears when")
+
+
+@pytest.mark.parametrize("passages", [(), (PRICING,)])
+async def test_the_system_prompt_instructions_are_never_quoted_as_an_answer(passages: tuple[Passage, ...]) -> None:
+    messages = [quick_answer_system(*passages), user("Hello, what is Kestrel Sync?")]
+
+    text = text_of(await collect(messages))
+
+    assert "support assistant" not in text and "Answer the user" not in text
+    assert text == "I don't find anything about “kestrel sync” in my current context."
+
+
+async def test_earlier_user_statements_are_quoted_as_the_conversation_and_beat_the_instructions() -> None:
+    messages = [
+        quick_answer_system(PRICING),
+        user("I'm the admin of the Kestrel Sync account of Nordlys Ltd."),
+        {"role": "assistant", "content": "Noted."},
+        user("Hello, what is Kestrel Sync?"),
+    ]
+
+    assert text_of(await collect(messages)) == (
+        "From our conversation: “I'm the admin of the Kestrel Sync account of Nordlys Ltd.”"
+    )
+
+
+async def test_a_question_about_the_user_is_not_answered_from_the_knowledge_base() -> None:
+    device = Passage(chunk_id=4, document_id=3, title="Support", text="Each device shows its name in the web app.", score=1)
+
+    text = text_of(await collect([quick_answer_system(device), user("What's my name?")]))
+
+    assert text == "I don't find anything about “name” in my current context."
+
+
+async def test_the_summary_block_is_labelled_as_the_summary() -> None:
+    summary = {"role": "system", "content": "[Memory Summary - 6 earlier messages consolidated]\n- User: My plan is the Team plan."}
+
+    text = text_of(await collect([quick_answer_system(PRICING), summary, user("Which plan am I on?")]))
+
+    assert text == "From the conversation summary: “My plan is the Team plan.”"
+
+
+async def test_a_fact_compression_lost_stays_forgotten_even_with_passages_in_the_prompt() -> None:
+    question = user("What was my booking reference?")
+
+    remembered = text_of(await collect([quick_answer_system(PRICING), user("My booking reference is ZX-9917."), question]))
+    forgotten = text_of(await collect([quick_answer_system(PRICING), question]))
+
+    assert remembered == "From our conversation: “My booking reference is ZX-9917.”"
+    assert forgotten == "I don't find anything about “booking reference” in my current context."

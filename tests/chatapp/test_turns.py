@@ -4,17 +4,33 @@ memory engine reads through."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.db import connections
 
 from chatapp.models import ChatSession, Message, ModelCall
-from chatapp.selectors import message_list_for_context
+from chatapp.selectors import (
+    message_list_for_context,
+    turn_in_flight_first_id,
+    turn_in_flight_list,
+    turn_interrupted_list,
+)
+from chatapp.services import INTERRUPTED_TEXT, turns_interrupted_close
 from chatapp.turns import chat_turn_run, chat_turn_stop
 from memory import services as memory_services
 from memory.engine import MemoryEngine
 from memory.models import CompressionEvent
-from tests.chatapp.conftest import TIMEOUT, chat_session_make, is_done, message_make, of_type, receive_until
+from tests.chatapp.conftest import (
+    TIMEOUT,
+    chat_session_make,
+    is_done,
+    lease_make,
+    message_make,
+    of_type,
+    receive_until,
+)
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -166,8 +182,10 @@ async def test_a_newer_turn_never_summarizes_the_question_of_an_older_turn_in_fl
     settings.LLM_CHAT_CONTEXT_WINDOW = 1024
     session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.AGENT)
     await sync_to_async(history_make)(session, 6)
-    # Turn A asked a long question and has run one tool step; turn B was sent from another tab.
+    # Turn A asked a long question and has run one tool step (on another worker: its lease is
+    # fresh); turn B was sent from another tab.
     older = await sync_to_async(message_make)(session, "user", "search the knowledge base for trash retention " * 40)
+    await sync_to_async(lease_make)(older)
     newer = await sync_to_async(message_make)(session, "user", "calculate 180 - 30")
     call = {"id": "a1", "type": "function", "function": {"name": "kb_search", "arguments": '{"query": "trash"}'}}
     await sync_to_async(message_make)(session, "assistant", None, reply_to=older, tool_calls=[call])
@@ -191,3 +209,79 @@ async def test_a_newer_turn_never_summarizes_the_question_of_an_older_turn_in_fl
     current = [m for m, s in zip(context["messages"], context["sources"], strict=True) if s["kind"] == "current"]
     assert current[0] == {"role": "user", "content": older.content}
     assert older_final.status == Message.Status.COMPLETE and "30 days" in older_final.content
+
+
+async def test_a_turn_interrupted_by_a_restart_pins_nothing_and_is_closed(alice, settings):
+    settings.LLM_CHAT_CONTEXT_WINDOW = 1024
+    session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.QUICK_ANSWER)
+    # The server restarted while this question was being answered: no final reply, and its lease
+    # was last renewed longer ago than the lease period. A long chat followed on the new server.
+    dead = await sync_to_async(message_make)(session, "user", "What is the largest file on paid plans?")
+    await sync_to_async(lease_make)(dead, age_seconds=settings.CHAT_TURN_LEASE_SECONDS + 1)
+    await sync_to_async(history_make)(session, 12)
+    question = await sync_to_async(message_make)(session, "user", "What is locker 11's code?")
+
+    assert await sync_to_async(turn_in_flight_first_id)(session_id=session.pk) is None
+    final = await chat_turn_run(session_id=session.pk, user_message_id=question.pk)
+
+    assert final.status == Message.Status.COMPLETE and "1011" in final.content
+    state = await sync_to_async(memory_services.session_summary_get)(session_key=str(session.pk))
+    assert state.last_message_id is not None and state.last_message_id > dead.pk  # compressed past it
+    closed = await Message.objects.aget(reply_to=dead)
+    assert closed.status == Message.Status.ERROR and closed.content == INTERRUPTED_TEXT
+    assert await sync_to_async(turn_interrupted_list)(session_id=session.pk) == []
+
+
+def test_workers_racing_to_close_an_interrupted_turn_close_it_once(alice, settings):
+    session = chat_session_make(alice.owner)
+    dead = message_make(session, "user", "a question whose worker died")  # no lease at all
+    alive = message_make(session, "user", "a question still being answered elsewhere")
+    lease_make(alive)
+    barrier = threading.Barrier(4)
+    closed: list[list[Message]] = []
+
+    def worker() -> None:
+        barrier.wait()
+        try:
+            closed.append(turns_interrupted_close(session_id=session.pk))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=TIMEOUT)
+
+    assert sorted(len(replies) for replies in closed) == [0, 0, 0, 1]
+    assert [(m.reply_to_id, m.status) for m in Message.objects.filter(role="assistant")] == [(dead.pk, "error")]
+    assert turn_in_flight_list(session_id=session.pk) == [alive.pk]
+
+
+@pytest.mark.parametrize(
+    ("question", "answer"),
+    [
+        (
+            "How much storage does the Free plan include?",
+            (
+                "From the knowledge base (Free plan): “It includes 5 GB of storage, up to 3 devices and 30 days of "
+                "version history.”"
+            ),
+        ),
+        (
+            "Hello, what is Kestrel Sync?",
+            (
+                "From the knowledge base (Kestrel Sync overview): “Kestrel Sync is a fictional file sync and backup "
+                "service made for this demo.”"
+            ),
+        ),
+        ("What's my name?", "I don't find anything about “name” in my current context."),
+    ],
+)
+async def test_offline_quick_answers_quote_the_retrieved_passages_never_the_instructions(alice, question, answer):
+    session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.QUICK_ANSWER)
+    user = await sync_to_async(message_make)(session, "user", question)
+
+    final = await chat_turn_run(session_id=session.pk, user_message_id=user.pk)
+
+    assert final.status == Message.Status.COMPLETE and final.content == answer

@@ -1,0 +1,43 @@
+"""Template filters of the chat pages: ``markdown``, ``pretty_json``, ``mark_label``, ``tokens``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import template
+from django.utils.safestring import SafeString
+
+from chatapp.inspector import MARK_LABELS
+from chatapp.markup import markdown_render
+
+register = template.Library()
+
+
+@register.filter
+def markdown(text: str | None) -> SafeString:
+    """Message text as sanitized HTML (see :func:`chatapp.markup.markdown_render`)."""
+    return markdown_render(text)
+
+
+@register.filter
+def pretty_json(value: Any) -> str:
+    """A JSON string (or value) indented for reading; text that is not JSON comes back as is."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return value
+    return json.dumps(value, ensure_ascii=False, indent=2)
+
+
+@register.filter
+def mark_label(mark: str) -> str:
+    """What a transcript mark (``summarized``/``retained``/``current``) says to people."""
+    return MARK_LABELS.get(mark, "")
+
+
+@register.filter
+def tokens(value: int | None) -> str:
+    """A token count with thousands separators (``1,234``); ``—`` for None."""
+    return "—" if value is None else f"{value:,}"

@@ -1,0 +1,186 @@
+"""Browser tests: Playwright driving the system Chromium (headless) against a real Daphne server.
+
+Each server is a subprocess on a free 127.0.0.1 port (Daphne binds port 0 and logs the port it
+got) with its own file-backed SQLite database, copied from one database migrated once per test
+run (with the demo knowledge base). The embedded default is forced whatever the environment says
+(no DATABASE_URL, REDIS_URL or LLM endpoint), so the offline engine answers. Waits are on server
+log lines and DOM state, never on the clock.
+
+Without ``/usr/bin/chromium`` (Debian's ``chromium`` package) every browser test is skipped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, BrowserContext
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+REPO = Path(__file__).resolve().parents[2]
+# Variables that would point the server away from the embedded default.
+FOREIGN_VARIABLES = (
+    "DATABASE_URL", "REDIS_URL", "LLM_BASE_URL", "SUMMARY_BASE_URL", "FAILOVER_BASE_URL", "FAILOVER_MODEL",
+    "LLM_MODEL", "SUMMARY_MODEL", "LLM_CONTEXT_WINDOW", "OFFLINE_DELAY", "OFFLINE_FAIL_SUMMARY", "OFFLINE_FAIL_CHAT",
+)
+STARTUP_SECONDS = 60
+LISTENING = re.compile(r"Listening on TCP address 127\.0\.0\.1:(\d+)")
+_server_numbers = itertools.count(1)
+
+
+def server_environment(database: Path, extra: dict[str, str]) -> dict[str, str]:
+    """The environment of a test server: the embedded default on ``database``, plus ``extra``."""
+    env = {key: value for key, value in os.environ.items() if key not in FOREIGN_VARIABLES}
+    env.update(
+        DJANGO_SETTINGS_MODULE="chatapp.settings",
+        SQLITE_PATH=str(database),
+        DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost",
+        DJANGO_DEBUG="false",
+        PYTHONUNBUFFERED="1",
+        **extra,
+    )
+    return env
+
+
+@pytest.fixture(scope="session")
+def chromium_executable() -> Path:
+    """The system Chromium; skips the browser tests when it is not installed."""
+    pytest.importorskip("playwright.sync_api", reason="playwright is not installed (requirements-dev.txt)")
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium package to run the browser tests")
+    return CHROMIUM
+
+
+@pytest.fixture(scope="session")
+def migrated_database(chromium_executable: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file with every migration applied and the demo knowledge base loaded."""
+    database = tmp_path_factory.mktemp("browser-db") / "template.sqlite3"
+    env = server_environment(database, {})
+    for command in (["migrate", "--noinput", "-v0"], ["load_demo_kb"]):
+        subprocess.run(
+            [sys.executable, "manage.py", *command], cwd=REPO, env=env, check=True, capture_output=True, timeout=120
+        )
+    return database
+
+
+@dataclass
+class Server:
+    """A running Daphne subprocess: ``url`` like ``http://127.0.0.1:PORT``; ``log`` its output."""
+
+    process: subprocess.Popen[str]
+    url: str = ""
+    log: list[str] = field(default_factory=list)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+def server_start(database: Path, extra: dict[str, str]) -> Server:
+    """Start Daphne on a free port with its own copy of ``database``; returns once it listens.
+    Its output is drained by a thread (so a full pipe never blocks it) and kept in ``log``."""
+    own = database.with_name(f"server-{next(_server_numbers)}.sqlite3")
+    shutil.copyfile(database, own)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", "0", "chatapp.asgi:application"],
+        cwd=REPO,
+        env=server_environment(own, extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    server = Server(process=process)
+    listening = threading.Event()
+
+    def drain() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            server.log.append(line)
+            match = LISTENING.search(line)
+            if match and not listening.is_set():
+                server.url = f"http://127.0.0.1:{match.group(1)}"
+                listening.set()
+        listening.set()  # the process ended: stop waiting
+
+    threading.Thread(target=drain, daemon=True).start()
+    if not listening.wait(timeout=STARTUP_SECONDS) or not server.url:
+        server.stop()
+        raise RuntimeError("Daphne did not start:\n" + "".join(server.log))
+    return server
+
+
+@pytest.fixture(scope="session")
+def start_server(migrated_database: Path) -> Iterator[Callable[..., Server]]:
+    """``start_server(**environment)``: a new server with extra environment variables; every
+    server started is stopped at the end of the test run."""
+    servers: list[Server] = []
+
+    def start(**extra: str) -> Server:
+        server = server_start(migrated_database, extra)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def daphne_server(start_server: Callable[..., Server]) -> Server:
+    """The embedded default: offline engine, summaries working."""
+    return start_server()
+
+
+@pytest.fixture(scope="module")
+def browser(chromium_executable: Path) -> Iterator[Browser]:
+    """Chromium, for one test module: Playwright's sync API marks an asyncio loop as running in
+    this thread while it is open, which Django's and pytest-asyncio's later tests must not see."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=str(chromium_executable), args=CHROMIUM_ARGS, headless=True
+        )
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def new_context(browser: Browser) -> Iterator[Callable[..., BrowserContext]]:
+    """``new_context(**options)``: a fresh browser context (a new visitor: no cookies), closed at
+    the end of the test. Playwright waits at most 15 s for any state."""
+    contexts: list[BrowserContext] = []
+
+    def make(**options: Any) -> BrowserContext:
+        context = browser.new_context(**options)
+        context.set_default_timeout(15_000)
+        contexts.append(context)
+        return context
+
+    yield make
+    for context in contexts:
+        context.close()
