@@ -34,6 +34,7 @@ django.setup()
 
 from django.core.management import call_command  # noqa: E402
 
+from chatapp.replay import locomo_conversation  # noqa: E402
 from memory.config import MemoryConfig  # noqa: E402
 from memory.engine import MemoryEngine  # noqa: E402
 from memory.extractive import ExtractiveSummarizer  # noqa: E402
@@ -42,23 +43,6 @@ from memory.tokens import get_counter  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "locomo"
 COUNTER = get_counter("gpt-4o-mini")
-
-
-def conversation_messages(conv: dict) -> tuple[str, list[dict]]:
-    speaker_a, speaker_b = conv["speaker_a"], conv["speaker_b"]
-    numbers = sorted(int(k.split("_")[1]) for k in conv if k.startswith("session_") and k.count("_") == 1)
-    messages = []
-    for number in numbers:
-        when = conv.get(f"session_{number}_date_time", "")
-        for position, turn in enumerate(conv[f"session_{number}"]):
-            text = turn.get("text", "")
-            if turn.get("blip_caption"):
-                text = f"{text} [shares an image: {turn['blip_caption']}]"
-            if position == 0 and when:
-                text = f"[{when}] {text}"
-            messages.append({"role": "user" if turn["speaker"] == speaker_a else "assistant", "content": text})
-    prompt = f"You are {speaker_b}, chatting with your friend {speaker_a}. Answer consistently with everything said before."
-    return prompt, messages
 
 
 class Rows:
@@ -86,9 +70,8 @@ def truncation_text(system: str, rows: list[dict], question: dict, target: int) 
 
 
 async def run(path: Path, engine: MemoryEngine) -> tuple[int, int, int]:
-    conv = json.loads(path.read_text())
-    conv = conv.get("conversation", conv)
-    system, messages = conversation_messages(conv)
+    conversation = locomo_conversation(json.loads(path.read_text()), path.stem)
+    system, messages = conversation.system_prompt, conversation.messages
     store = Rows()
     for index, message in enumerate(messages):
         if message["role"] == "assistant" and index:

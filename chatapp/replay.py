@@ -54,7 +54,7 @@ def conversations_read(path: Path, fmt: Format) -> Iterator[Conversation]:
     if not files:
         raise ReplayInputError(f"no conv-*.json files in {path}")
     for file in files:
-        yield _locomo(_load(file), file.stem)
+        yield locomo_conversation(_load(file), file.stem)
 
 
 def _load(path: Path) -> Any:
@@ -80,7 +80,9 @@ def _tau_bench(data: Any) -> Iterator[Conversation]:
         )
 
 
-def _locomo(data: Any, name: str) -> Conversation:
+def locomo_conversation(data: Any, name: str) -> Conversation:
+    """One LoCoMo conversation: ``speaker_a`` as user, ``speaker_b`` as assistant, an image turn
+    as text with its caption, each session's first message prefixed with its date."""
     conversation = data.get("conversation", data) if isinstance(data, dict) else None
     if not isinstance(conversation, dict) or "speaker_a" not in conversation:
         raise ReplayInputError(f"{name}: a LoCoMo file has speaker_a, speaker_b and session_N lists")

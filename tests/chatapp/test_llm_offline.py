@@ -30,18 +30,7 @@ from memory.tokens import TokenCounter
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 
 
-@pytest.fixture(autouse=True)
-def offline(settings: Any) -> None:
-    """Every endpoint offline, whatever the environment says; no demo switch on."""
-    settings.LLM_CHAT_BASE_URL = ""
-    settings.LLM_CHAT_MODEL = OFFLINE_MODEL
-    settings.LLM_SUMMARY_BASE_URL = ""
-    settings.LLM_SUMMARY_MODEL = OFFLINE_MODEL
-    settings.LLM_FAILOVER_BASE_URL = ""
-    settings.LLM_FAILOVER_MODEL = ""
-    settings.OFFLINE_DELAY_SECONDS = 0.0
-    settings.OFFLINE_FAIL_SUMMARY = False
-    settings.OFFLINE_FAIL_CHAT = False
+pytestmark = pytest.mark.usefixtures("offline_engine")
 
 
 def user(text: str) -> dict[str, Any]:
