@@ -13,6 +13,8 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from django.contrib.sessions.backends.base import SessionBase
+from django.conf import settings
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest
 
@@ -88,3 +90,15 @@ def session_get_for_owner(request_or_scope: HttpRequest | dict[str, Any], sessio
 
 
 asession_get_for_owner = database_sync_to_async(session_get_for_owner)
+
+
+def kb_editor_allowed(request: HttpRequest) -> bool:
+    """Whether the caller may change the shared knowledge base: anyone when
+    ``settings.KB_EDITORS`` is ``anyone`` (the embedded demo), else staff users only."""
+    return settings.KB_EDITORS == "anyone" or bool(request.user.is_authenticated and request.user.is_staff)
+
+
+def kb_editor_check(request: HttpRequest) -> None:
+    """Raise ``PermissionDenied`` (HTTP 403) unless :func:`kb_editor_allowed`."""
+    if not kb_editor_allowed(request):
+        raise PermissionDenied("Only staff users may change the knowledge base.")

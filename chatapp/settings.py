@@ -264,6 +264,8 @@ AGENT_MAX_STEPS = env_int("AGENT_MAX_STEPS", 6, minimum=1, maximum=50)
 
 # --- Chat features (added with the WebSocket chat; see the README table).
 # Knowledge-base uploads: the largest accepted file, in bytes (UTF-8 text or Markdown).
+# Who may upload and delete knowledge-base documents: "anyone" (the embedded demo) or "staff".
+KB_EDITORS = env_choice("KB_EDITORS", "anyone", ("anyone", "staff"))
 KB_MAX_UPLOAD_BYTES = env_int("KB_MAX_UPLOAD_BYTES", 256 * 1024, minimum=1024, maximum=10 * 1024 * 1024)
 QUICK_ANSWER_PASSAGES = env_int("QUICK_ANSWER_PASSAGES", 4, minimum=1, maximum=20)
 SERVE_STATIC = env_bool("SERVE_STATIC", True)

@@ -23,7 +23,15 @@ from django.utils.html import format_html
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect, trigger_client_event
 
-from chatapp.access import Owner, owner_ensure, owner_from, session_get_for_owner, session_queryset_for_owner
+from chatapp.access import (
+    Owner,
+    kb_editor_allowed,
+    kb_editor_check,
+    owner_ensure,
+    owner_from,
+    session_get_for_owner,
+    session_queryset_for_owner,
+)
 from chatapp.forms import (
     DocumentUploadForm,
     SessionCreateForm,
@@ -237,6 +245,7 @@ def _kb_context(request: HttpRequest, **extra: Any) -> dict[str, Any]:
         **_layout_context(owner_from(request)),
         "kb_page": True,
         "documents": document_list(),
+        "kb_can_edit": kb_editor_allowed(request),
         "upload_form": DocumentUploadForm(),
         "max_upload_kib": settings.KB_MAX_UPLOAD_BYTES // 1024,
         **extra,
@@ -248,19 +257,25 @@ def kb_index(request: HttpRequest) -> HttpResponse:
     """The knowledge base: its documents and an upload form (htmx: the document list only,
     e.g. after the ``kb-changed`` trigger)."""
     if request.htmx:
-        return render(request, f"{KB_PAGE}#document-list", {"documents": document_list()})
+        return render(request, f"{KB_PAGE}#document-list", _kb_list_context(request))
     return render(request, KB_PAGE, _kb_context(request))
+
+
+def _kb_list_context(request: HttpRequest) -> dict[str, Any]:
+    return {"documents": document_list(), "kb_can_edit": kb_editor_allowed(request)}
 
 
 @require_POST
 def kb_upload(request: HttpRequest) -> HttpResponse:
     """Store an uploaded text/Markdown document (validated by :class:`DocumentUploadForm`).
     htmx gets a fresh form with a notice and the ``kb-changed`` trigger (the list refreshes
-    itself); errors answer 422 (htmx) or 400 with the form; a plain success redirects."""
+    itself); errors answer 422 (htmx) or 400 with the form; a plain success redirects.
+    403 unless the caller may edit the knowledge base (``KB_EDITORS``)."""
+    kb_editor_check(request)
     form = DocumentUploadForm(request.POST, request.FILES)
     if not form.is_valid():
         if request.htmx:
-            context = {"upload_form": form, "max_upload_kib": settings.KB_MAX_UPLOAD_BYTES // 1024}
+            context = {"upload_form": form, "kb_can_edit": True, "max_upload_kib": settings.KB_MAX_UPLOAD_BYTES // 1024}
             return render(request, f"{KB_PAGE}#upload-form", context, status=422)
         return render(request, KB_PAGE, _kb_context(request, upload_form=form), status=400)
     document, changed = document_upload(
@@ -270,6 +285,7 @@ def kb_upload(request: HttpRequest) -> HttpResponse:
         return redirect("kb-index")
     context = {
         "upload_form": DocumentUploadForm(),
+        "kb_can_edit": True,
         "max_upload_kib": settings.KB_MAX_UPLOAD_BYTES // 1024,
         "uploaded": document,
         "uploaded_changed": changed,
@@ -281,9 +297,10 @@ def kb_upload(request: HttpRequest) -> HttpResponse:
 @require_POST
 def kb_delete(request: HttpRequest, document_id: int) -> HttpResponse:
     """Delete a document and its passages (404 if there is none): htmx gets the document list,
-    a plain request the knowledge-base page."""
+    a plain request the knowledge-base page. 403 unless the caller may edit the knowledge base."""
+    kb_editor_check(request)
     if not document_delete(document_id=document_id):
         raise Http404("No such document.")
     if not request.htmx:
         return redirect("kb-index")
-    return render(request, f"{KB_PAGE}#document-list", {"documents": document_list()})
+    return render(request, f"{KB_PAGE}#document-list", _kb_list_context(request))

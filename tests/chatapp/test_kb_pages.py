@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
@@ -88,3 +89,25 @@ def test_delete_removes_the_document_and_its_passages(anon: Visitor):
     assert not Document.objects.exists() and not Chunk.objects.exists() and kb_search("glacier") == []
     assert anon.client.post(f"/kb/{document.pk}/delete/", **HTMX).status_code == 404
     assert anon.client.get(f"/kb/{document.pk}/delete/").status_code == 405
+
+
+def test_with_staff_only_editing_others_can_read_but_not_change_the_knowledge_base(anon: Visitor, settings):
+    settings.KB_EDITORS = "staff"
+    document = Document.objects.create(slug="d", title="Pricing guide", body="x")
+    page = anon.client.get("/kb/")
+    assert page.status_code == 200 and b"Pricing guide" in page.content
+    assert b'id="kb-upload"' not in page.content and b"/delete/" not in page.content
+    assert upload(anon.client, "glacier.md", GUIDE.encode()).status_code == 403
+    assert anon.client.post(f"/kb/{document.pk}/delete/", **HTMX).status_code == 403
+    assert list(Document.objects.values_list("slug", flat=True)) == ["d"]
+
+
+def test_with_staff_only_editing_staff_can_upload_and_delete(settings):
+    settings.KB_EDITORS = "staff"
+    staff = Client()
+    staff.force_login(get_user_model().objects.create_user(username="editor", password="pw-not-used", is_staff=True))
+    assert upload(staff, "glacier.md", GUIDE.encode()).status_code == 200
+    document = Document.objects.get(slug="upload-glacier")
+    assert b'id="kb-upload"' in staff.get("/kb/").content
+    assert staff.post(f"/kb/{document.pk}/delete/", **HTMX).status_code == 200
+    assert not Document.objects.exists()
