@@ -8,6 +8,7 @@ Rules and numbers come from SPEC.md section 3 (compression) and section 4 (raw a
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from collections.abc import Iterable
@@ -20,6 +21,8 @@ SourceKind = Literal["system", "summary", "history", "current"]
 WIRE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 RAW_ARCHIVE_LINE_CHARS = 500
 RAW_ARCHIVE_MARKER = "[Raw archive of newly added messages]"
+ARCHIVE_OMITTED = "- [{count} earlier archived messages omitted]"
+_OMITTED_RE = re.compile(r"- \[(\d+) earlier archived messages omitted\]")
 SYSTEM_NOTICE = "[System message]"
 # Line lengths (characters) tried in turn when the archive is over its token cap.
 ARCHIVE_LINE_STEPS = (RAW_ARCHIVE_LINE_CHARS, 200, 80)
@@ -214,21 +217,26 @@ def _plain_text(content: Any) -> str:
 
 
 def raw_archive_merge(previous_summary: str, messages: list[Message], *, max_tokens: int, counter: TokenCounter) -> str:
-    """The degraded summary: ``previous_summary`` kept intact plus one
+    """The degraded summary: ``previous_summary`` kept plus one
     ``[Raw archive of newly added messages]`` section holding an archive line per message.
 
     A previous raw section is merged into the single section (no stacking, F-12). When the text
-    exceeds ``max_tokens`` the oldest archive lines give way to an ``omitted`` count line, so the
-    archive stays bounded across many degraded compressions; the LLM-written part is kept.
+    exceeds ``max_tokens``, archive lines are shortened (500, 200, then 80 characters), then the
+    oldest give way to an ``N earlier archived messages omitted`` line, so the archive stays
+    bounded across many degraded compressions. The LLM-written part is kept whole while it
+    leaves room for that count line; otherwise its tail gives way (its head, with the earliest
+    facts, stays), so the archive always says how many messages it folded in.
     """
     base, old_lines, omitted = _split_archive(previous_summary)
     lines = old_lines + [raw_archive_line(m) for m in messages]
 
-    def render(kept: list[str], dropped: int, line_chars: int) -> str:
+    def section(kept: list[str], dropped: int, line_chars: int) -> str:
         cut = [line if len(line) <= line_chars else line[: line_chars - 1] + "…" for line in kept]
-        head = [f"- [{dropped} earlier archived messages omitted]"] if dropped else []
-        section = "\n".join([RAW_ARCHIVE_MARKER, *head, *cut])
-        return f"{base}\n\n{section}" if base else section
+        head = [ARCHIVE_OMITTED.format(count=dropped)] if dropped else []
+        return "\n".join([RAW_ARCHIVE_MARKER, *head, *cut])
+
+    def render(kept: list[str], dropped: int, line_chars: int) -> str:
+        return f"{base}\n\n{section(kept, dropped, line_chars)}" if base else section(kept, dropped, line_chars)
 
     # Shorter lines first, so more messages stay covered; then the oldest lines give way.
     for line_chars in ARCHIVE_LINE_STEPS:
@@ -245,7 +253,13 @@ def raw_archive_merge(previous_summary: str, messages: list[Message], *, max_tok
         else:
             low = middle + 1
     text = render(lines[low:], omitted + low, line_chars)
-    return text if counter.count_text(text) <= max_tokens else counter.truncate_text(text, max_tokens)
+    if counter.count_text(text) <= max_tokens:
+        return text
+    tail = section([], omitted + len(lines), line_chars)
+    room = max_tokens - counter.count_text(tail) - 4
+    if room <= 0:
+        return tail
+    return f"{counter.truncate_text(base, room).rstrip()}…\n\n{tail}"
 
 
 def _split_archive(summary: str) -> tuple[str, list[str], int]:
@@ -255,8 +269,8 @@ def _split_archive(summary: str) -> tuple[str, list[str], int]:
     base, _, section = summary.partition(RAW_ARCHIVE_MARKER)
     lines = [line for line in section.strip().splitlines() if line.strip()]
     omitted = 0
-    if lines and lines[0].startswith("- [") and lines[0].endswith("earlier archived messages omitted]"):
-        omitted = int(lines[0][3:].split(" ", 1)[0])
+    if lines and (match := _OMITTED_RE.fullmatch(lines[0].strip())):
+        omitted = int(match.group(1))
         lines = lines[1:]
     return base.strip(), lines, omitted
 

@@ -149,12 +149,14 @@ def plan_request(
             f"system prompt + current turn + summary reserve need {fixed + config.summary_reserve_tokens} tokens, "
             f"over the target of {config.target_tokens}: no history can be retained"
         )
-    if mode == "agent" and config.preserve_turns:
+    if mode == "agent" and config.preserve_turns and not force:
         wanted = min(config.preserve_turns, count_turns(history_units))
         kept = count_turns(plan.retained)
         if kept < wanted:
             plan.notes.append(f"kept {kept} of the last {wanted} whole turns (preserve_turns={config.preserve_turns}): the budget won")
-    if not plan.to_summarize:
+    if not plan.to_summarize and force:
+        plan.notes.append("nothing to compress: every message before the current turn is already in the summary")
+    elif not plan.to_summarize:
         plan.notes.append(
             "nothing left to summarize: the request is over the trigger because of the system prompt, "
             "the current turn or the summary itself"

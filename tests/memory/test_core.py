@@ -154,3 +154,13 @@ def test_f07_elision_touches_tool_results_never_the_question():
 def test_to_wire_strips_internal_keys():
     assert to_wire({"id": 4, "token_count": 9, "role": "user", "content": "x"}) == {"role": "user", "content": "x"}
     assert to_wire({**asst(tc=["a"]), "id": 5})["content"] is None
+
+
+def test_raw_archive_always_records_what_it_folded_even_when_the_old_summary_fills_the_cap():
+    old_summary = " ".join(f"fact{i}" for i in range(400))
+    assert COUNTER.count_text(old_summary) > 150
+    text = raw_archive_merge(old_summary, [user("teal is my favourite colour")] * 22, max_tokens=150, counter=COUNTER)
+    assert COUNTER.count_text(text) <= 150
+    assert text.startswith("fact0 fact1") and text.endswith("- [22 earlier archived messages omitted]")
+    again = raw_archive_merge(text, [user("more")] * 22, max_tokens=150, counter=COUNTER)
+    assert again.endswith("- [44 earlier archived messages omitted]") and again.count(RAW_ARCHIVE_MARKER) == 1

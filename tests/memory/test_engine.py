@@ -423,3 +423,15 @@ def test_a_pin_that_would_overflow_the_window_yields(session_key):
     check_context(context, stored=store.rows, system_prompt=SYSTEM, counter=COUNTER)
     assert context.tokens <= context.target_tokens and not context.overflow
     assert any("would overflow the context window" in note for note in context.events[0]["notes"])
+
+
+def test_compress_now_with_nothing_left_says_so_plainly(session_key):
+    store = Store()
+    store.add(user("only question"))
+    context = async_to_sync(make_engine().build_context)(
+        session_key=session_key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent", force=True
+    )
+    notes = context.events[0]["notes"]
+    assert context.events[0]["kind"] == "no_progress"
+    assert any("nothing to compress" in note for note in notes)
+    assert not any("over the trigger" in note or "preserve_turns" in note for note in notes)
