@@ -13,8 +13,10 @@ Server events sent only to this socket::
                   CHAT_MAX_PENDING_TURNS turns in flight
 
 ``pending`` lists the turns in flight (their lease is fresh, see :mod:`chatapp.turns`). A turn
-interrupted by a restart is closed with an error reply when a socket connects, syncs or sends
-after its lease expired, so its transcript ends and it is never pending forever.
+interrupted by a restart is closed with an error reply when a socket connects, syncs, sends or
+stops after its lease expired, so its transcript ends and it is never pending forever; while a
+socket is open on a session with turns in flight that this process does not run, it also checks
+when the first of their leases runs out (see ``_lease_watch``), so an open tab learns of it unasked.
 
 Events of the session group: ``chat.message`` for every stored message (user messages carry
 their ``client_message_id``) and the turn events listed in :mod:`chatapp.turn`. A resend of a
@@ -37,13 +39,19 @@ ignored).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
+from channels.generic.websocket import (
+    AsyncJsonWebsocketConsumer,
+    AsyncWebsocketConsumer,
+)
 from django.conf import settings
 from django.http import Http404
+from django.utils import timezone
 
 from chatapp import selectors, services
 from chatapp.access import asession_get_for_owner
@@ -58,12 +66,14 @@ from chatapp.protocol import (
     frame_decode,
 )
 from chatapp.realtime import session_group_name
-from chatapp.turns import chat_turn_start, chat_turn_stop
+from chatapp.turns import chat_turn_start, chat_turn_stop, turns_leased_here
 
 CLOSE_NOT_FOUND = 4404
 # ``?ui=html``: the chat page's socket, which gets server-rendered HTML instead of JSON.
 UI_PARAMETER = "ui"
 UI_HTML = "html"
+# How long after a lease runs out the socket's watch closes the turn if it is still pending.
+LEASE_WATCH_MARGIN_SECONDS = 1.0
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
@@ -71,6 +81,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     chat_session: ChatSession | None = None
     feed: PageFeed | None = None
+    lease_watch: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
         try:
@@ -90,8 +101,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
         if self.feed is not None:
             await self.send_snapshot()
+        self.lease_watch_ensure()
 
     async def disconnect(self, code: int) -> None:
+        await self.lease_watch_cancel()
         if self.chat_session is not None:
             await self.channel_layer.group_discard(session_group_name(self.chat_session.pk), self.channel_name)
 
@@ -162,6 +175,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         """Stop the session's running turns: the group reaches every worker with a socket open on
         this session, and each stops the turns it runs."""
         await self.channel_layer.group_send(session_group_name(session.pk), {"type": "turn.stop"})
+        # A turn no worker runs any more (its lease ran out) is closed now rather than left pending.
+        await database_sync_to_async(services.turns_interrupted_close)(session_id=session.pk)
 
     async def turn_stop(self, message: dict[str, Any]) -> None:
         """Channel-layer handler: stop the session's turns running in this process."""
@@ -170,10 +185,43 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def session_event(self, message: dict[str, Any]) -> None:
         """Channel-layer handler: relay a session event to this socket."""
+        if message["event"].get("type") == "chat.turn":
+            self.lease_watch_ensure()  # a turn started, maybe by another worker: watch its lease
         await self.deliver(message["event"])
+
+    # --- turns interrupted while this socket is open ------------------------------------------
+
+    def lease_watch_ensure(self) -> None:
+        """Start watching the session's turns in flight that this process does not run, unless
+        already watching. Nothing else would tell this socket when such a turn's worker died."""
+        if self.chat_session is not None and (self.lease_watch is None or self.lease_watch.done()):
+            self.lease_watch = asyncio.create_task(self._lease_watch(self.chat_session.pk))
+
+    async def lease_watch_cancel(self) -> None:
+        task, self.lease_watch = self.lease_watch, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _lease_watch(self, session_id: int) -> None:
+        """While the session has turns in flight run by other workers: sleep until the first
+        lease runs out (plus a margin), then close the turns whose lease did
+        (``turns_interrupted_close`` tells every socket of the session); a renewed lease just
+        moves the next wake-up."""
+        while True:
+            expiry = await database_sync_to_async(selectors.turn_lease_next_expiry)(
+                session_id=session_id, exclude=turns_leased_here()
+            )
+            if expiry is None:
+                return
+            delay = (expiry - timezone.now()).total_seconds() + LEASE_WATCH_MARGIN_SECONDS
+            await asyncio.sleep(max(delay, 0.0))
+            await database_sync_to_async(services.turns_interrupted_close)(session_id=session_id)
 
     async def session_deleted(self, message: dict[str, Any]) -> None:
         """Channel-layer handler: the session was deleted; stop its turns here and close (4404)."""
+        await self.lease_watch_cancel()
         if self.chat_session is not None:
             chat_turn_stop(session_id=self.chat_session.pk)
             await self.channel_layer.group_discard(session_group_name(self.chat_session.pk), self.channel_name)

@@ -11,7 +11,8 @@ event                fragments of the frame
 ===================  ===========================================================================
 (connect, chat.sync) snapshot: the transcript, the live replies, the inspector, the turn status
                      and the title (the page's state as stored, whatever it showed before)
-chat.message         the rendered message appended to ``#messages`` (once); a user message also
+chat.message         the rendered message appended to ``#messages`` (once; the first one removes
+                     the empty-state line); a user message also
                      refreshes the title and its sidebar entry; a turn's tool step resets its
                      live reply to "thinking", its final reply removes it
 chat.turn            a live reply (``#stream-<turn id>``, "thinking") and the turn status
@@ -154,6 +155,10 @@ class PageFeed:
             return ""
         parts: list[str] = []
         if message.pk not in self.marks:
+            if not self.marks:
+                # The page's first message: the empty-state line goes (it shows only while the
+                # transcript it was rendered with is empty, so the target exists).
+                parts.append('<div hx-swap-oob="delete:#messages .empty-chat"></div>')
             mark = self.basis.mark(message.pk)
             self.marks[message.pk] = mark
             rendered = partial_render("message", {"message": message, "mark": mark})

@@ -5,7 +5,8 @@ The knowledge-base search selector is :func:`chatapp.kb.kb_search`.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from collections.abc import Collection
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -104,6 +105,15 @@ def turn_in_flight_first_id(*, session_id: int) -> int | None:
     :func:`turn_in_flight_list`), or None. Memory compression must not summarize from there on
     while that turn runs (FAULTS F-26); an interrupted turn pins nothing."""
     return _pending_user_messages(session_id).filter(_alive()).aggregate(first=Min("id"))["first"]
+
+
+def turn_lease_next_expiry(*, session_id: int, exclude: Collection[int] = ()) -> datetime | None:
+    """When the first lease of the session's turns in flight runs out (its heartbeat plus
+    ``CHAT_TURN_LEASE_SECONDS``), leaving out the turns ``exclude`` (e.g. those running in this
+    process, which keep renewing theirs); None when there is no such turn."""
+    pending = _pending_user_messages(session_id).exclude(pk__in=list(exclude)).values("pk")
+    first = TurnLease.objects.filter(user_message__in=pending).aggregate(first=Min("heartbeat"))["first"]
+    return None if first is None else first + timedelta(seconds=settings.CHAT_TURN_LEASE_SECONDS)
 
 
 def turn_interrupted_list(*, session_id: int) -> list[int]:

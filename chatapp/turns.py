@@ -169,6 +169,11 @@ def _task_done(task: asyncio.Task[Message]) -> None:
         logger.error("chat turn task failed", exc_info=task.exception())
 
 
+def turns_leased_here() -> frozenset[int]:
+    """Ids of the turns (their user messages) this process runs or queues and keeps the lease of."""
+    return frozenset(_leases_kept)
+
+
 def chat_turn_stop(*, session_id: int) -> int:
     """Ask every turn of session ``session_id`` running in this process to stop; returns how many."""
     turns = [turn for turn in _running.values() if turn.session_id == session_id]

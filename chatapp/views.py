@@ -58,6 +58,8 @@ KB_PAGE = "chat/kb.html"
 # The client event that tells the knowledge-base page its document list changed (HX-Trigger).
 KB_CHANGED_EVENT = "kb-changed"
 NOTHING_TO_COMPRESS = "Nothing to compress yet: this chat has no question."
+# The client event whose ``text`` chat.js puts in the page's #announce status region.
+ANNOUNCE_EVENT = "chat:announce"
 
 
 def _layout_context(
@@ -232,8 +234,11 @@ async def session_compress(request: HttpRequest, session_id: int) -> HttpRespons
     state = await sync_to_async(inspector_state_get)(session_id=session.pk)
     text = " ".join(compression_sentence(event) for event in events) or NOTHING_TO_COMPRESS
     response = await sync_to_async(render)(request, f"{SESSION_PAGE}#inspector", {"inspector": state})
-    response.write(_announcement(text))
-    return response
+    # An event, not an out-of-band #announce: the page's socket usually replaces the inspector
+    # (and this form in it) before this response arrives, and htmx looks for out-of-band targets
+    # from the requesting element, which is then detached ("oobErrorNoTarget"). The event goes
+    # to <body> then; chat.js puts the text in #announce.
+    return trigger_client_event(response, ANNOUNCE_EVENT, {"text": text}, after="swap")
 
 
 def _announcement(text: str) -> str:

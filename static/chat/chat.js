@@ -99,6 +99,23 @@
     }
   });
 
+  // "Compress now" answers with this event (chatapp/views.py): its text goes in the status region.
+  document.body.addEventListener("chat:announce", (event) => {
+    const region = document.getElementById("announce");
+    if (region) region.textContent = event.detail.text;
+  });
+
+  // The tab's title follows the chat's title (renamed, or set by the first message).
+  function titleSync() {
+    const heading = document.getElementById("chat-title");
+    if (heading) {
+      const title = heading.textContent.trim() + " · Kestrel Assistant";
+      if (document.title !== title) document.title = title;
+    }
+  }
+  document.addEventListener("htmx:wsAfterMessage", titleSync);
+  document.addEventListener("htmx:afterSettle", titleSync);
+
   document.addEventListener("DOMContentLoaded", () => {
     const thread = document.getElementById("thread");
     if (thread) thread.scrollTop = thread.scrollHeight;
@@ -140,24 +157,27 @@
   });
 
   // --- drawers and copy buttons ------------------------------------------------------------
+  // The buttons that open a drawer carry data-drawer-toggle="<drawer id>"; the open drawer's
+  // name is data-drawer on <body> (the CSS shows that drawer and dims the page around it).
+  // Distinct attributes: a click anywhere inside the page must not count as a toggle click.
   function closeDrawer() {
     const name = document.body.dataset.drawer;
     delete document.body.dataset.drawer;
-    document.querySelectorAll("[data-drawer]").forEach((b) => b.setAttribute("aria-expanded", "false"));
-    const toggle = name && document.querySelector('[data-drawer="' + name + '"]');
+    document.querySelectorAll("[data-drawer-toggle]").forEach((b) => b.setAttribute("aria-expanded", "false"));
+    const toggle = name && document.querySelector('[data-drawer-toggle="' + CSS.escape(name) + '"]');
     if (toggle) toggle.focus();
   }
 
   document.addEventListener("click", (event) => {
-    const toggle = event.target.closest("[data-drawer]");
+    const toggle = event.target.closest("[data-drawer-toggle]");
     if (toggle) {
-      const name = toggle.dataset.drawer;
+      const name = toggle.dataset.drawerToggle;
       if (document.body.dataset.drawer === name) {
         closeDrawer();
         return;
       }
       document.body.dataset.drawer = name;
-      document.querySelectorAll("[data-drawer]").forEach((b) => b.setAttribute("aria-expanded", String(b === toggle)));
+      document.querySelectorAll("[data-drawer-toggle]").forEach((b) => b.setAttribute("aria-expanded", String(b === toggle)));
       const drawer = document.getElementById(name);
       const close = drawer && drawer.querySelector("[data-drawer-close]");
       if (close) close.focus();

@@ -44,6 +44,8 @@ FOREIGN_VARIABLES = (
     "LLM_MODEL", "SUMMARY_MODEL", "LLM_CONTEXT_WINDOW", "OFFLINE_DELAY", "OFFLINE_FAIL_SUMMARY", "OFFLINE_FAIL_CHAT",
 )
 STARTUP_SECONDS = 60
+# The longest wait for any page state (milliseconds).
+WAIT_MS = 30_000
 LISTENING = re.compile(r"Listening on TCP address 127\.0\.0\.1:(\d+)")
 _server_numbers = itertools.count(1)
 
@@ -172,12 +174,16 @@ def browser(chromium_executable: Path) -> Iterator[Browser]:
 @pytest.fixture
 def new_context(browser: Browser) -> Iterator[Callable[..., BrowserContext]]:
     """``new_context(**options)``: a fresh browser context (a new visitor: no cookies), closed at
-    the end of the test. Playwright waits at most 15 s for any state."""
+    the end of the test. Playwright waits at most ``WAIT_MS`` for any state (actions and
+    ``expect`` alike): room for a loaded two-core CI machine."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=WAIT_MS)
     contexts: list[BrowserContext] = []
 
     def make(**options: Any) -> BrowserContext:
         context = browser.new_context(**options)
-        context.set_default_timeout(15_000)
+        context.set_default_timeout(WAIT_MS)
         contexts.append(context)
         return context
 

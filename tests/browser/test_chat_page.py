@@ -125,6 +125,8 @@ def screenshots_save(page: Page, directory: Path) -> None:
 def test_a_failing_summarizer_is_shown_as_raw_archive(start_server: Callable[..., Server], new_context: Context):
     server = start_server(OFFLINE_FAIL_SUMMARY="true")
     page = new_context().new_page()
+    errors: list[str] = []
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
     chat_open(page, server, mode="Quick answer")
     for question in ("What does the Team plan cost?", "My locker code is 4711.", "What is the largest file?"):
         ask(page, question)
@@ -139,6 +141,7 @@ def test_a_failing_summarizer_is_shown_as_raw_archive(start_server: Callable[...
     expect(inspector.locator(".timeline li.degraded")).to_have_count(1)
     expect(page.get_by_test_id("summary-type")).to_have_text("raw archive")
     expect(page.locator("#announce")).to_contain_text("raw archive: the summarizer failed")
+    assert not [error for error in errors if "oobErrorNoTarget" in error]
     # Everything before the newest question is now covered, and marked so over the socket.
     expect(page.locator("#messages .mark[data-mark='summarized']")).to_have_count(
         int(page.get_by_test_id("compressed-count").inner_text())
@@ -181,6 +184,7 @@ def test_stop_ends_a_slow_reply_and_keeps_it_marked_stopped(start_server: Callab
     composer.press("Enter")
     expect(composer).to_have_value("")
     expect(page.locator("#live .thinking")).to_be_visible()
+    expect(page.locator("#messages .empty-chat")).to_have_count(0)  # gone with the first message
     stop = page.locator("#stop")
     expect(stop).to_be_enabled()
     stop.click()
@@ -204,10 +208,14 @@ def test_sidebar_rename_mode_switch_and_delete(daphne_server: Server, new_contex
     title.press("Enter")
     expect(item.locator(".session-link")).to_have_text("Trip planning")
     htmx_idle(page)
+    # Renamed in place (htmx): still on the second chat's page, which is the one changed below.
+    assert page.url.rstrip("/").rsplit("/", 1)[1] != first_id
+    expect(page.locator(".session-item.current")).not_to_have_id(f"session-item-{first_id}")
 
     page.get_by_label("Quick answer", exact=True).check()
     expect(page.locator(".session-item.current .mode")).to_have_text("Quick answer")
     expect(page.locator("#announce")).to_contain_text("Quick answer")
+    htmx_idle(page)
 
     page.once("dialog", lambda dialog: dialog.accept())
     item.get_by_role("link", name="Delete").click()
@@ -232,3 +240,46 @@ def test_knowledge_base_upload_lists_the_document_and_explains_errors(daphne_ser
     page.get_by_role("button", name="Upload").click()
     expect(page.get_by_label("File", exact=True)).to_have_attribute("aria-invalid", "true")
     expect(page.locator("#kb-upload")).to_contain_text("Only text and Markdown files")
+
+
+def test_phone_drawers_stay_open_while_used_inside(daphne_server: Server, new_context: Context):
+    page = new_context(reduced_motion="reduce").new_page()
+    chat_open(page, daphne_server)  # from the start page's sidebar, shown at this width
+    page.set_viewport_size({"width": 390, "height": 844})
+    expect(page.get_by_text("No messages yet. Ask something below.")).to_be_visible()
+    ask(page, "What does the Team plan cost?")
+    expect(page.locator("#messages .empty-chat")).to_have_count(0)
+    expect(page.locator("#chat-title")).not_to_have_text(re.compile(r"^Chat \d+$"))  # titled by the question
+    expect(page).to_have_title(page.locator("#chat-title").inner_text() + " · Kestrel Assistant")
+
+    memory = page.get_by_role("button", name="Memory", exact=True)
+    memory.click()
+    inspector = page.locator("#inspector")
+    expect(inspector).to_be_in_viewport()
+    expect(memory).to_have_attribute("aria-expanded", "true")
+    assert page.evaluate("document.body.getAttribute('aria-expanded')") is None
+    sent = inspector.locator("details.sent").first
+    sent.locator("summary").click()
+    expect(sent).to_have_attribute("open", "")
+    sent.get_by_role("button", name="Copy").click()
+    expect(page.locator("body")).to_have_attribute("data-drawer", "inspector")
+    expect(inspector).to_be_in_viewport()
+    page.get_by_role("button", name="Close the memory inspector").click()
+    expect(page.locator("body")).not_to_have_attribute("data-drawer", re.compile(".*"))
+    expect(memory).to_be_focused()
+    expect(memory).to_have_attribute("aria-expanded", "false")
+
+    chats = page.get_by_role("button", name="Chats", exact=True)
+    chats.click()
+    expect(page.locator("#sidebar")).to_be_in_viewport()
+    page.locator(".session-item.current").get_by_role("link", name="Rename").click()
+    title = page.get_by_label("New title")
+    expect(title).to_be_focused()
+    expect(page.locator("body")).to_have_attribute("data-drawer", "sidebar")
+    title.fill("Plans")
+    title.press("Enter")
+    expect(page.locator("#chat-title")).to_have_text("Plans")
+    expect(page).to_have_title("Plans · Kestrel Assistant")
+    expect(page.locator("body")).to_have_attribute("data-drawer", "sidebar")
+    page.keyboard.press("Escape")
+    expect(chats).to_be_focused()

@@ -579,3 +579,44 @@ async def test_a_resend_of_an_interrupted_message_gets_the_closed_turn(ws, alice
     assert (ack["duplicate"], ack["pending"]) == (True, False)
     assert replay[-1] == {"type": "chat.done", "turn_id": stored.pk, "status": "error", "message_id": closed.pk}
     assert await Message.objects.filter(session=session).acount() == 2
+
+
+@pytest.mark.parametrize("path_suffix", ["", "?ui=html"])
+async def test_an_open_tab_learns_that_a_turn_was_interrupted_when_its_lease_runs_out(ws, alice, settings, path_suffix):
+    # A restart killed the worker of a turn whose lease is still fresh when the tab reconnects:
+    # nobody sends anything, yet the tab gets the interrupted reply once the lease runs out.
+    settings.CHAT_TURN_LEASE_SECONDS = 0.5
+    session = await make_session(alice, mode=ChatSession.Mode.QUICK_ANSWER)
+    turn = await sync_to_async(message_make)(session, "user", "How large can a file be?")
+    await sync_to_async(lease_make)(turn)
+    async with ws(f"/ws/chat/{session.pk}/{path_suffix}", cookie=alice.cookie) as communicator:
+        await communicator.connect(timeout=TIMEOUT)
+        received: list[str] = []
+        while not any("chat.done" in frame or "Enter sends" in frame for frame in received[1:]):
+            received.append(await communicator.receive_from(timeout=TIMEOUT))
+
+    closed = await Message.objects.aget(reply_to=turn)
+    assert closed.status == Message.Status.ERROR and closed.content.startswith("[Interrupted")
+    if path_suffix:
+        snapshot, *frames = received
+        assert f'id="stream-{turn.pk}"' in snapshot  # "Thinking…" on connect
+        assert any(f'delete:#stream-{turn.pk}' in frame for frame in frames)
+        assert any("[Interrupted" in frame for frame in frames)
+    else:
+        events = [json.loads(frame) for frame in received]
+        assert [e["type"] for e in events] == ["chat.message", "chat.done"]
+        assert events[1] == {"type": "chat.done", "turn_id": turn.pk, "status": "error", "message_id": closed.pk}
+
+
+async def test_stop_closes_a_turn_no_worker_runs_any_more(ws, alice, settings):
+    session = await make_session(alice, mode=ChatSession.Mode.QUICK_ANSWER)
+    turn = await sync_to_async(message_make)(session, "user", "How large can a file be?")
+    await sync_to_async(lease_make)(turn)
+    async with ws(f"/ws/chat/{session.pk}/", cookie=alice.cookie) as communicator:
+        await communicator.connect(timeout=TIMEOUT)
+        await sync_to_async(lease_make)(turn, age_seconds=settings.CHAT_TURN_LEASE_SECONDS + 1)
+        await communicator.send_json_to({"type": "chat.stop"})
+        events = await receive_until(communicator, is_done)
+
+    closed = await Message.objects.aget(reply_to=turn)
+    assert events[-1] == {"type": "chat.done", "turn_id": turn.pk, "status": "error", "message_id": closed.pk}

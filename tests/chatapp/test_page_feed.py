@@ -16,7 +16,15 @@ from chatapp.page import PageFeed
 from chatapp.services import chat_session_delete
 from chatapp.turns import session_memory_compress
 from memory import services as memory_services
-from tests.chatapp.conftest import TIMEOUT, Visitor, chat_session_make, is_done, message_make, of_type, receive_until
+from tests.chatapp.conftest import (
+    TIMEOUT,
+    Visitor,
+    chat_session_make,
+    is_done,
+    message_make,
+    of_type,
+    receive_until,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("offline_engine", "demo_kb")]
 
@@ -184,3 +192,19 @@ def test_the_feed_sends_only_the_marks_that_changed(alice: Visitor):
     assert re.findall(r'id="mark-(\d+)" class="mark" data-mark="summarized"', html) == [str(ids[0]), str(ids[1])]
     assert 'data-summary-version="1"' in html and "raw archive" in html
     assert feed.render({"type": "memory.summary", "summary": {}}).count('class="mark"') == 0
+
+
+async def test_the_first_message_removes_the_empty_state_line_and_later_ones_do_not(ws, alice: Visitor):
+    session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.QUICK_ANSWER)
+    async with ws(page_path(session), cookie=alice.cookie) as page:
+        await page.connect(timeout=TIMEOUT)
+        snapshot = await page.receive_from(timeout=TIMEOUT)
+        assert 'class="empty-chat"' in snapshot
+        await page.send_json_to(send("e-1", "How large can a file be?"))
+        first = await frames_until(page, "Enter sends")  # the turn ended
+        await page.send_json_to(send("e-2", "Where are the data centres?"))
+        second = await frames_until(page, "e-2")
+
+    removals = [frame for frame in first if 'hx-swap-oob="delete:#messages .empty-chat"' in frame]
+    assert len(removals) == 1 and 'data-client-id="e-1"' in removals[0]
+    assert not any("empty-chat" in frame for frame in second)

@@ -4,6 +4,8 @@ another user and for an anonymous stranger, on every endpoint)."""
 
 from __future__ import annotations
 
+import json
+
 from typing import Any
 
 import pytest
@@ -274,7 +276,8 @@ def test_compress_now_folds_history_and_returns_the_inspector(alice: Visitor):
     assert response.status_code == 200 and text.strip().startswith('<aside id="inspector"')
     assert state.version == 1 and state.last_message_id == made[-2].pk and state.compressed_count == 6
     assert 'data-summary-version="1"' in text and "<strong>v1</strong>" in text
-    assert 'id="announce"' in text and "6 messages folded into the summary" in text
+    announcement = json.loads(response["HX-Trigger-After-Swap"])["chat:announce"]["text"]
+    assert "6 messages folded into the summary" in announcement and 'id="announce"' not in text
     event = CompressionEvent.objects.get(session_key=str(session.pk))
     assert any("requested by the user" in note for note in event.notes)
 
@@ -284,7 +287,7 @@ def test_compress_now_folds_history_and_returns_the_inspector(alice: Visitor):
 def test_compress_now_without_a_question_does_nothing(alice: Visitor):
     session = chat_session_make(alice.owner)
     response = alice.client.post(url("session-compress", session), **HTMX)
-    assert response.status_code == 200 and b"Nothing to compress yet" in response.content
+    assert response.status_code == 200 and "Nothing to compress yet" in response["HX-Trigger-After-Swap"]
     assert not SessionSummary.objects.exists()
     plain = alice.client.post(url("session-compress", session))
     assert plain.status_code == 302 and plain["Location"] == url("session-detail", session)
