@@ -34,7 +34,7 @@ django.setup()
 
 from django.core.management import call_command  # noqa: E402
 
-from chatapp.replay import locomo_conversation  # noqa: E402
+from chatapp.conversation.replay import locomo_conversation  # noqa: E402
 from memory.config import MemoryConfig  # noqa: E402
 from memory.engine import MemoryEngine  # noqa: E402
 from memory.extractive import ExtractiveSummarizer  # noqa: E402

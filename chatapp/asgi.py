@@ -2,7 +2,7 @@
 
 Django is set up first (``get_asgi_application``) so that the consumer's imports may use models.
 Sockets pass the origin checks (the Origin's host is in ``ALLOWED_HOSTS``, and the Origin is this
-site itself or a trusted origin: :mod:`chatapp.origin`), then the session and auth middleware
+site itself or a trusted origin: :mod:`chatapp.realtime.origin`), then the session and auth middleware
 (which put ``session`` and ``user`` in the scope), then the router. With ``SERVE_STATIC`` (the embedded
 default) static files are served by Django itself, since a single Daphne process has no proxy in
 front of it; a production proxy serves ``STATIC_ROOT`` instead.
@@ -23,7 +23,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
-from chatapp.origin import SameOriginValidator  # noqa: E402
+from chatapp.realtime.origin import SameOriginValidator  # noqa: E402
 from chatapp.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(

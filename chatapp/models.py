@@ -131,10 +131,10 @@ class TurnLease(models.Model):
     """Proof that the turn opened by ``user_message`` is alive.
 
     The worker running (or queueing) the turn moves ``heartbeat`` forward every few seconds
-    (:mod:`chatapp.turns`). A turn without a final reply whose heartbeat is older than
+    (:mod:`chatapp.conversation.runner`). A turn without a final reply whose heartbeat is older than
     ``CHAT_TURN_LEASE_SECONDS`` was interrupted (a restart, a crashed worker): it no longer counts
     as in flight, and the first request that notices closes it with an error reply
-    (:func:`chatapp.services.turns_interrupted_close`). Kept apart from ``Message`` so that
+    (:func:`chatapp.conversation.leases.turns_interrupted_close`). Kept apart from ``Message`` so that
     message rows stay the unchanged record of the conversation.
     """
 
@@ -191,7 +191,7 @@ class Document(models.Model):
 
 
 class Chunk(models.Model):
-    """A passage of a document, the unit of full-text search (see :mod:`chatapp.kb`)."""
+    """A passage of a document, the unit of full-text search (see :mod:`chatapp.kb.search`)."""
 
     document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="chunks")
     ord = models.PositiveIntegerField()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.urls import path, re_path
 
-from chatapp.consumers import ChatConsumer, NotFoundConsumer
+from chatapp.realtime.consumers import ChatConsumer, NotFoundConsumer
 
 websocket_urlpatterns = [
     path("ws/chat/<int:session_id>/", ChatConsumer.as_asgi()),

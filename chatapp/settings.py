@@ -269,7 +269,7 @@ KB_EDITORS = env_choice("KB_EDITORS", "anyone", ("anyone", "staff"))
 KB_MAX_UPLOAD_BYTES = env_int("KB_MAX_UPLOAD_BYTES", 256 * 1024, minimum=1024, maximum=10 * 1024 * 1024)
 QUICK_ANSWER_PASSAGES = env_int("QUICK_ANSWER_PASSAGES", 4, minimum=1, maximum=20)
 SERVE_STATIC = env_bool("SERVE_STATIC", True)
-# A turn proves it is alive by a heartbeat (chatapp.turns) about every third of this many
+# A turn proves it is alive by a heartbeat (chatapp.conversation.runner) about every third of this many
 # seconds. A turn without a final reply whose heartbeat is older was interrupted (a restart, a
 # crashed worker): it no longer counts as in flight, so it neither pins memory compression
 # (FAULTS F-26) nor stays "pending", and the next request closes it with an error reply.

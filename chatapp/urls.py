@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from chatapp import views
+from chatapp.ui import views
 
 urlpatterns = [
     path("", views.index, name="index"),

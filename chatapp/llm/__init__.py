@@ -4,8 +4,8 @@
   :func:`~chatapp.llm.clients.chat_stream` and the one error class :class:`~chatapp.llm.clients.LLMError`.
 - :mod:`chatapp.llm.summarizer`: :class:`~chatapp.llm.summarizer.OpenAISummarizer` and the memory
   engine's degradation chain built from settings.
-- :mod:`chatapp.llm.offline`: the built-in offline engine, an OpenAI-compatible ``httpx2`` transport
-  (its answers are decided in :mod:`chatapp.llm.offline_replies`).
+- :mod:`chatapp.llm.offline.transport`: the built-in offline engine, an OpenAI-compatible ``httpx2`` transport
+  (its answers are decided in :mod:`chatapp.llm.offline.replies`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from chatapp.llm.clients import (
     make_client,
     summary_endpoint,
 )
-from chatapp.llm.offline import OFFLINE_MODEL, OfflineTransport
+from chatapp.llm.offline.transport import OFFLINE_MODEL, OfflineTransport
 from chatapp.llm.summarizer import OpenAISummarizer, build_summarizer_chain
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 Every model call of the app goes through ``openai.AsyncOpenAI``. An endpoint with an empty base URL
 is the built-in offline engine: its client gets an ``httpx2`` transport that answers in process
-(:class:`chatapp.llm.offline.OfflineTransport`), so the same SDK code path runs with or without a
+(:class:`chatapp.llm.offline.transport.OfflineTransport`), so the same SDK code path runs with or without a
 server. Clients never retry on their own (``max_retries=0``): the memory degradation chain counts
 its attempts itself (SPEC.md section 4), and a chat turn reports a failure instead of stalling.
 
@@ -25,7 +25,7 @@ import openai
 from django.conf import settings
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam, ChatCompletionToolUnionParam
 
-from chatapp.llm.offline import OFFLINE_BASE_URL, OfflineTransport
+from chatapp.llm.offline.transport import OFFLINE_BASE_URL, OfflineTransport
 from memory.core import to_wire
 
 LLMErrorKind = Literal["connection", "timeout", "rate_limit", "server", "status", "malformed", "empty"]

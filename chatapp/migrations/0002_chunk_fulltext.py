@@ -1,4 +1,4 @@
-"""Full-text search over chunks with the database's own engine (see :mod:`chatapp.kb`).
+"""Full-text search over chunks with the database's own engine (see :mod:`chatapp.kb.search`).
 
 SQLite: an FTS5 table (its own copy of the text, rowid = chunk id) kept in step with
 ``chatapp_chunk`` by triggers, so cascades and flushes that bypass the ORM's services cannot leave

@@ -8,15 +8,15 @@ from typing import Any
 from django import template
 from django.utils.safestring import SafeString
 
-from chatapp.inspector import MARK_LABELS
-from chatapp.markup import markdown_render
+from chatapp.ui.inspector import MARK_LABELS
+from chatapp.ui.markup import markdown_render
 
 register = template.Library()
 
 
 @register.filter
 def markdown(text: str | None) -> SafeString:
-    """Message text as sanitized HTML (see :func:`chatapp.markup.markdown_render`)."""
+    """Message text as sanitized HTML (see :func:`chatapp.ui.markup.markdown_render`)."""
     return markdown_render(text)
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from chatapp.kb import DEMO_KB_DIR, document_load_directory
+from chatapp.kb.documents import DEMO_KB_DIR, document_load_directory
 
 
 class Command(BaseCommand):

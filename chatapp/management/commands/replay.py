@@ -11,7 +11,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from chatapp.replay import ReplayInputError, conversation_replay, conversations_read, replay_engine
+from chatapp.conversation.replay import ReplayInputError, conversation_replay, conversations_read, replay_engine
 
 
 class Command(BaseCommand):

@@ -1,0 +1,80 @@
+"""Reads of the chat app (synchronous ORM code; async callers use ``database_sync_to_async``).
+
+The knowledge-base search selector is :func:`chatapp.kb.search.kb_search`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Q, QuerySet
+
+from chatapp.chats.access import Owner, session_queryset_for_owner
+from chatapp.models import ChatSession, Message
+
+SYNC_MAX_MESSAGES = 500
+
+
+def session_list_for_owner(*, owner: Owner) -> QuerySet[ChatSession]:
+    """The owner's chat sessions, most recently active first."""
+    return session_queryset_for_owner(owner).order_by("-updated", "-id")
+
+
+def chat_session_get(*, session_id: int) -> ChatSession:
+    """The chat session ``session_id`` (no access check: for code acting on a stored turn).
+    Raises ``ChatSession.DoesNotExist``."""
+    return ChatSession.objects.get(pk=session_id)
+
+
+def message_content_get(*, message_id: int) -> str:
+    """The text of message ``message_id`` (``""`` for a message without text).
+    Raises ``Message.DoesNotExist``."""
+    return Message.objects.filter(pk=message_id).values_list("content", flat=True).get() or ""
+
+
+def message_list(*, session_id: int) -> list[Message]:
+    """Every message of the session in id order (for rendering a chat page)."""
+    return list(Message.objects.filter(session_id=session_id).order_by("id"))
+
+
+def message_list_after(*, session_id: int, after_id: int, limit: int = SYNC_MAX_MESSAGES) -> tuple[list[Message], bool]:
+    """``(messages, more)``: up to ``limit`` messages of the session with an id above ``after_id``,
+    ascending; ``more`` is True when further messages follow (ask again after the last id)."""
+    rows = list(Message.objects.filter(session_id=session_id, id__gt=after_id).order_by("id")[: limit + 1])
+    return rows[:limit], len(rows) > limit
+
+
+def message_list_for_context(*, session_id: int, boundary: int | None, turn_message_id: int) -> list[dict[str, Any]]:
+    """The memory engine's increment for the turn opened by user message ``turn_message_id``.
+
+    Every message of the session with an id above ``boundary`` (all when None), ascending id,
+    never a page (FAULTS F-15), as wire dicts plus ``id`` and ``token_count`` (only keys that are
+    set) -- except the messages of *other* turns stored after this turn's user message. Those
+    belong to a concurrent turn (a second tab, FAULTS F-26); leaving them out keeps this turn's
+    user message the current turn. Coverage is unaffected: the engine only summarizes history
+    before the current turn, so the boundary never passes ``turn_message_id`` and the left-out
+    messages stay in the increment of later requests.
+    """
+    rows = Message.objects.filter(session_id=session_id).filter(
+        Q(id__lte=turn_message_id) | Q(reply_to_id=turn_message_id)
+    )
+    if boundary is not None:
+        rows = rows.filter(id__gt=boundary)
+    return [{"id": row.pk, **row.to_wire(), "token_count": row.token_count} for row in rows.order_by("id")]
+
+
+def message_last_user_id(*, session_id: int) -> int | None:
+    """The id of the session's newest user message (None when it has none)."""
+    return (
+        Message.objects.filter(session_id=session_id, role=Message.Role.USER)
+        .order_by("-id")
+        .values_list("id", flat=True)
+        .first()
+    )
+
+
+def turn_replies_get(*, user_message: Message) -> list[Message]:
+    """The stored assistant and tool messages of the turn ``user_message`` opened, in id order."""
+    return list(Message.objects.filter(reply_to=user_message).order_by("id"))
+
+

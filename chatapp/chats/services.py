@@ -1,0 +1,153 @@
+"""Writes of the chat app: sessions, messages and model-call records (synchronous ORM code).
+
+Async callers wrap these with ``channels.db.database_sync_to_async``. Every function that stores
+a message tells the session's sockets about it only after the commit
+(:func:`chatapp.realtime.broadcast.event_broadcast_on_commit`). Turn orchestration lives in
+:mod:`chatapp.conversation.runner`; the memory engine's own tables are written by the ``memory`` app only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from chatapp.chats.access import Owner
+from chatapp.llm.clients import chat_endpoint
+from chatapp.models import ChatSession, Message, ModelCall
+from chatapp.realtime.broadcast import event_broadcast_on_commit, session_sockets_close_on_commit
+from memory.services import session_memory_delete
+from memory.tokens import get_counter
+
+TITLE_MAX_CHARS = 60
+
+
+def chat_session_create(*, owner: Owner, mode: str, title: str = "") -> ChatSession:
+    """A new chat session for ``owner`` (a user, else an anonymous browser session key).
+
+    Raises ``ValueError`` for an owner with neither (the caller must create the browser session
+    first) or for an unknown ``mode``.
+    """
+    if mode not in ChatSession.Mode.values:
+        raise ValueError(f"unknown chat mode {mode!r}")
+    if owner.user_id is None and not owner.session_key:
+        raise ValueError("a chat session needs a user or a browser session key as its owner")
+    return ChatSession.objects.create(
+        owner_id=owner.user_id,
+        owner_session_key="" if owner.user_id is not None else owner.session_key or "",
+        mode=mode,
+        title=title[:200],
+    )
+
+
+def chat_session_rename(*, session: ChatSession, title: str) -> ChatSession:
+    """Give ``session`` the title ``title`` (surrounding spaces removed, at most 200 characters;
+    an empty title makes the page show "Chat <id>"). Does not move it in the session list."""
+    session.title = " ".join(title.split())[:200]
+    ChatSession.objects.filter(pk=session.pk).update(title=session.title)
+    return session
+
+
+def chat_session_mode_set(*, session: ChatSession, mode: str) -> ChatSession:
+    """Switch ``session`` to ``mode`` (agent or quick-answer) from its next turn on; a turn
+    already running keeps its mode. Raises ``ValueError`` for an unknown mode."""
+    if mode not in ChatSession.Mode.values:
+        raise ValueError(f"unknown chat mode {mode!r}")
+    session.mode = mode
+    ChatSession.objects.filter(pk=session.pk).update(mode=mode)
+    return session
+
+
+def chat_session_delete(*, session: ChatSession) -> None:
+    """Delete ``session`` with its messages and model-call records, and the memory app's state of
+    it (summary and compression events), in one transaction. After the commit its sockets stop
+    the session's turns and close with code 4404."""
+    session_id = session.pk
+    with transaction.atomic():
+        session_memory_delete(session_key=str(session_id))
+        session.delete()
+        session_sockets_close_on_commit(session_id)
+
+
+def message_token_count(wire: dict[str, Any]) -> int:
+    """Tokens ``wire`` costs in a chat-model request (the chat model's encoding; SPEC.md section 5)."""
+    return get_counter(chat_endpoint().model).count_message(wire)
+
+
+def reply_message_store(
+    *,
+    session_id: int,
+    reply_to_id: int,
+    role: str,
+    content: str | None,
+    tool_calls: list[dict[str, Any]] | None = None,
+    tool_call_id: str = "",
+    name: str = "",
+    status: str = Message.Status.COMPLETE,
+    step: int = 1,
+) -> Message:
+    """Store one assistant or tool message of the turn opened by user message ``reply_to_id``.
+
+    ``tool_calls`` in OpenAI format for an assistant message that calls tools (``content`` may
+    then be None); ``tool_call_id`` and ``name`` for a tool result. ``token_count`` is computed
+    here, once. On commit the sockets get ``chat.message`` with ``step`` (the model call of the
+    turn it came from, from 1) so a client can replace the streamed text with the stored row.
+    """
+    if role not in (Message.Role.ASSISTANT, Message.Role.TOOL):
+        raise ValueError(f"a reply is an assistant or tool message, not {role!r}")
+    wire: dict[str, Any] = {"role": role, "content": content}
+    if tool_calls:
+        wire["tool_calls"] = tool_calls
+    if tool_call_id:
+        wire["tool_call_id"] = tool_call_id
+    if name:
+        wire["name"] = name
+    with transaction.atomic():
+        message = Message.objects.create(
+            session_id=session_id,
+            reply_to_id=reply_to_id,
+            role=role,
+            content=content,
+            tool_calls=tool_calls or None,
+            tool_call_id=tool_call_id,
+            name=name,
+            status=status,
+            token_count=message_token_count(wire),
+        )
+        ChatSession.objects.filter(pk=session_id).update(updated=timezone.now())
+        event_broadcast_on_commit(session_id, {"type": "chat.message", "message": message.as_dict(), "step": step})
+    return message
+
+
+def model_call_record(
+    *,
+    session_id: int,
+    reply_to_id: int,
+    mode: str,
+    step: int,
+    model: str,
+    context: dict[str, Any],
+    estimated_tokens: int,
+) -> ModelCall:
+    """Record a request to the chat model before it is sent: ``context`` is the memory engine's
+    ``MemoryContext.as_dict()`` (what the model sees) plus ``tools`` (the tool schemas sent),
+    ``estimated_tokens`` its estimate."""
+    return ModelCall.objects.create(
+        session_id=session_id,
+        reply_to_id=reply_to_id,
+        mode=mode,
+        step=step,
+        model=model,
+        context=context,
+        estimated_tokens=estimated_tokens,
+    )
+
+
+def model_call_usage_save(
+    *, model_call_id: int, prompt_tokens: int | None, completion_tokens: int | None, finish_reason: str
+) -> None:
+    """Store what the provider reported for a model call (tokens; None when not reported)."""
+    ModelCall.objects.filter(pk=model_call_id).update(
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, finish_reason=finish_reason[:32]
+    )

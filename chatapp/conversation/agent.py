@@ -1,0 +1,87 @@
+"""Agent mode (SPEC.md section 7): model call -> tool calls -> tool results -> model call ...
+
+The memory engine runs as a before-model middleware (``AgentMemoryMiddleware.before_model``)
+before *every* model call, after the previous step's messages were stored, so the context of each
+step includes the tool chain of the current turn and is compressed as needed. The loop ends with
+a final answer, or at ``settings.AGENT_MAX_STEPS`` model calls: the last allowed call is offered no
+tools, so it must answer with what it has.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from chatapp.models import Message
+from chatapp.conversation.tools import TOOL_SCHEMAS, tool_call_execute
+from chatapp.conversation.turn import ModelCallFailed, Turn, TurnStopped
+from memory.engine import AgentMemoryMiddleware
+
+AGENT_PROMPT = (
+    "You are the assistant of Kestrel Sync, a file sync and backup service. Use the kb_search tool "
+    "to look up product facts (plans, prices, limits, security, troubleshooting) before answering "
+    "questions about them, and the calculator tool for arithmetic. Quote numbers exactly. Answer "
+    "concisely; if the knowledge base has no answer, say so."
+)
+STOPPED_TOOL_RESULT = "error: not run, the user stopped the turn"
+
+
+async def agent_turn_run(turn: Turn) -> Message:
+    """Run the agent loop for the turn; returns the stored final assistant message.
+
+    Each step stores the assistant message with ``tool_calls`` and then one tool message per call
+    (tool errors are results starting with ``error:``, never crashes), so a stored tool group is
+    always complete, even when the user stops the turn mid-step. Ends with status ``complete``,
+    ``stopped``, or ``error`` (the model failed, the request overflowed the context window, or the
+    model still called tools at the step limit).
+    """
+    max_steps = settings.AGENT_MAX_STEPS
+    middleware = AgentMemoryMiddleware(
+        turn.engine,
+        session_key=turn.session_key,
+        system_prompt=AGENT_PROMPT,
+        load_increment=turn.load_increment,
+        tools=TOOL_SCHEMAS,
+    )
+    for step in range(1, max_steps + 1):
+        if turn.stop_requested:
+            return await turn.stopped("", step=step)
+        last_step = step == max_steps
+        # The estimate must match what is sent: the last step carries no tool schemas.
+        middleware.tools = None if last_step else TOOL_SCHEMAS
+        # Concurrent turns of the session start and end while this one runs.
+        middleware.summarize_below = await turn.summarize_below()
+        ctx = await middleware.before_model()
+        if ctx.overflow:
+            return await turn.overflow(ctx, step=step)
+        try:
+            reply = await turn.model_call(ctx, step=step, tools=middleware.tools)
+        except TurnStopped as stopped:
+            return await turn.stopped(stopped.partial.text, step=step)
+        except ModelCallFailed as failure:
+            return await turn.fail(failure, step=step)
+        if not reply.tool_calls:
+            return await turn.finish(content=reply.text, status=Message.Status.COMPLETE, step=step)
+        if last_step:
+            note = f"[Stopped: no final answer within {max_steps} model calls.]"
+            return await turn.finish(
+                content=f"{reply.text}\n\n{note}" if reply.text else note,
+                status=Message.Status.ERROR,
+                step=step,
+                error=(
+                    "agent_step_limit",
+                    f"The agent reached its limit of {max_steps} model calls without a final answer.",
+                ),
+            )
+        await turn.store(
+            role=Message.Role.ASSISTANT, content=reply.text or None, tool_calls=reply.tool_calls, step=step
+        )
+        for call in reply.tool_calls:
+            if turn.stop_requested:
+                result = STOPPED_TOOL_RESULT
+            else:
+                result = await tool_call_execute(
+                    call, passages_max_tokens=turn.passages_max_tokens, counter=turn.engine.counter
+                )
+            name = (call.get("function") or {}).get("name") or ""
+            await turn.store(role=Message.Role.TOOL, content=result, tool_call_id=call["id"], name=name[:64], step=step)
+    raise AssertionError("unreachable: the last step always returns")

@@ -1,0 +1,141 @@
+"""Running chat turns (SPEC.md section 2): :func:`chat_turn_run` is one turn end to end;
+:func:`chat_turn_start` runs it in the background of this process. :func:`session_memory_compress`
+is the inspector's "compress now", the same memory engine run outside a turn.
+
+A turn outlives the socket that asked for it: a tab that reconnects mid-reply gets the rest of the
+stream through the session's channel-layer group and the complete stored reply at the end (FAULTS
+F-27). Turns are tracked per process so that ``chat.stop`` can end them. The events a turn sends
+are listed in :mod:`chatapp.conversation.turn`.
+
+Within one process the started turns of a session run one after another, in the order they
+were sent (a burst of sends must not run dozens of turns at once; the consumer also bounds how
+many may wait, ``CHAT_MAX_PENDING_TURNS``). Turns of one session on different workers (two tabs
+behind a proxy) still run concurrently, which the memory engine allows for (FAULTS F-26).
+
+A turn proves it is alive, to every worker, through its lease (:class:`chatapp.models.TurnLease`):
+while it waits for its turn and while it runs, a background task renews the heartbeat every
+third of ``CHAT_TURN_LEASE_SECONDS``, whatever the turn is awaiting (a slow model, a long
+summarization). A turn whose process died stops renewing; once its lease expires it counts as
+interrupted and is closed with an error reply by the next request that looks
+(:func:`chatapp.chats.leases.turns_interrupted_close`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from channels.db import database_sync_to_async
+
+from chatapp.chats import selectors
+from chatapp.conversation.agent import agent_turn_run
+from chatapp.models import ChatSession, Message
+from chatapp.conversation.quick_answer import quick_answer_run
+from chatapp.conversation import leases
+from chatapp.conversation.leases import turn_lease_kept
+from chatapp.conversation.turn import Turn
+
+logger = logging.getLogger(__name__)
+
+INTERNAL_ERROR_TEXT = "[The assistant failed with an internal error. Your message is kept; please try again.]"
+
+
+# Turns running in this process, by the id of the user message that opened them, and their tasks
+# (held here so the event loop cannot garbage-collect a running turn).
+_running: dict[int, Turn] = {}
+_tasks: set[asyncio.Task[Message]] = set()
+_session_queues: dict[int, _SessionQueue] = {}
+
+
+class _SessionQueue:
+    """The started turns of one session in this process: they take ``lock`` (first come, first
+    served) to run; ``waiting`` counts holders and waiters so the queue can go when unused."""
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.waiting = 0
+
+
+async def chat_turn_run(*, session_id: int, user_message_id: int) -> Message:
+    """Answer the stored user message ``user_message_id`` of session ``session_id``.
+
+    Runs the session's mode (``agent``: :func:`chatapp.conversation.agent.agent_turn_run`; ``quick-answer``:
+    :func:`chatapp.conversation.quick_answer.quick_answer_run`), streaming events to the session's sockets and
+    storing every assistant message, tool-call message and tool result as its own row. Always
+    ends with a stored final assistant message, which it returns: status ``complete``,
+    ``stopped`` (``chat.stop``) or ``error`` (the chat model failed with ``LLMError``, the request
+    overflowed the context window, the agent hit its step limit, or a bug raised; the latter is
+    logged); what was stored before a failure stays. Concurrent turns of one session (on other
+    workers, or run directly) are independent (FAULTS F-26). The turn's lease is renewed while
+    it runs, and the session's interrupted turns are closed before it starts, so its history has
+    no dangling question. Raises only when even the error reply cannot be stored (database
+    down) and for cancellation of the calling task.
+    """
+    async with turn_lease_kept(user_message_id=user_message_id):
+        await database_sync_to_async(leases.turns_interrupted_close)(session_id=session_id)
+        session = await database_sync_to_async(selectors.chat_session_get)(session_id=session_id)
+        turn = Turn(session_id=session_id, user_message_id=user_message_id, mode=session.mode)
+        _running[user_message_id] = turn
+        try:
+            await turn.emit("chat.turn", status="started", mode=session.mode)
+            if session.mode == ChatSession.Mode.AGENT:
+                return await agent_turn_run(turn)
+            return await quick_answer_run(turn)
+        except Exception:
+            logger.exception("chat turn %s of session %s failed", user_message_id, session_id)
+            return await turn.finish(
+                content=INTERNAL_ERROR_TEXT,
+                status=Message.Status.ERROR,
+                step=0,
+                error=("internal_error", INTERNAL_ERROR_TEXT),
+            )
+        finally:
+            _running.pop(user_message_id, None)
+
+
+def chat_turn_start(*, session_id: int, user_message_id: int) -> asyncio.Task[Message]:
+    """Run :func:`chat_turn_run` as a background task of the running event loop, after the
+    session's turns started earlier in this process have ended; returns the task. The turn's
+    lease is renewed while it waits."""
+    task = asyncio.create_task(_chat_turn_queued(session_id=session_id, user_message_id=user_message_id))
+    _tasks.add(task)
+    task.add_done_callback(_task_done)
+    return task
+
+
+async def _chat_turn_queued(*, session_id: int, user_message_id: int) -> Message:
+    queue = _session_queues.setdefault(session_id, _SessionQueue())
+    queue.waiting += 1
+    try:
+        async with turn_lease_kept(user_message_id=user_message_id), queue.lock:
+            return await chat_turn_run(session_id=session_id, user_message_id=user_message_id)
+    finally:
+        queue.waiting -= 1
+        if not queue.waiting:
+            _session_queues.pop(session_id, None)
+
+
+def _task_done(task: asyncio.Task[Message]) -> None:
+    _tasks.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("chat turn task failed", exc_info=task.exception())
+
+
+def chat_turn_stop(*, session_id: int) -> int:
+    """Ask every turn of session ``session_id`` running in this process to stop; returns how many."""
+    turns = [turn for turn in _running.values() if turn.session_id == session_id]
+    for turn in turns:
+        turn.stop()
+    return len(turns)
+
+
+async def chat_turns_wait(*, timeout: float) -> None:
+    """Wait until every background turn of this process has ended (tests, graceful shutdown).
+    Raises ``TimeoutError`` when some are still running after ``timeout`` seconds."""
+    if not _tasks:
+        return
+    _, pending = await asyncio.wait(set(_tasks), timeout=timeout)
+    if pending:
+        raise TimeoutError(f"{len(pending)} chat turn(s) still running after {timeout} s")
+
+

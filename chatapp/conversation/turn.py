@@ -1,0 +1,255 @@
+"""The machinery both modes share within one turn: reaching the memory engine and the chat model,
+streaming the reply as events, storing reply messages, ending the turn.
+
+Events of a turn (every one carries ``turn_id``, the id of the user message that opened it)::
+
+    chat.turn          {status: "started", mode}
+    chat.retrieval     {passages: [{chunk_id, document_id, title, score}]}    quick-answer only
+    memory.compression {step, event}           one per compression event of a context build
+    memory.context     {step, model_call_id, tokens, context_window, trigger_tokens,
+                        target_tokens, sections, summary, sources, overflow, elisions, repairs}
+    chat.delta         {step, text}            streamed reply text, not stored yet
+    chat.message       {step, message}         a stored assistant or tool message (after commit)
+    error              {code, message}         the turn failed; a status=error reply is stored
+    chat.done          {status: complete|stopped|error, message_id}
+
+``step`` numbers the model calls of a turn from 1. Token figures are tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+
+from chatapp.chats import selectors, services
+from chatapp.conversation import leases
+from chatapp.llm.clients import Endpoint, LLMError, chat_endpoint, chat_stream
+from chatapp.llm.summarizer import build_summarizer_chain
+from chatapp.models import Message
+from chatapp.realtime.broadcast import event_broadcast
+from memory.config import MemoryConfig, Mode
+from memory.engine import MemoryContext, MemoryEngine
+from memory.tokens import get_counter
+
+# Streamed text is sent at most this often (seconds), in pieces, to keep channel traffic bounded.
+DELTA_FLUSH_SECONDS = 0.05
+# Knowledge-base passages may take this share of the engine's target, so history keeps room.
+PASSAGES_TARGET_SHARE = 1 / 3
+
+
+@dataclass(kw_only=True)
+class ModelReply:
+    """What one streamed model call produced so far: text, tool calls (OpenAI format), provider
+    usage (tokens, None when not reported) and the finish reason."""
+
+    text: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str = ""
+
+
+class TurnStopped(Exception):
+    """The user stopped the turn (``chat.stop``) while the model was answering; ``partial`` is
+    what had been streamed."""
+
+    def __init__(self, partial: ModelReply) -> None:
+        super().__init__("stopped by the user")
+        self.partial = partial
+
+
+class ModelCallFailed(Exception):
+    """The chat model failed (``error``, an ``LLMError``) after streaming ``partial``."""
+
+    def __init__(self, error: LLMError, partial: ModelReply) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.partial = partial
+
+    @property
+    def reply_text(self) -> str:
+        """The stored content of the failed reply: the partial text (if any) and why it ended."""
+        note = f"[The assistant could not answer: {self.error.message}]"
+        return f"{self.partial.text}\n\n{note}" if self.partial.text else note
+
+
+def memory_engine_build(endpoint: Endpoint) -> MemoryEngine:
+    """The memory engine for the chat model at ``endpoint``, its budget from settings."""
+    return MemoryEngine(
+        config=MemoryConfig(
+            context_window=endpoint.context_window,
+            trigger_ratio=settings.MEMORY_TRIGGER_RATIO,
+            target_ratio=settings.MEMORY_TARGET_RATIO,
+            summary_max_tokens=settings.MEMORY_SUMMARY_MAX_TOKENS,
+            summary_role=settings.MEMORY_SUMMARY_ROLE,
+            preserve_turns=settings.MEMORY_PRESERVE_TURNS,
+            summarizer_context_window=settings.LLM_SUMMARY_CONTEXT_WINDOW,
+        ),
+        chain=build_summarizer_chain(),
+        counter=get_counter(endpoint.model),
+    )
+
+
+class Turn:
+    """One running turn: its session, the user message that opened it, the chat model and memory
+    engine it uses, and whether the user asked it to stop."""
+
+    def __init__(self, *, session_id: int, user_message_id: int, mode: Mode) -> None:
+        self.session_id = session_id
+        self.user_message_id = user_message_id
+        self.mode = mode
+        self.endpoint = chat_endpoint()
+        self.engine = memory_engine_build(self.endpoint)
+        self.stop_requested = False
+        self._stream_task: asyncio.Task[None] | None = None
+
+    @property
+    def session_key(self) -> str:
+        """The memory engine's key of this session."""
+        return str(self.session_id)
+
+    @property
+    def passages_max_tokens(self) -> int:
+        """Tokens the knowledge-base passages of one prompt or tool result may take."""
+        return int(self.engine.config.target_tokens * PASSAGES_TARGET_SHARE)
+
+    def stop(self) -> None:
+        """Ask the turn to stop: a reply being streamed ends at once, no further step runs."""
+        self.stop_requested = True
+        if self._stream_task is not None:
+            self._stream_task.cancel()
+
+    async def load_increment(self, boundary: int | None) -> list[dict[str, Any]]:
+        """The memory engine's loader (see :func:`chatapp.chats.selectors.message_list_for_context`)."""
+        return await database_sync_to_async(selectors.message_list_for_context)(
+            session_id=self.session_id, boundary=boundary, turn_message_id=self.user_message_id
+        )
+
+    async def summarize_below(self) -> int | None:
+        """The memory engine's ``summarize_below`` for the next context: the first user message
+        of the session's turns in flight (this one included), so that no concurrent turn's
+        question is summarized while it runs (FAULTS F-26). Interrupted turns (their lease
+        expired) pin nothing."""
+        return await database_sync_to_async(leases.turn_in_flight_first_id)(session_id=self.session_id)
+
+    async def emit(self, event_type: str, **payload: Any) -> None:
+        """Broadcast an event of this turn to every socket of the session, now."""
+        await event_broadcast(self.session_id, {"type": event_type, "turn_id": self.user_message_id, **payload})
+
+    async def store(self, **fields: Any) -> Message:
+        """Store a reply message of this turn (see :func:`chatapp.chats.services.reply_message_store`)."""
+        return await database_sync_to_async(services.reply_message_store)(
+            session_id=self.session_id, reply_to_id=self.user_message_id, **fields
+        )
+
+    async def model_call(self, ctx: MemoryContext, *, step: int, tools: list[dict[str, Any]] | None) -> ModelReply:
+        """Record the request (a ``ModelCall`` row), emit the memory events of ``ctx``, and stream
+        the reply to the sockets as ``chat.delta`` events.
+
+        ``ctx`` must not be an overflow (see :meth:`overflow`). Raises :class:`TurnStopped` when
+        the user stopped the turn and :class:`ModelCallFailed` when the model failed; either
+        carries the partial reply. Stores no message: the caller does.
+        """
+        if self.stop_requested:  # asked while the context was being built: do not call the model
+            raise TurnStopped(ModelReply())
+        record = await database_sync_to_async(services.model_call_record)(
+            session_id=self.session_id,
+            reply_to_id=self.user_message_id,
+            mode=self.mode,
+            step=step,
+            model=self.endpoint.model,
+            context={**ctx.as_dict(), "tools": tools or []},
+            estimated_tokens=ctx.tokens,
+        )
+        await self.context_emit(ctx, step=step, model_call_id=record.pk)
+        reply = ModelReply()
+        self._stream_task = asyncio.ensure_future(self._stream(ctx.messages, tools, step, reply))
+        try:
+            await self._stream_task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if self.stop_requested and not (current is not None and current.cancelling()):
+                raise TurnStopped(reply) from None
+            raise
+        except LLMError as exc:
+            raise ModelCallFailed(exc, reply) from exc
+        finally:
+            self._stream_task = None
+            await database_sync_to_async(services.model_call_usage_save)(
+                model_call_id=record.pk,
+                prompt_tokens=reply.prompt_tokens,
+                completion_tokens=reply.completion_tokens,
+                finish_reason=reply.finish_reason or ("stopped" if self.stop_requested else ""),
+            )
+        return reply
+
+    async def context_emit(self, ctx: MemoryContext, *, step: int, model_call_id: int | None) -> None:
+        """Emit ``memory.compression`` for each compression event of ``ctx``, then ``memory.context``
+        (everything the engine reports except the message texts, which stay on the ModelCall)."""
+        for event in ctx.events:
+            await self.emit("memory.compression", step=step, event=event)
+        context = {key: value for key, value in ctx.as_dict().items() if key not in ("messages", "events")}
+        await self.emit("memory.context", step=step, model_call_id=model_call_id, **context)
+
+    async def _stream(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, step: int, reply: ModelReply
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        pending: list[str] = []
+        last_flush = -math.inf
+        async for event in chat_stream(messages, tools=tools, endpoint=self.endpoint):
+            if event["type"] == "delta":
+                reply.text += event["text"]
+                pending.append(event["text"])
+                if loop.time() - last_flush >= DELTA_FLUSH_SECONDS:
+                    await self.emit("chat.delta", step=step, text="".join(pending))
+                    pending.clear()
+                    last_flush = loop.time()
+            elif event["type"] == "tool_calls":
+                reply.tool_calls = event["tool_calls"]
+            elif event["type"] == "usage":
+                reply.prompt_tokens, reply.completion_tokens = event["prompt_tokens"], event["completion_tokens"]
+            elif event["type"] == "finish":
+                reply.finish_reason = event["finish_reason"] or ""
+        if pending:
+            await self.emit("chat.delta", step=step, text="".join(pending))
+
+    async def finish(self, *, content: str, status: str, step: int, error: tuple[str, str] | None = None) -> Message:
+        """End the turn: store its final assistant message (``status`` complete/stopped/error),
+        emit ``error`` (``error`` is ``(code, message)``) when it failed, then ``chat.done``."""
+        message = await self.store(role=Message.Role.ASSISTANT, content=content, status=status, step=step)
+        if error is not None:
+            await self.emit("error", code=error[0], message=error[1])
+        await self.emit("chat.done", status=status, message_id=message.pk)
+        return message
+
+    async def stopped(self, partial_text: str, *, step: int) -> Message:
+        """End the turn the user stopped: a ``stopped`` reply with whatever text was streamed."""
+        return await self.finish(
+            content=partial_text or "[stopped by the user]", status=Message.Status.STOPPED, step=step
+        )
+
+    async def fail(self, failure: ModelCallFailed, *, step: int) -> Message:
+        """End the turn after the chat model failed: an ``error`` reply keeping the partial text."""
+        return await self.finish(
+            content=failure.reply_text,
+            status=Message.Status.ERROR,
+            step=step,
+            error=(f"llm_{failure.error.kind}", failure.error.message),
+        )
+
+    async def overflow(self, ctx: MemoryContext, *, step: int) -> Message:
+        """End the turn without calling the model: even the elided current turn is over the
+        context window (``ctx.overflow``), so the request would be rejected."""
+        await self.context_emit(ctx, step=step, model_call_id=None)
+        text = (
+            f"This message is too large for the model's context window ({ctx.tokens} of "
+            f"{ctx.context_window} tokens even after compression), so it was not sent. "
+            "Please send a shorter message or start a new chat."
+        )
+        return await self.finish(content=text, status=Message.Status.ERROR, step=step, error=("context_overflow", text))

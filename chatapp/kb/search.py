@@ -1,0 +1,131 @@
+"""Knowledge-base search with the database's own full-text search.
+
+SQLite (the embedded default) indexes chunks in the FTS5 table ``chatapp_chunk_fts`` (porter
+stemming, ranked with ``bm25``); PostgreSQL uses ``to_tsvector('english', text)`` with a GIN
+index, ranked with ``ts_rank_cd``. Both are created by migration ``0002_chunk_fulltext``.
+
+User text never reaches either query language as syntax (:func:`fts5_query` quotes each word's
+letters and digits; PostgreSQL gets each word through ``plainto_tsquery``), so a question such as
+``"what's NEAR(a b) OR *?"`` cannot be a syntax error.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from django.db import connection
+
+from memory.tokens import TokenCounter
+
+
+# Words of a query kept for the search; the rest of a very long question adds nothing.
+QUERY_MAX_TOKENS = 32
+WORD_MAX_CHARS = 64
+SEARCH_MAX_LIMIT = 20
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Function words that match nearly every passage; dropping them keeps OR-queries selective.
+_STOPWORDS = frozenset(
+    "a an and are as at be by can do does for from how i in is it me my of on or our please "
+    "tell that the their there this to was we what when where which who why will with you your".split()
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Passage:
+    """One search hit: a chunk's text with its document. ``score``: higher is more relevant
+    (comparable only within one result list)."""
+
+    chunk_id: int
+    document_id: int
+    title: str
+    text: str
+    score: float
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "chunk_id": self.chunk_id,
+            "document_id": self.document_id,
+            "title": self.title,
+            "text": self.text,
+            "score": self.score,
+        }
+
+
+def search_words(query: str) -> list[str]:
+    """The words of ``query`` a search uses: whitespace-separated, lower-cased, control characters
+    removed, only words with a letter or digit, stopwords dropped (unless nothing else is left),
+    duplicates removed, at most ``QUERY_MAX_TOKENS`` of at most ``WORD_MAX_CHARS`` characters.
+    Punctuation inside a word stays (``ks-312``): each backend tokenizes it like its documents."""
+    cleaned = _CONTROL.sub(" ", query).lower().split()
+    words = [word[:WORD_MAX_CHARS] for word in cleaned if _WORD.search(word)]
+    content_words = [word for word in words if " ".join(_WORD.findall(word)) not in _STOPWORDS] or words
+    return list(dict.fromkeys(content_words))[:QUERY_MAX_TOKENS]
+
+
+def fts5_query(words: list[str]) -> str:
+    """An FTS5 MATCH expression matching any of ``words``: each word becomes a double-quoted
+    phrase of its letter/digit runs (``ks-312`` -> ``"ks 312"``), so no operator, column filter,
+    prefix or quote from user text survives."""
+    return " OR ".join(f'"{" ".join(_WORD.findall(word))}"' for word in words)
+
+
+def kb_search(query: str, limit: int = 4) -> list[Passage]:
+    """The ``limit`` (1..20) chunks most relevant to ``query``, best first.
+
+    Matches any of the query's words (an OR query: natural-language questions rarely share every
+    word with the answer), ranked by ``bm25`` (SQLite FTS5) or ``ts_rank_cd`` (PostgreSQL).
+    Arbitrary user text is safe: an empty or punctuation-only query returns ``[]``, never a
+    database error. Raises ``NotImplementedError`` on a database without full-text search.
+    """
+    words = search_words(query)
+    limit = max(1, min(limit, SEARCH_MAX_LIMIT))
+    if not words:
+        return []
+    if connection.vendor == "sqlite":
+        sql = (
+            "SELECT c.id, c.document_id, d.title, c.text, -bm25(chatapp_chunk_fts) AS score "
+            "FROM chatapp_chunk_fts JOIN chatapp_chunk c ON c.id = chatapp_chunk_fts.rowid "
+            "JOIN chatapp_document d ON d.id = c.document_id "
+            "WHERE chatapp_chunk_fts MATCH %s ORDER BY bm25(chatapp_chunk_fts), c.id LIMIT %s"
+        )
+        params: list[object] = [fts5_query(words), limit]
+    elif connection.vendor == "postgresql":
+        # plainto_tsquery parses a word like to_tsvector parses the text and has no syntax to get
+        # wrong; "||" ORs the words together.
+        any_word = " || ".join(["plainto_tsquery('english', %s)"] * len(words))
+        sql = (
+            "SELECT c.id, c.document_id, d.title, c.text, ts_rank_cd(to_tsvector('english', c.text), q.query) AS score "
+            f"FROM chatapp_chunk c JOIN chatapp_document d ON d.id = c.document_id, (SELECT {any_word} AS query) q "
+            "WHERE to_tsvector('english', c.text) @@ q.query ORDER BY score DESC, c.id LIMIT %s"
+        )
+        params = [*words, limit]
+    else:
+        raise NotImplementedError(f"kb_search needs SQLite FTS5 or PostgreSQL, not {connection.vendor}")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return [
+        Passage(chunk_id=row[0], document_id=row[1], title=row[2], text=row[3], score=float(row[4])) for row in rows
+    ]
+
+
+def passages_format(passages: list[Passage]) -> str:
+    """Search hits as prompt or tool-result text: ``[n] title`` then the passage, blank-line separated."""
+    return "\n\n".join(f"[{index}] {p.title}\n{p.text}" for index, p in enumerate(passages, start=1))
+
+
+def passages_fit(passages: list[Passage], *, budget_tokens: int, counter: TokenCounter) -> list[Passage]:
+    """The best-ranked ``passages`` whose formatted texts together fit ``budget_tokens`` tokens,
+    in rank order; the first one is always kept so that even a tiny window gets some knowledge."""
+    kept: list[Passage] = []
+    used = 0
+    for passage in passages:
+        tokens = counter.count_text(passages_format([passage]))
+        if kept and used + tokens > budget_tokens:
+            continue
+        kept.append(passage)
+        used += tokens
+    return kept

@@ -1,0 +1,221 @@
+"""What the offline engine may quote: knowledge-base passages in the system prompt or in tool
+results, sentences of earlier user messages and of the summary block, with their content words for
+matching a question. Pure and deterministic."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Message = dict[str, Any]
+
+
+def plain_text(content: Any) -> str:
+    """The text of a message ``content``: a string, None, or a list of ``{"type": "text"}`` parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""
+
+
+_WORD_RE = re.compile(r"[^\W_]+")
+
+
+SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+_PARAGRAPH_SPLIT_RE = re.compile(r"\n\s*\n")
+
+
+_LINE_LABEL_RE = re.compile(r"^(?:-\s+)?(?:(?:User|Assistant|System|Tool)(?:\s*\[[^\]]*\])?\s*:\s*)?")
+
+
+_HEADER_RE = re.compile(r"^\[(?:Memory Summary|Raw archive)\b|^\[\d+ earlier archived messages omitted\]")
+
+
+_SUMMARY_BLOCK_RE = re.compile(r"^\s*\[Memory Summary\b")
+
+
+# chatapp.kb.search.passages_format writes knowledge-base passages as a "[n] <title>" line followed by
+# the passage: in the quick-answer system prompt and in kb_search tool results.
+_PASSAGE_HEAD_RE = re.compile(r"^\[\d+\][ \t]+(?P<title>[^\n]+)$", re.M)
+
+
+# A short line without closing punctuation inside a passage is a Markdown heading.
+_HEADING_MAX_WORDS = 8
+
+
+_CLOSING_PUNCTUATION = (".", "!", "?", ":", ";", ")", "\u201d", '"')
+
+
+# Function words, greetings and the filler of questions ("how much ... does ... include"): they
+# say what kind of answer is wanted, not what it is about.
+STOPWORDS = frozenset(
+    """a an the is are was were be been being am i me my mine myself you your yours we our us he she him her his
+    it its they them their what whats which who whom whose when where why how do does did done can could would
+    should will shall may might must have has had of to in on at for from by with about into and or but not no yes
+    this that these those there here please tell remind know remember recall say said again so if then than as just
+    any some all let lets s t d ll re ve m also still now ok okay much many include includes included including
+    get gets got give gives hello hi hey thanks thank kind sort""".split()
+)
+
+
+Source = Literal["kb", "conversation", "summary"]
+
+
+SOURCE_LABELS: dict[Source, str] = {
+    "kb": "From the knowledge base:",
+    "conversation": "From our conversation:",
+    "summary": "From the conversation summary:",
+}
+
+
+KB_SECTION_LABEL = "From the knowledge base ({section}):"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evidence:
+    """Something the engine may quote: a knowledge-base passage or one sentence of the
+    conversation or of the summary block.
+
+    ``sentences``: what may be quoted (a single sentence for conversation and summary);
+    ``sections``: for each sentence, the passage heading it stands under (the document title
+    before the first heading; ``""`` outside passages); ``sentence_words``: for each sentence,
+    its content words and its heading's; ``words``: the content words of all of it, title
+    included; ``topic``: those of the title and headings alone.
+    """
+
+    source: Source
+    sentences: tuple[str, ...]
+    sections: tuple[str, ...]
+    sentence_words: tuple[frozenset[str], ...]
+    words: frozenset[str]
+    topic: frozenset[str] = frozenset()
+
+
+def context_evidence(context: list[Message]) -> list[Evidence]:
+    """What the engine may quote, oldest first.
+
+    - the first system message (the system prompt): only its knowledge-base passages, never
+      its instructions, which are no answer to anything;
+    - the summary block (any role): each sentence, as the summary;
+    - user messages and later system messages: each sentence, as the conversation;
+    - tool results: kb_search passages as the knowledge base, anything else as the conversation.
+
+    Its own earlier replies are left out so it never quotes itself; questions and headers carry
+    no facts and are left out too.
+    """
+    evidence: list[Evidence] = []
+    for index, message in enumerate(context):
+        role = message.get("role")
+        text = plain_text(message.get("content"))
+        if role not in ("system", "user", "tool"):
+            continue
+        if _SUMMARY_BLOCK_RE.match(text):
+            evidence += _sentences("summary", text)
+        elif role == "system" and index == 0:
+            evidence += _passages(text)
+        elif role == "tool":
+            evidence += _passages(text) or _sentences("conversation", text)
+        else:
+            evidence += _sentences("conversation", text)
+    return evidence
+
+
+def _passages(text: str) -> list[Evidence]:
+    """The knowledge-base passages (``[n] title`` blocks) of ``text``; none when it has no such
+    block. A short line without closing punctuation is a heading: a section, not a sentence."""
+    heads = list(_PASSAGE_HEAD_RE.finditer(text))
+    passages: list[Evidence] = []
+    for number, head in enumerate(heads):
+        body = text[head.end() : heads[number + 1].start() if number + 1 < len(heads) else len(text)]
+        title = head.group("title").strip()
+        section = title
+        heading_words: frozenset[str] = frozenset()
+        topic = set(content_words(title))
+        sentences: list[tuple[str, str, frozenset[str]]] = []
+        for paragraph in _PARAGRAPH_SPLIT_RE.split(body):
+            paragraph = " ".join(paragraph.split())
+            if _is_heading(paragraph):
+                section, heading_words = paragraph, frozenset(content_words(paragraph))
+                topic |= heading_words
+                continue
+            for sentence in SENTENCE_SPLIT_RE.split(paragraph):
+                if sentence:
+                    sentences.append((sentence, section, heading_words | content_words(sentence)))
+        if sentences:
+            passages.append(
+                Evidence(
+                    source="kb",
+                    sentences=tuple(sentence for sentence, _, _ in sentences),
+                    sections=tuple(section for _, section, _ in sentences),
+                    sentence_words=tuple(words for _, _, words in sentences),
+                    words=frozenset(topic.union(*(words for _, _, words in sentences))),
+                    topic=frozenset(topic),
+                )
+            )
+    return passages
+
+
+def _is_heading(paragraph: str) -> bool:
+    return 0 < len(paragraph.split()) <= _HEADING_MAX_WORDS and not paragraph.endswith(_CLOSING_PUNCTUATION)
+
+
+def _sentences(source: Source, text: str) -> list[Evidence]:
+    """One piece of evidence per factual sentence of ``text`` (line labels such as ``- User:``
+    removed; questions and summary headers skipped)."""
+    evidence: list[Evidence] = []
+    for piece in SENTENCE_SPLIT_RE.split(text):
+        sentence = _LINE_LABEL_RE.sub("", piece.strip()).strip()
+        if sentence and not sentence.endswith("?") and not _HEADER_RE.match(sentence):
+            words = frozenset(content_words(sentence))
+            evidence.append(
+                Evidence(source=source, sentences=(sentence,), sections=("",), sentence_words=(words,), words=words)
+            )
+    return evidence
+
+
+def evidence_score(item: Evidence, wanted: set[str]) -> tuple[int, int]:
+    """``(words of the question in the evidence, most of them in one of its sentences)``."""
+    return len(wanted & item.words), max(len(wanted & words) for words in item.sentence_words)
+
+
+def evidence_quote(item: Evidence, wanted: set[str]) -> tuple[str, str]:
+    """``(sentence, section)``: the sentence of ``item`` to quote and the heading it stands under.
+
+    The sentence with the most question words that the title and headings do not already say
+    (for "How much storage does the Free plan include?" under "Free plan": the one with
+    "storage"), then the most question words (its heading's included), then the earliest.
+    """
+
+    def rank(index: int) -> tuple[int, int, int]:
+        found = wanted & item.sentence_words[index]
+        return len(found - item.topic), len(found), -index
+
+    best = max(range(len(item.sentences)), key=rank)
+    return item.sentences[best], item.sections[best]
+
+
+def content_words(text: str) -> set[str]:
+    """Lower-cased words of ``text`` without stop words, with plural endings folded."""
+    stems = (_stem(word) for word in word_list(text) if word not in STOPWORDS)
+    return {stem for stem in stems if stem not in STOPWORDS}
+
+
+def word_list(text: str) -> list[str]:
+    return [word.lower() for word in _WORD_RE.findall(text)]
+
+
+def _stem(word: str) -> str:
+    """``word`` with a plural ending and a final "e" folded ("plans" -> "plan", "copies" -> "copy",
+    "caches" and "cache" -> "cach"): stemming-lite, so that a question and a passage meet on the
+    same word whatever its number."""
+    if len(word) > 4 and word.endswith("ies"):
+        return word[:-3] + "y"
+    if len(word) > 4 and word.endswith(("sses", "xes", "ches", "shes")):
+        word = word[:-2]
+    elif len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        word = word[:-1]
+    return word[:-1] if len(word) > 3 and word.endswith("e") else word

@@ -1,0 +1,311 @@
+"""Pages and their htmx partials: the session list, the chat page with its memory inspector, and
+the knowledge base.
+
+Views only translate: they parse input (forms), authorize through :mod:`chatapp.chats.access` (404 for
+any session that is not the caller's), call a selector or service, and render. Each page is one
+template with named partials; an htmx request (``request.htmx``) gets only the partial it
+targets, and a plain request the whole page, so everything also works without JavaScript.
+Forms with errors answer 422 to htmx (swapped, see ``htmx-config`` in ``base.html``) and 400 to
+plain requests. The chat itself runs over the WebSocket (:mod:`chatapp.realtime.consumers`,
+:mod:`chatapp.ui.page_feed`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import Resolver404, resolve, reverse
+from django.utils.html import format_html
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_htmx.http import HttpResponseClientRedirect, trigger_client_event
+
+from chatapp.chats.access import (
+    Owner,
+    kb_editor_allowed,
+    kb_editor_check,
+    owner_ensure,
+    owner_from,
+    session_get_for_owner,
+    session_queryset_for_owner,
+)
+from chatapp.ui.forms import (
+    DocumentUploadForm,
+    SessionCreateForm,
+    SessionModeForm,
+    SessionRenameForm,
+)
+from chatapp.ui.inspector import inspector_state_get
+from chatapp.kb.documents import document_delete, document_list, document_upload
+from chatapp.llm.clients import chat_endpoint
+from chatapp.models import ChatSession
+from chatapp.ui.page_feed import chat_page_state_get, compression_sentence
+from chatapp.chats.selectors import session_list_for_owner
+from chatapp.chats.services import (
+    chat_session_create,
+    chat_session_delete,
+    chat_session_mode_set,
+    chat_session_rename,
+)
+from chatapp.conversation.compress import session_memory_compress
+
+SESSION_PAGE = "chat/session.html"
+MANAGE_PAGE = "chat/session_manage.html"
+KB_PAGE = "chat/kb.html"
+# The client event that tells the knowledge-base page its document list changed (HX-Trigger).
+KB_CHANGED_EVENT = "kb-changed"
+NOTHING_TO_COMPRESS = "Nothing to compress yet: this chat has no question."
+# The client event whose ``text`` chat.js puts in the page's #announce status region.
+ANNOUNCE_EVENT = "chat:announce"
+
+
+def _layout_context(
+    owner: Owner, *, chat_session: ChatSession | None = None, form: SessionCreateForm | None = None
+) -> dict[str, Any]:
+    """What ``base.html`` needs: the sidebar (the owner's sessions, the new-chat form) and the
+    offline banner."""
+    endpoint = chat_endpoint()
+    return {
+        "sessions": session_list_for_owner(owner=owner),
+        "form": form or SessionCreateForm(),
+        "offline": endpoint.offline,
+        "model": endpoint.model,
+        "context_window": endpoint.context_window,
+        "chat_session": chat_session,
+    }
+
+
+def _page_session(request: HttpRequest, owner: Owner) -> ChatSession | None:
+    """The owner's chat session whose page sent the htmx request, if it came from a chat page."""
+    try:
+        match = resolve(request.htmx.current_url_abs_path or "")
+    except Resolver404:
+        return None
+    if match.url_name != "session-detail":
+        return None
+    return session_queryset_for_owner(owner).filter(pk=match.kwargs["session_id"]).first()
+
+
+def _is_current_page(request: HttpRequest, session: ChatSession) -> bool:
+    """Whether the htmx request came from the chat page of ``session``."""
+    return request.htmx.current_url_abs_path == reverse("session-detail", kwargs={"session_id": session.pk})
+
+
+def _session_page_context(request: HttpRequest, session: ChatSession) -> dict[str, Any]:
+    page = chat_page_state_get(session=session)
+    return {
+        **_layout_context(owner_from(request), chat_session=session),
+        "page": page,
+        "running": page.running,
+        "modes": ChatSession.Mode.choices,
+        "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
+    }
+
+
+@require_GET
+def index(request: HttpRequest) -> HttpResponse:
+    """The caller's chat sessions and a form to start one (creates an anonymous visitor's session)."""
+    return render(request, "chat/index.html", _layout_context(owner_ensure(request)))
+
+
+@require_POST
+def session_create(request: HttpRequest) -> HttpResponse:
+    """Start a chat session in the posted mode and go to it; 400 with the form for a bad mode."""
+    owner = owner_ensure(request)
+    form = SessionCreateForm(request.POST)
+    if not form.is_valid():
+        return render(request, "chat/index.html", _layout_context(owner, form=form), status=400)
+    session = chat_session_create(owner=owner, mode=form.cleaned_data["mode"])
+    return redirect("session-detail", session_id=session.pk)
+
+
+@require_GET
+def session_detail(request: HttpRequest, session_id: int) -> HttpResponse:
+    """The chat page of one of the caller's sessions (404 for anyone else's): the transcript
+    with its memory marks, the composer and the memory inspector."""
+    session = session_get_for_owner(request, session_id)
+    return render(request, SESSION_PAGE, _session_page_context(request, session))
+
+
+@require_GET
+def session_inspector(request: HttpRequest, session_id: int) -> HttpResponse:
+    """The memory inspector: its partial for htmx, else the chat page (which contains it)."""
+    session = session_get_for_owner(request, session_id)
+    if request.htmx:
+        return render(request, f"{SESSION_PAGE}#inspector", {"inspector": inspector_state_get(session_id=session.pk)})
+    return render(request, SESSION_PAGE, _session_page_context(request, session))
+
+
+@require_GET
+def session_item(request: HttpRequest, session_id: int) -> HttpResponse:
+    """The session's sidebar entry (htmx: e.g. to cancel a rename), else the chat page."""
+    session = session_get_for_owner(request, session_id)
+    if not request.htmx:
+        return redirect("session-detail", session_id=session.pk)
+    current = session if _is_current_page(request, session) else None
+    return render(request, "base.html#session-item", {"s": session, "chat_session": current})
+
+
+@require_http_methods(["GET", "POST"])
+def session_rename(request: HttpRequest, session_id: int) -> HttpResponse:
+    """GET: the rename form (htmx: the sidebar entry as a form; else a page). POST: rename, then
+    the sidebar entry (htmx; plus the page title when renaming the open chat) or the chat page."""
+    session = session_get_for_owner(request, session_id)
+    form = SessionRenameForm(request.POST if request.method == "POST" else None, initial={"title": session.title})
+    if request.method == "POST" and form.is_valid():
+        chat_session_rename(session=session, title=form.cleaned_data["title"])
+        if not request.htmx:
+            return redirect("session-detail", session_id=session.pk)
+        current = _is_current_page(request, session)
+        item = {"s": session, "chat_session": session if current else None}
+        response = render(request, "base.html#session-item", item)
+        if current:
+            response.write(
+                render(request, f"{SESSION_PAGE}#chat-title", {"chat_session": session, "oob": True}).content
+            )
+        return response
+    status = 200 if request.method == "GET" else (422 if request.htmx else 400)
+    if request.htmx:
+        return render(request, "base.html#session-rename-form", {"s": session, "rename_form": form}, status=status)
+    context = {
+        **_layout_context(owner_from(request), chat_session=session),
+        "action": "rename",
+        "s": session,
+        "rename_form": form,
+    }
+    return render(request, MANAGE_PAGE, context, status=status)
+
+
+@require_http_methods(["GET", "POST"])
+def session_delete(request: HttpRequest, session_id: int) -> HttpResponse:
+    """GET: a confirmation page (htmx asks with ``hx-confirm`` instead). POST: delete the session
+    and its memory; htmx gets the updated session list, or a client redirect to the start page
+    when the open chat was deleted; a plain request is redirected there."""
+    session = session_get_for_owner(request, session_id)
+    if request.method == "GET":
+        context = {**_layout_context(owner_from(request), chat_session=session), "action": "delete"}
+        return render(request, MANAGE_PAGE, context)
+    current = request.htmx and _is_current_page(request, session)
+    chat_session_delete(session=session)
+    if not request.htmx:
+        return redirect("index")
+    if current:
+        return HttpResponseClientRedirect(reverse("index"))
+    owner = owner_from(request)
+    return render(request, "base.html#session-list", _layout_context(owner, chat_session=_page_session(request, owner)))
+
+
+@require_POST
+def session_mode(request: HttpRequest, session_id: int) -> HttpResponse:
+    """Switch the session's mode for its next turns: htmx gets the mode switch and the sidebar
+    entry (out of band) and an announcement; a plain request goes back to the chat page."""
+    session = session_get_for_owner(request, session_id)
+    form = SessionModeForm(request.POST)
+    switch = {"chat_session": session, "modes": ChatSession.Mode.choices}
+    if not form.is_valid():
+        if request.htmx:
+            return render(request, f"{SESSION_PAGE}#mode-form", switch, status=422)
+        return HttpResponse("Unknown mode.", status=400, content_type="text/plain")
+    chat_session_mode_set(session=session, mode=form.cleaned_data["mode"])
+    if not request.htmx:
+        return redirect("session-detail", session_id=session.pk)
+    response = render(request, f"{SESSION_PAGE}#mode-form", switch)
+    item = {"s": session, "chat_session": session, "oob": True}
+    response.write(render(request, "base.html#session-item", item).content)
+    response.write(_announcement(f"Mode: {session.get_mode_display()}, from the next message on."))
+    return response
+
+
+@require_POST
+async def session_compress(request: HttpRequest, session_id: int) -> HttpResponse:
+    """"Compress now": fold the session's history before its newest question into the summary
+    (:func:`chatapp.conversation.compress.session_memory_compress`). htmx gets the refreshed inspector and an
+    announcement of the outcome; a plain request goes back to the chat page. Every socket of the
+    session is told too (``memory.compression``, ``memory.summary``)."""
+    # sync_to_async, not channels' database_sync_to_async: the request's connection handling is
+    # Django's here (it closes connections when the response ends).
+    session = await sync_to_async(session_get_for_owner)(request, session_id)
+    events = await session_memory_compress(session_id=session.pk)
+    if not request.htmx:
+        return redirect("session-detail", session_id=session.pk)
+    state = await sync_to_async(inspector_state_get)(session_id=session.pk)
+    text = " ".join(compression_sentence(event) for event in events) or NOTHING_TO_COMPRESS
+    response = await sync_to_async(render)(request, f"{SESSION_PAGE}#inspector", {"inspector": state})
+    # An event, not an out-of-band #announce: the page's socket usually replaces the inspector
+    # (and this form in it) before this response arrives, and htmx looks for out-of-band targets
+    # from the requesting element, which is then detached ("oobErrorNoTarget"). The event goes
+    # to <body> then; chat.js puts the text in #announce.
+    return trigger_client_event(response, ANNOUNCE_EVENT, {"text": text}, after="swap")
+
+
+def _announcement(text: str) -> str:
+    return format_html('<p id="announce" class="announce" role="status" hx-swap-oob="true">{}</p>', text)
+
+
+def _kb_context(request: HttpRequest, **extra: Any) -> dict[str, Any]:
+    return {
+        **_layout_context(owner_from(request)),
+        "kb_page": True,
+        "documents": document_list(),
+        "kb_can_edit": kb_editor_allowed(request),
+        "upload_form": DocumentUploadForm(),
+        "max_upload_kib": settings.KB_MAX_UPLOAD_BYTES // 1024,
+        **extra,
+    }
+
+
+@require_GET
+def kb_index(request: HttpRequest) -> HttpResponse:
+    """The knowledge base: its documents and an upload form (htmx: the document list only,
+    e.g. after the ``kb-changed`` trigger)."""
+    if request.htmx:
+        return render(request, f"{KB_PAGE}#document-list", _kb_list_context(request))
+    return render(request, KB_PAGE, _kb_context(request))
+
+
+def _kb_list_context(request: HttpRequest) -> dict[str, Any]:
+    return {"documents": document_list(), "kb_can_edit": kb_editor_allowed(request)}
+
+
+@require_POST
+def kb_upload(request: HttpRequest) -> HttpResponse:
+    """Store an uploaded text/Markdown document (validated by :class:`DocumentUploadForm`).
+    htmx gets a fresh form with a notice and the ``kb-changed`` trigger (the list refreshes
+    itself); errors answer 422 (htmx) or 400 with the form; a plain success redirects.
+    403 unless the caller may edit the knowledge base (``KB_EDITORS``)."""
+    kb_editor_check(request)
+    form = DocumentUploadForm(request.POST, request.FILES)
+    if not form.is_valid():
+        if request.htmx:
+            context = {"upload_form": form, "kb_can_edit": True, "max_upload_kib": settings.KB_MAX_UPLOAD_BYTES // 1024}
+            return render(request, f"{KB_PAGE}#upload-form", context, status=422)
+        return render(request, KB_PAGE, _kb_context(request, upload_form=form), status=400)
+    document, changed = document_upload(
+        filename=form.cleaned_data["file"].name, body=form.cleaned_data["text"], title=form.cleaned_data["title"]
+    )
+    if not request.htmx:
+        return redirect("kb-index")
+    context = {
+        "upload_form": DocumentUploadForm(),
+        "kb_can_edit": True,
+        "max_upload_kib": settings.KB_MAX_UPLOAD_BYTES // 1024,
+        "uploaded": document,
+        "uploaded_changed": changed,
+        "uploaded_passages": document.chunks.count(),
+    }
+    return trigger_client_event(render(request, f"{KB_PAGE}#upload-form", context), KB_CHANGED_EVENT)
+
+
+@require_POST
+def kb_delete(request: HttpRequest, document_id: int) -> HttpResponse:
+    """Delete a document and its passages (404 if there is none): htmx gets the document list,
+    a plain request the knowledge-base page. 403 unless the caller may edit the knowledge base."""
+    kb_editor_check(request)
+    if not document_delete(document_id=document_id):
+        raise Http404("No such document.")
+    if not request.htmx:
+        return redirect("kb-index")
+    return render(request, f"{KB_PAGE}#document-list", _kb_list_context(request))

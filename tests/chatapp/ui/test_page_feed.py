@@ -1,0 +1,210 @@
+"""The chat page's socket (``?ui=html``): server-rendered out-of-band HTML instead of JSON, against
+the real ASGI application with the offline engine; and the JSON events added for the page
+(``memory.summary`` after "compress now", 4404 when a session is deleted)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+
+from chatapp.models import ChatSession, Message
+from chatapp.ui.page_feed import PageFeed
+from chatapp.chats.services import chat_session_delete
+from chatapp.conversation.compress import session_memory_compress
+from memory import services as memory_services
+from tests.chatapp.conftest import (
+    TIMEOUT,
+    Visitor,
+    chat_session_make,
+    is_done,
+    message_make,
+    of_type,
+    receive_until,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("offline_engine", "demo_kb")]
+
+
+def page_path(session: ChatSession) -> str:
+    return f"/ws/chat/{session.pk}/?ui=html"
+
+
+async def frames_until(communicator: WebsocketCommunicator, needle: str, timeout: float = TIMEOUT) -> list[str]:
+    """Every HTML frame received up to and including the first that contains ``needle``."""
+    frames: list[str] = []
+    while True:
+        frame = await communicator.receive_from(timeout=timeout)
+        assert frame.lstrip().startswith("<"), f"not HTML: {frame[:80]!r}"
+        frames.append(frame)
+        if needle in frame:
+            return frames
+
+
+def send(client_message_id: str, text: str) -> dict[str, Any]:
+    return {"type": "chat.send", "client_message_id": client_message_id, "text": text}
+
+
+def history_make(session: ChatSession, pairs: int) -> None:
+    for i in range(pairs):
+        user = message_make(session, "user", f"Fact number {i}: my locker code {i} is {1000 + i}. " * 3)
+        message_make(session, "assistant", f"Noted, locker {i} has code {1000 + i}.", reply_to=user)
+
+
+async def test_the_page_socket_gets_a_snapshot_then_html_for_a_whole_turn(ws, alice: Visitor):
+    session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.AGENT)
+    async with ws(page_path(session), cookie=alice.cookie) as page:
+        connected, _ = await page.connect(timeout=TIMEOUT)
+        assert connected
+        snapshot = await page.receive_from(timeout=TIMEOUT)
+        assert 'hx-swap-oob="innerHTML:#messages"' in snapshot and 'hx-swap-oob="innerHTML:#live"' in snapshot
+        assert '<aside id="inspector"' in snapshot and 'id="turn-status"' in snapshot
+        await page.send_json_to(send("c-1", "search the knowledge base for Team plan price"))
+        frames = await frames_until(page, 'id="inspector"', timeout=TIMEOUT)  # memory.context of step 1
+        frames += await frames_until(page, "delete:#stream-")  # the final reply ends the live reply
+        frames += await frames_until(page, "Enter sends")  # the turn status after chat.done
+        assert await page.receive_nothing(timeout=0.2)
+
+    user = await Message.objects.aget(session=session, client_message_id="c-1")
+    html = "".join(frames)
+    assert f'<div hx-swap-oob="beforeend:#messages">\n<article id="message-{user.pk}"' in html
+    assert f'id="stream-{user.pk}"' in html and "Thinking…" in html
+    assert f'beforeend:#stream-{user.pk} .stream-text' in html  # streamed text
+    assert "Calls <code>kb_search</code>" in html and "Result of <code>kb_search</code>" in html
+    assert "12 euros" in html
+    # Every stored message was appended exactly once.
+    ids = [m.pk async for m in Message.objects.filter(session=session)]
+    for message_id in ids:
+        assert html.count(f'<article id="message-{message_id}"') == 1
+    assert '<h1 id="chat-title" hx-swap-oob="true">search the knowledge base' in html
+    assert "{" not in html.split("<", 1)[0]  # no JSON anywhere before the first tag
+
+
+async def test_a_compressing_turn_refreshes_the_inspector_and_the_marks(ws, alice: Visitor, settings):
+    settings.LLM_CHAT_CONTEXT_WINDOW = 1024
+    session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.QUICK_ANSWER)
+    await sync_to_async(history_make)(session, 12)
+    async with ws(page_path(session), cookie=alice.cookie) as page:
+        await page.connect(timeout=TIMEOUT)
+        snapshot = await page.receive_from(timeout=TIMEOUT)
+        assert 'data-mark="summarized"' not in snapshot
+        await page.send_json_to(send("c-1", "What is locker 11's code?"))
+        frames = await frames_until(page, "Enter sends")  # the turn status after chat.done
+    html = "".join(frames)
+    first = await Message.objects.filter(session=session).order_by("id").afirst()
+    assert "Memory compressed:" in html and 'id="announce"' in html
+    assert 'data-health="ok"' in html and 'data-summary-version="1"' in html
+    # The first message's mark changed to "summarized" without re-sending the message.
+    mark = f'<span id="mark-{first.pk}" class="mark" data-mark="summarized" hx-swap-oob="true">in summary</span>'
+    assert mark in html
+    assert html.count(f'<article id="message-{first.pk}"') == 0
+
+
+async def test_a_resend_after_reconnect_appends_nothing_twice(ws, alice: Visitor):
+    session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.QUICK_ANSWER)
+    async with ws(page_path(session), cookie=alice.cookie) as page:
+        await page.connect(timeout=TIMEOUT)
+        await page.receive_from(timeout=TIMEOUT)
+        await page.send_json_to(send("c-1", "What is the largest file on paid plans?"))
+        await frames_until(page, "Enter sends")
+        await page.send_json_to(send("c-1", "What is the largest file on paid plans?"))  # duplicate
+        frames = await frames_until(page, 'id="inspector"')  # its chat.done refreshes the inspector
+    assert not any("<article id=\"message-" in frame for frame in frames)
+    assert await Message.objects.filter(session=session, role="user").acount() == 1
+
+
+async def test_an_invalid_message_marks_the_pending_bubble_rejected(ws, alice: Visitor, settings):
+    settings.CHAT_MAX_MESSAGE_CHARS = 10
+    session = await sync_to_async(chat_session_make)(alice.owner)
+    async with ws(page_path(session), cookie=alice.cookie) as page:
+        await page.connect(timeout=TIMEOUT)
+        await page.receive_from(timeout=TIMEOUT)
+        await page.send_json_to(send("c-9", "far too long for the limit"))
+        frame = await page.receive_from(timeout=TIMEOUT)
+    assert '<div id="errors" class="errors" role="alert" hx-swap-oob="true"><p>The message is 26 characters' in frame
+    assert 'hx-swap-oob="beforeend:#outbox [data-client-id=&quot;c-9&quot;]"' in frame and "Not sent:" in frame
+
+
+@pytest.mark.parametrize("stranger", ["bob", "anonymous"])
+async def test_strangers_cannot_open_the_page_socket(ws, alice: Visitor, bob: Visitor, anon: Visitor, stranger: str):
+    session = await sync_to_async(chat_session_make)(alice.owner)
+    cookie = bob.cookie if stranger == "bob" else anon.cookie
+    async with ws(page_path(session), cookie=cookie) as page:
+        connected, _ = await page.connect(timeout=TIMEOUT)
+        assert connected
+        assert await page.receive_output(timeout=TIMEOUT) == {"type": "websocket.close", "code": 4404}
+
+
+@pytest.mark.parametrize("path_suffix", ["", "?ui=html"])
+async def test_deleting_a_session_closes_its_sockets_with_4404(ws, alice: Visitor, path_suffix: str):
+    session = await sync_to_async(chat_session_make)(alice.owner)
+    async with ws(f"/ws/chat/{session.pk}/{path_suffix}", cookie=alice.cookie) as socket:
+        await socket.connect(timeout=TIMEOUT)
+        if path_suffix:
+            await socket.receive_from(timeout=TIMEOUT)
+        await sync_to_async(chat_session_delete)(session=session)
+        assert await socket.receive_output(timeout=TIMEOUT) == {"type": "websocket.close", "code": 4404}
+
+
+async def test_compress_now_tells_json_sockets_about_the_new_summary(ws, alice: Visitor):
+    session = await sync_to_async(chat_session_make)(alice.owner)
+    await sync_to_async(history_make)(session, 2)
+    await sync_to_async(message_make)(session, "user", "And locker 0?")
+    async with ws(f"/ws/chat/{session.pk}/", cookie=alice.cookie) as socket:
+        await socket.connect(timeout=TIMEOUT)
+        events = await session_memory_compress(session_id=session.pk)
+        received = await receive_until(socket, lambda e: e["type"] == "memory.summary")
+    assert [e["kind"] for e in events] == ["compression"]
+    compression = of_type(received, "memory.compression")[0]
+    assert compression["turn_id"] is None and compression["event"]["messages_summarized"] == 4
+    summary = of_type(received, "memory.summary")[0]["summary"]
+    assert summary["version"] == 1 and summary["compressed_count"] == 4
+
+
+async def test_a_json_socket_still_gets_json(ws, alice: Visitor):
+    session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.QUICK_ANSWER)
+    async with ws(f"/ws/chat/{session.pk}/", cookie=alice.cookie) as socket:
+        await socket.connect(timeout=TIMEOUT)
+        assert await socket.receive_nothing(timeout=0.2)  # no snapshot for API clients
+        await socket.send_json_to(send("c-1", "What is the largest file on paid plans?"))
+        events = await receive_until(socket, is_done)
+    assert events[0]["type"] == "chat.ack" and of_type(events, "memory.context")
+
+
+def test_the_feed_sends_only_the_marks_that_changed(alice: Visitor):
+    session = chat_session_make(alice.owner)
+    history_make(session, 2)
+    feed = PageFeed(session_id=session.pk)
+    feed.snapshot()
+    assert feed.render({"type": "memory.summary", "summary": {}}).count('class="mark"') == 0
+    # Move the boundary past the first two messages: exactly their marks are sent.
+    ids = list(Message.objects.filter(session=session).order_by("id").values_list("id", flat=True))
+    memory_services.session_summary_save(
+        session_key=str(session.pk),
+        expected_version=0,
+        new=memory_services.SummaryState(content="s", summary_type="raw", last_message_id=ids[1], compressed_count=2),
+        token_count=1,
+    )
+    html = feed.render({"type": "memory.summary", "summary": {}})
+    assert re.findall(r'id="mark-(\d+)" class="mark" data-mark="summarized"', html) == [str(ids[0]), str(ids[1])]
+    assert 'data-summary-version="1"' in html and "raw archive" in html
+    assert feed.render({"type": "memory.summary", "summary": {}}).count('class="mark"') == 0
+
+
+async def test_the_first_message_removes_the_empty_state_line_and_later_ones_do_not(ws, alice: Visitor):
+    session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.QUICK_ANSWER)
+    async with ws(page_path(session), cookie=alice.cookie) as page:
+        await page.connect(timeout=TIMEOUT)
+        snapshot = await page.receive_from(timeout=TIMEOUT)
+        assert 'class="empty-chat"' in snapshot
+        await page.send_json_to(send("e-1", "How large can a file be?"))
+        first = await frames_until(page, "Enter sends")  # the turn ended
+        await page.send_json_to(send("e-2", "Where are the data centres?"))
+        second = await frames_until(page, "e-2")
+
+    removals = [frame for frame in first if 'hx-swap-oob="delete:#messages .empty-chat"' in frame]
+    assert len(removals) == 1 and 'data-client-id="e-1"' in removals[0]
+    assert not any("empty-chat" in frame for frame in second)
