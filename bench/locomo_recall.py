@@ -75,18 +75,27 @@ async def run(path: Path, engine: MemoryEngine) -> tuple[int, int, int]:
     store = Rows()
     for index, message in enumerate(messages):
         if message["role"] == "assistant" and index:
-            await engine.build_context(session_key=path.stem, system_prompt=system, load_increment=store.load, mode="quick-answer")
+            await engine.build_context(
+                session_key=path.stem, system_prompt=system, load_increment=store.load, mode="quick-answer"
+            )
         store.add(message)
-    questions = [qa for qa in json.loads(path.read_text()).get("qa", []) if qa.get("category") in (1, 2, 3, 4) and "answer" in qa]
+    questions = [
+        qa for qa in json.loads(path.read_text()).get("qa", []) if qa.get("category") in (1, 2, 3, 4) and "answer" in qa
+    ]
     managed = truncated = 0
     for qa in questions:
         answer = str(qa["answer"]).lower()
         question = {"role": "user", "content": qa["question"]}
         probe = Rows()
-        probe.rows = [*store.rows, {**question, "id": len(store.rows) + 1, "token_count": COUNTER.count_message(question)}]
+        probe.rows = [
+            *store.rows,
+            {**question, "id": len(store.rows) + 1, "token_count": COUNTER.count_message(question)},
+        ]
         # Each question is asked as the next turn (not stored): it may trigger a compression, as
         # a real next turn would.
-        context = await engine.build_context(session_key=path.stem, system_prompt=system, load_increment=probe.load, mode="quick-answer")
+        context = await engine.build_context(
+            session_key=path.stem, system_prompt=system, load_increment=probe.load, mode="quick-answer"
+        )
         sent = "\n".join(m["content"] or "" for m in context.messages).lower()
         managed += answer in sent
         truncated += answer in truncation_text(system, store.rows, question, engine.config.target_tokens).lower()

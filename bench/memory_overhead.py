@@ -125,7 +125,9 @@ async def main(args: argparse.Namespace) -> None:
     for size in SIZES:
         timings = await measure(size, args.requests, engine)
         p50s[size] = statistics.median(timings)
-        print(f"messages={size:>6}  p50={p50s[size]:.2f} ms  p95={percentile(timings, 0.95):.2f} ms  max={max(timings):.2f} ms")
+        print(
+            f"messages={size:>6}  p50={p50s[size]:.2f} ms  p95={percentile(timings, 0.95):.2f} ms  max={max(timings):.2f} ms"
+        )
     print(f"ratio_p50_10000_vs_10={p50s[10_000] / p50s[10]:.2f}")
 
 

@@ -90,7 +90,9 @@ def env_url(name: str, default: str = "", *, schemes: tuple[str, ...]) -> str:
     if parts is None or parts.scheme not in schemes or not (parts.path if parts.scheme == "unix" else parts.hostname):
         prefixes = [f"{scheme}://" for scheme in schemes]
         expected = " or ".join([", ".join(prefixes[:-1]), prefixes[-1]] if len(prefixes) > 1 else prefixes)
-        raise ImproperlyConfigured(f"{name} must be a URL starting with {expected} and naming a host, got {_redacted(raw)!r}")
+        raise ImproperlyConfigured(
+            f"{name} must be a URL starting with {expected} and naming a host, got {_redacted(raw)!r}"
+        )
     return raw
 
 
@@ -109,7 +111,9 @@ def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
 SECRET_KEY = env_str("DJANGO_SECRET_KEY", "insecure-embedded-default-change-me-in-production")
-ALLOWED_HOSTS = [h.strip() for h in env_str("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h.strip()]
+ALLOWED_HOSTS = [
+    h.strip() for h in env_str("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h.strip()
+]
 CSRF_TRUSTED_ORIGINS = [o.strip() for o in env_str("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
 
 INSTALLED_APPS = [

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from collections.abc import Iterable
 
 from memory.tokens import REPLY_PRIMING_TOKENS, TokenCounter
 
@@ -103,10 +103,14 @@ def group_units(
         if not ids:
             unit = Unit(members=[message], wire=[])
             if message.get("role") == "tool":
-                unit.repairs.append(f"dropped tool result {message.get('tool_call_id')!r}: its call is not in the context")
+                unit.repairs.append(
+                    f"dropped tool result {message.get('tool_call_id')!r}: its call is not in the context"
+                )
             elif message.get("role") == "system" and single_system:
                 content = _plain_text(message.get("content"))
-                unit.wire.append({**message, "role": "user", "content": f"{SYSTEM_NOTICE} {content}", "token_count": None})
+                unit.wire.append(
+                    {**message, "role": "user", "content": f"{SYSTEM_NOTICE} {content}", "token_count": None}
+                )
             else:
                 unit.wire.append(message)
             units.append(unit)
@@ -275,7 +279,9 @@ def _split_archive(summary: str) -> tuple[str, list[str], int]:
     return base.strip(), lines, omitted
 
 
-def elide_current_turn(current: list[Message], excess: int, counter: TokenCounter) -> tuple[list[Message], list[dict[str, Any]]]:
+def elide_current_turn(
+    current: list[Message], excess: int, counter: TokenCounter
+) -> tuple[list[Message], list[dict[str, Any]]]:
     """Shrink oversized content inside the current turn by about ``excess`` tokens.
 
     Tool results go first, oldest first, then assistant text; the user's messages are never
@@ -307,7 +313,9 @@ def elide_current_turn(current: list[Message], excess: int, counter: TokenCounte
             continue
         result[index] = {**message, "content": new_content, "token_count": None}
         excess -= before - after
-        records.append({"id": message.get("id"), "role": message.get("role"), "tokens_before": before, "tokens_after": after})
+        records.append(
+            {"id": message.get("id"), "role": message.get("role"), "tokens_before": before, "tokens_after": after}
+        )
     return result, records
 
 

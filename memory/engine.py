@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
-from collections.abc import Awaitable, Callable
 
 from asgiref.sync import sync_to_async
 
@@ -143,8 +143,15 @@ class MemoryEngine:
             if not saved:
                 events.append(
                     await self._record(
-                        session_key, mode, plan, state, outcome.state, kind="superseded", outcome=outcome,
-                        duration_ms=duration_ms, tokens_after=plan.tokens_before,
+                        session_key,
+                        mode,
+                        plan,
+                        state,
+                        outcome.state,
+                        kind="superseded",
+                        outcome=outcome,
+                        duration_ms=duration_ms,
+                        tokens_after=plan.tokens_before,
                     )
                 )
                 continue
@@ -152,8 +159,15 @@ class MemoryEngine:
             request = self._request(plan, new_state, plan.retained, tools)
             events.append(
                 await self._record(
-                    session_key, mode, plan, state, new_state, kind="compression", outcome=outcome,
-                    duration_ms=duration_ms, tokens_after=request.assembly.tokens,
+                    session_key,
+                    mode,
+                    plan,
+                    state,
+                    new_state,
+                    kind="compression",
+                    outcome=outcome,
+                    duration_ms=duration_ms,
+                    tokens_after=request.assembly.tokens,
                 )
             )
             return await self._finish(session_key, mode, plan, new_state, plan.retained, tools, events, request)
@@ -232,7 +246,10 @@ class MemoryEngine:
             previous_summary_tokens=self.counter.count_text(state.content), transcript_tokens=transcript_tokens, cap=cap
         )
         budget = transcript_budget(
-            previous_summary_tokens=cap, max_output_tokens=max_tokens, window=self.config.summarizer_window, counter=self.counter
+            previous_summary_tokens=cap,
+            max_output_tokens=max_tokens,
+            window=self.config.summarizer_window,
+            counter=self.counter,
         )
         chunks = chunk_messages(messages, budget=budget, counter=self.counter)
         content, attempts, degraded = state.content, [], False
@@ -270,10 +287,18 @@ class MemoryEngine:
         return max(16, self.config.summary_reserve_tokens - self.counter.count_message(empty_block) - 1)
 
     def _request(self, plan: Plan, state: SummaryState, retained: list[Unit], tools: Tools) -> Request:
-        return build_request(plan=plan, summary=_view(state), retained=retained, config=self.config, counter=self.counter, tools=tools)
+        return build_request(
+            plan=plan, summary=_view(state), retained=retained, config=self.config, counter=self.counter, tools=tools
+        )
 
     def _context(
-        self, plan: Plan, state: SummaryState, retained: list[Unit], tools: Tools, events: list[dict[str, Any]], request: Request | None = None
+        self,
+        plan: Plan,
+        state: SummaryState,
+        retained: list[Unit],
+        tools: Tools,
+        events: list[dict[str, Any]],
+        request: Request | None = None,
     ) -> MemoryContext:
         request = request or self._request(plan, state, retained, tools)
         assembly = request.assembly
@@ -307,9 +332,21 @@ class MemoryEngine:
         if request.elisions or request.overflow:
             notes = [f"elided {len(request.elisions)} message(s) of the current turn in the model-facing copy"]
             if request.overflow:
-                notes.append(f"request is {request.assembly.tokens} tokens, over the context window of {self.config.context_window}")
+                notes.append(
+                    f"request is {request.assembly.tokens} tokens, over the context window of {self.config.context_window}"
+                )
             events.append(
-                await self._record(session_key, mode, plan, state, state, kind="overflow", tokens_after=request.assembly.tokens, extra=notes, elisions=request.elisions)
+                await self._record(
+                    session_key,
+                    mode,
+                    plan,
+                    state,
+                    state,
+                    kind="overflow",
+                    tokens_after=request.assembly.tokens,
+                    extra=notes,
+                    elisions=request.elisions,
+                )
             )
         return self._context(plan, state, retained, tools, events, request)
 
@@ -355,7 +392,14 @@ class MemoryEngine:
         if kind in ("compression", "superseded"):
             logger.info(
                 "memory %s session=%s mode=%s tokens %d->%d summarized=%d type=%s attempts=%d",
-                kind, session_key, mode, plan.tokens_before, tokens_after, event.messages_summarized, event.result_type, len(event.attempts),
+                kind,
+                session_key,
+                mode,
+                plan.tokens_before,
+                tokens_after,
+                event.messages_summarized,
+                event.result_type,
+                len(event.attempts),
             )
         return event.as_dict()
 

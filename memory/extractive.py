@@ -17,14 +17,19 @@ from memory.tokens import TokenCounter, get_counter
 
 _LINE_RE = re.compile(r"^- (?P<label>[^:\n]{1,80}): ?(?P<text>.*)$")
 _SENTENCE_RE = re.compile(r"(?<=[.!?])\s+")
-_IDENTIFIER_RE = re.compile(r"\b(?=[A-Za-z0-9_-]*\d)(?=[A-Za-z0-9_-]*[A-Za-z])[A-Za-z0-9_-]{4,}\b|\b[A-Z]{2,}[0-9A-Z]{2,}\b|\b\w+_\w+\b")
+_IDENTIFIER_RE = re.compile(
+    r"\b(?=[A-Za-z0-9_-]*\d)(?=[A-Za-z0-9_-]*[A-Za-z])[A-Za-z0-9_-]{4,}\b|\b[A-Z]{2,}[0-9A-Z]{2,}\b|\b\w+_\w+\b"
+)
 _NUMBER_RE = re.compile(r"\d")
 _DATE_RE = re.compile(
     r"\b(\d{4}-\d{2}-\d{2}|jan(uary)?|feb(ruary)?|mar(ch)?|apr(il)?|may|june?|july?|aug(ust)?|sep(tember)?|oct(ober)?|"
     r"nov(ember)?|dec(ember)?|monday|tuesday|wednesday|thursday|friday|saturday|sunday|today|tomorrow|yesterday)\b",
     re.IGNORECASE,
 )
-_REQUEST_RE = re.compile(r"\?|\b(please|i want|i need|i'd like|i would like|can you|could you|remember|my name|book|cancel|change|update|refund)\b", re.IGNORECASE)
+_REQUEST_RE = re.compile(
+    r"\?|\b(please|i want|i need|i'd like|i would like|can you|could you|remember|my name|book|cancel|change|update|refund)\b",
+    re.IGNORECASE,
+)
 SENTENCE_CHARS = 300
 # Share of a full summary's room reserved for newly summarized material.
 NEW_SHARE = 0.4
@@ -63,7 +68,9 @@ def _extract_line(line: str) -> str | None:
     return f"- {label}: {body}"
 
 
-def extractive_summary(previous_summary: str, transcript: str, *, max_tokens: int, counter: TokenCounter | None = None) -> str:
+def extractive_summary(
+    previous_summary: str, transcript: str, *, max_tokens: int, counter: TokenCounter | None = None
+) -> str:
     """Merge ``previous_summary`` (its lines, raw archive lines included) with the salient
     sentences of ``transcript`` (lines ``- Label: text``) into one flat text of at most
     ``max_tokens`` tokens. When everything does not fit, the new material keeps up to 40 % of

@@ -126,14 +126,21 @@ def plan_request(
     plan.to_summarize, plan.retained = back_scan(history_units, plan.budget)
     if summarize_below is not None:
         pinned = next(
-            (i for i, unit in enumerate(plan.to_summarize) if any((m.get("id") or 0) >= summarize_below for m in unit.members)),
+            (
+                i
+                for i, unit in enumerate(plan.to_summarize)
+                if any((m.get("id") or 0) >= summarize_below for m in unit.members)
+            ),
             None,
         )
         if pinned is not None:
             pinned_units = plan.to_summarize[pinned:] + plan.retained
             # The pin yields to the window: a dead turn that still looks in flight must not
             # block compression for good.
-            if fixed + config.summary_reserve_tokens + sum(unit.tokens for unit in pinned_units) <= config.context_window:
+            if (
+                fixed + config.summary_reserve_tokens + sum(unit.tokens for unit in pinned_units)
+                <= config.context_window
+            ):
                 plan.retained = pinned_units
                 plan.to_summarize = plan.to_summarize[:pinned]
                 plan.notes.append(f"messages from id {summarize_below} on belong to a turn in flight: kept verbatim")
@@ -153,7 +160,9 @@ def plan_request(
         wanted = min(config.preserve_turns, count_turns(history_units))
         kept = count_turns(plan.retained)
         if kept < wanted:
-            plan.notes.append(f"kept {kept} of the last {wanted} whole turns (preserve_turns={config.preserve_turns}): the budget won")
+            plan.notes.append(
+                f"kept {kept} of the last {wanted} whole turns (preserve_turns={config.preserve_turns}): the budget won"
+            )
     if not plan.to_summarize and force:
         plan.notes.append("nothing to compress: every message before the current turn is already in the summary")
     elif not plan.to_summarize:
@@ -196,11 +205,18 @@ def build_request(
     block = summary.block(config.summary_role)
     current = flatten(plan.current, wire=True)
     assembly = assemble(
-        system=plan.system, summary=block, retained=flatten(retained, wire=True), current=current, tools=tools, counter=counter
+        system=plan.system,
+        summary=block,
+        retained=flatten(retained, wire=True),
+        current=current,
+        tools=tools,
+        counter=counter,
     )
     elisions: list[dict[str, Any]] = []
     if assembly.tokens > config.target_tokens and not retained and plan.needs_compression:
         current, elisions = elide_current_turn(current, assembly.tokens - config.target_tokens, counter)
         if elisions:
-            assembly = assemble(system=plan.system, summary=block, retained=[], current=current, tools=tools, counter=counter)
+            assembly = assemble(
+                system=plan.system, summary=block, retained=[], current=current, tools=tools, counter=counter
+            )
     return Request(assembly=assembly, elisions=elisions, overflow=assembly.tokens > config.context_window)

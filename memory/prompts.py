@@ -66,7 +66,9 @@ def split_summary_prompt(content: str) -> tuple[str, str] | None:
     return (previous.group(1) if previous else ""), transcript.group(1)
 
 
-def transcript_budget(*, previous_summary_tokens: int, max_output_tokens: int, window: int, counter: TokenCounter) -> int:
+def transcript_budget(
+    *, previous_summary_tokens: int, max_output_tokens: int, window: int, counter: TokenCounter
+) -> int:
     """Tokens of transcript one summarizer request may carry within ``window`` tokens: what is
     left after the instructions, the previous summary (at most ``previous_summary_tokens``), the
     prompt's framing and ``max_output_tokens`` of reply (FAULTS F-17). At least 64."""
@@ -97,4 +99,7 @@ def fit_transcript(messages: list[Message], *, max_tokens: int, counter: TokenCo
     transcript = render_transcript(messages)
     if counter.count_text(transcript) <= max_tokens:
         return transcript
-    return counter.truncate_text(transcript, max(1, max_tokens - 16)) + "\n[... transcript trimmed to fit the summarizer ...]"
+    return (
+        counter.truncate_text(transcript, max(1, max_tokens - 16))
+        + "\n[... transcript trimmed to fit the summarizer ...]"
+    )

@@ -119,4 +119,9 @@ def summarizer_health_get(*, session_key: str) -> dict[str, Any]:
         status = "retrying"
     else:
         status = "ok"
-    return {"status": status, "last_error": errors[-1] if errors else "", "attempts": attempts, "at": event.created_at.isoformat()}
+    return {
+        "status": status,
+        "last_error": errors[-1] if errors else "",
+        "attempts": attempts,
+        "at": event.created_at.isoformat(),
+    }

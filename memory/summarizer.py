@@ -129,7 +129,9 @@ class SummarizerChain:
                     )
                     continue
                 result.attempts.append(
-                    Attempt(model=summarizer.model, phase=phase, number=number, latency_ms=_elapsed_ms(started), ok=True)
+                    Attempt(
+                        model=summarizer.model, phase=phase, number=number, latency_ms=_elapsed_ms(started), ok=True
+                    )
                 )
                 result.text = text.strip()
                 return result

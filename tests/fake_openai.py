@@ -45,7 +45,9 @@ class Recorded:
     json: Any
 
 
-def completion(content: str | None, *, tool_calls: list[dict[str, Any]] | None = None, model: str = "fake-model") -> Reply:
+def completion(
+    content: str | None, *, tool_calls: list[dict[str, Any]] | None = None, model: str = "fake-model"
+) -> Reply:
     """A non-streaming ``chat.completion`` with usage."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:
@@ -61,10 +63,17 @@ def completion(content: str | None, *, tool_calls: list[dict[str, Any]] | None =
     return Reply(body=json.dumps(payload).encode())
 
 
-def chunk(delta: dict[str, Any] | None = None, *, finish_reason: str | None = None, usage: dict[str, int] | None = None) -> str:
+def chunk(
+    delta: dict[str, Any] | None = None, *, finish_reason: str | None = None, usage: dict[str, int] | None = None
+) -> str:
     """One ``chat.completion.chunk`` as JSON text: a delta choice, or (with ``usage``) the final
     usage chunk that has no choices."""
-    payload: dict[str, Any] = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": "fake-model"}
+    payload: dict[str, Any] = {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "fake-model",
+    }
     if usage is not None:
         payload.update(choices=[], usage=usage)
     else:

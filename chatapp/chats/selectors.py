@@ -76,5 +76,3 @@ def message_last_user_id(*, session_id: int) -> int | None:
 def turn_replies_get(*, user_message: Message) -> list[Message]:
     """The stored assistant and tool messages of the turn ``user_message`` opened, in id order."""
     return list(Message.objects.filter(reply_to=user_message).order_by("id"))
-
-

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from chatapp.models import Message
 from chatapp.conversation.tools import TOOL_SCHEMAS, tool_call_execute
 from chatapp.conversation.turn import ModelCallFailed, Turn, TurnStopped
+from chatapp.models import Message
 from memory.engine import AgentMemoryMiddleware
 
 AGENT_PROMPT = (

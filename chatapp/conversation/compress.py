@@ -1,4 +1,4 @@
-""""Compress now", the inspector's one action: the memory engine run outside a turn, forced to
+""" "Compress now", the inspector's one action: the memory engine run outside a turn, forced to
 fold every message before the session's newest question into the summary."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from chatapp.realtime.broadcast import event_broadcast
 
 
 async def session_memory_compress(*, session_id: int) -> list[dict[str, Any]]:
-    """"Compress now" (the inspector's one action): fold every message of session ``session_id``
+    """ "Compress now" (the inspector's one action): fold every message of session ``session_id``
     before its newest user message into the summary, with the live chat endpoint's memory engine
     and the session's mode (its system prompt and, in agent mode, tool schemas); returns the
     compression events recorded (``CompressionEvent.as_dict()``; empty when the session has no
@@ -56,5 +56,7 @@ async def session_memory_compress(*, session_id: int) -> list[dict[str, Any]]:
     )
     for event in context.events:
         await event_broadcast(session_id, {"type": "memory.compression", "turn_id": None, "step": 0, "event": event})
-    await event_broadcast(session_id, {"type": "memory.summary", "turn_id": None, "step": 0, "summary": context.summary})
+    await event_broadcast(
+        session_id, {"type": "memory.summary", "turn_id": None, "step": 0, "summary": context.summary}
+    )
     return context.events

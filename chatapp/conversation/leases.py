@@ -160,7 +160,12 @@ def turns_interrupted_close(*, session_id: int) -> list[Message]:
             )
             event_broadcast_on_commit(
                 session_id,
-                {"type": "chat.done", "turn_id": user_message_id, "status": Message.Status.ERROR, "message_id": reply.pk},
+                {
+                    "type": "chat.done",
+                    "turn_id": user_message_id,
+                    "status": Message.Status.ERROR,
+                    "message_id": reply.pk,
+                },
             )
         closed.append(reply)
     return closed

@@ -11,9 +11,9 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 
 from chatapp.chats import selectors
+from chatapp.conversation.turn import ModelCallFailed, Turn, TurnStopped
 from chatapp.kb.search import Passage, kb_search, passages_fit, passages_format
 from chatapp.models import Message
-from chatapp.conversation.turn import ModelCallFailed, Turn, TurnStopped
 
 QUICK_ANSWER_PROMPT = (
     "You are the support assistant of Kestrel Sync. Answer the user's question from the knowledge "

@@ -19,10 +19,10 @@ from asgiref.sync import async_to_sync, sync_to_async
 
 from chatapp.chats import selectors, services
 from chatapp.chats.access import Owner
-from chatapp.llm.clients import chat_endpoint
-from chatapp.models import Message
 from chatapp.conversation import leases
 from chatapp.conversation.turn import memory_engine_build
+from chatapp.llm.clients import chat_endpoint
+from chatapp.models import Message
 from memory.engine import AgentMemoryMiddleware, MemoryContext, MemoryEngine
 
 Format = Literal["tau-bench", "locomo"]
@@ -121,7 +121,9 @@ def conversation_replay(
             yield _record(conversation.name, call, engine, context, session.pk)
             call += 1
         if message["role"] == "user":
-            stored, _ = leases.user_message_submit(session=session, client_message_id=f"replay-{index}", text=message.get("content") or "")
+            stored, _ = leases.user_message_submit(
+                session=session, client_message_id=f"replay-{index}", text=message.get("content") or ""
+            )
             turn_message_id = stored.pk
         else:
             services.reply_message_store(
@@ -135,7 +137,9 @@ def conversation_replay(
             )
 
 
-def _build(engine: MemoryEngine, session_id: int, system_prompt: str, turn_message_id: int | None, mode: str) -> MemoryContext:
+def _build(
+    engine: MemoryEngine, session_id: int, system_prompt: str, turn_message_id: int | None, mode: str
+) -> MemoryContext:
     # Before the first user message (a LoCoMo conversation may open with speaker_b) every stored
     # message belongs to no turn: the whole session is the increment.
     last_id = turn_message_id if turn_message_id is not None else NO_TURN_YET
@@ -146,7 +150,9 @@ def _build(engine: MemoryEngine, session_id: int, system_prompt: str, turn_messa
         )
 
     if mode == "agent":
-        middleware = AgentMemoryMiddleware(engine, session_key=str(session_id), system_prompt=system_prompt, load_increment=load_increment)
+        middleware = AgentMemoryMiddleware(
+            engine, session_key=str(session_id), system_prompt=system_prompt, load_increment=load_increment
+        )
         return async_to_sync(middleware.before_model)()
     return async_to_sync(engine.build_context)(
         session_key=str(session_id), system_prompt=system_prompt, load_increment=load_increment, mode="quick-answer"
@@ -168,7 +174,9 @@ def _record(name: str, call: int, engine: MemoryEngine, context: MemoryContext, 
             "last_message_id": context.summary["last_message_id"],
             "compressed_count": context.summary["compressed_count"],
         },
-        "stored_message_ids": list(Message.objects.filter(session_id=session_id).order_by("id").values_list("id", flat=True)),
+        "stored_message_ids": list(
+            Message.objects.filter(session_id=session_id).order_by("id").values_list("id", flat=True)
+        ),
         "events": context.events,
     }
 

@@ -28,12 +28,12 @@ import logging
 from channels.db import database_sync_to_async
 
 from chatapp.chats import selectors
-from chatapp.conversation.agent import agent_turn_run
-from chatapp.models import ChatSession, Message
-from chatapp.conversation.quick_answer import quick_answer_run
 from chatapp.conversation import leases
+from chatapp.conversation.agent import agent_turn_run
 from chatapp.conversation.leases import turn_lease_kept
+from chatapp.conversation.quick_answer import quick_answer_run
 from chatapp.conversation.turn import Turn
+from chatapp.models import ChatSession, Message
 
 logger = logging.getLogger(__name__)
 
@@ -137,5 +137,3 @@ async def chat_turns_wait(*, timeout: float) -> None:
     _, pending = await asyncio.wait(set(_tasks), timeout=timeout)
     if pending:
         raise TimeoutError(f"{len(pending)} chat turn(s) still running after {timeout} s")
-
-

@@ -138,5 +138,3 @@ def document_load_directory(directory: Path, *, slug_prefix: str = "") -> dict[s
         )
         counts["changed" if changed else "unchanged"] += 1
     return counts
-
-

@@ -18,7 +18,6 @@ from django.db import connection
 
 from memory.tokens import TokenCounter
 
-
 # Words of a query kept for the search; the rest of a very long question adds nothing.
 QUERY_MAX_TOKENS = 32
 WORD_MAX_CHARS = 64
@@ -28,8 +27,7 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Function words that match nearly every passage; dropping them keeps OR-queries selective.
 _STOPWORDS = frozenset(
-    "a an and are as at be by can do does for from how i in is it me my of on or our please "
-    "tell that the their there this to was we what when where which who why will with you your".split()
+    ["a", "an", "and", "are", "as", "at", "be", "by", "can", "do", "does", "for", "from", "how", "i", "in", "is", "it", "me", "my", "of", "on", "or", "our", "please", "tell", "that", "the", "their", "there", "this", "to", "was", "we", "what", "when", "where", "which", "who", "why", "will", "with", "you", "your"]
 )
 
 

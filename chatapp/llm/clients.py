@@ -129,7 +129,9 @@ def make_client(endpoint: Endpoint) -> openai.AsyncOpenAI:
 
 # A client's connection pool belongs to the event loop that opened it, so clients are cached per
 # running loop (one loop under Daphne; one per test under pytest-asyncio).
-_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Endpoint, openai.AsyncOpenAI]] = weakref.WeakKeyDictionary()
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Endpoint, openai.AsyncOpenAI]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def get_client(endpoint: Endpoint) -> openai.AsyncOpenAI:
@@ -290,7 +292,9 @@ async def chat_stream(
     yield {"type": "finish", "finish_reason": finish_reason}
 
 
-async def _next_chunk(stream: openai.AsyncStream[ChatCompletionChunk], endpoint: Endpoint) -> ChatCompletionChunk | None:
+async def _next_chunk(
+    stream: openai.AsyncStream[ChatCompletionChunk], endpoint: Endpoint
+) -> ChatCompletionChunk | None:
     """The next chunk, or None at the end. Errors are translated here rather than around the
     whole loop so that an exception thrown into the consumer's ``yield`` is never relabelled."""
     with translated_errors(endpoint):

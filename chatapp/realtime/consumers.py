@@ -55,8 +55,10 @@ from django.utils import timezone
 
 from chatapp.chats import selectors
 from chatapp.chats.access import asession_get_for_owner
+from chatapp.conversation import leases
+from chatapp.conversation.runner import chat_turn_start, chat_turn_stop
 from chatapp.models import ChatSession, Message
-from chatapp.ui.page_feed import PageFeed
+from chatapp.realtime.broadcast import session_group_name
 from chatapp.realtime.protocol import (
     ChatSend,
     ChatStop,
@@ -65,9 +67,7 @@ from chatapp.realtime.protocol import (
     client_event_parse,
     frame_decode,
 )
-from chatapp.realtime.broadcast import session_group_name
-from chatapp.conversation import leases
-from chatapp.conversation.runner import chat_turn_start, chat_turn_stop
+from chatapp.ui.page_feed import PageFeed
 
 CLOSE_NOT_FOUND = 4404
 # ``?ui=html``: the chat page's socket, which gets server-rendered HTML instead of JSON.

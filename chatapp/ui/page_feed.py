@@ -40,13 +40,13 @@ from django.utils.html import format_html
 
 from chatapp.chats import selectors
 from chatapp.conversation import leases
+from chatapp.models import ChatSession, Message
 from chatapp.ui.inspector import (
     InspectorState,
     MarkBasis,
     inspector_state_get,
     message_marks_get,
 )
-from chatapp.models import ChatSession, Message
 
 PAGE_TEMPLATE = "chat/session.html"
 

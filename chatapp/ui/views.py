@@ -32,17 +32,6 @@ from chatapp.chats.access import (
     session_get_for_owner,
     session_queryset_for_owner,
 )
-from chatapp.ui.forms import (
-    DocumentUploadForm,
-    SessionCreateForm,
-    SessionModeForm,
-    SessionRenameForm,
-)
-from chatapp.ui.inspector import inspector_state_get
-from chatapp.kb.documents import document_delete, document_list, document_upload
-from chatapp.llm.clients import chat_endpoint
-from chatapp.models import ChatSession
-from chatapp.ui.page_feed import chat_page_state_get, compression_sentence
 from chatapp.chats.selectors import session_list_for_owner
 from chatapp.chats.services import (
     chat_session_create,
@@ -51,6 +40,17 @@ from chatapp.chats.services import (
     chat_session_rename,
 )
 from chatapp.conversation.compress import session_memory_compress
+from chatapp.kb.documents import document_delete, document_list, document_upload
+from chatapp.llm.clients import chat_endpoint
+from chatapp.models import ChatSession
+from chatapp.ui.forms import (
+    DocumentUploadForm,
+    SessionCreateForm,
+    SessionModeForm,
+    SessionRenameForm,
+)
+from chatapp.ui.inspector import inspector_state_get
+from chatapp.ui.page_feed import chat_page_state_get, compression_sentence
 
 SESSION_PAGE = "chat/session.html"
 MANAGE_PAGE = "chat/session_manage.html"
@@ -221,7 +221,7 @@ def session_mode(request: HttpRequest, session_id: int) -> HttpResponse:
 
 @require_POST
 async def session_compress(request: HttpRequest, session_id: int) -> HttpResponse:
-    """"Compress now": fold the session's history before its newest question into the summary
+    """ "Compress now": fold the session's history before its newest question into the summary
     (:func:`chatapp.conversation.compress.session_memory_compress`). htmx gets the refreshed inspector and an
     announcement of the outcome; a plain request goes back to the chat page. Every socket of the
     session is told too (``memory.compression``, ``memory.summary``)."""

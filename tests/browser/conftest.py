@@ -40,8 +40,18 @@ CHROMIUM_ARGS = [
 REPO = Path(__file__).resolve().parents[2]
 # Variables that would point the server away from the embedded default.
 FOREIGN_VARIABLES = (
-    "DATABASE_URL", "REDIS_URL", "LLM_BASE_URL", "SUMMARY_BASE_URL", "FAILOVER_BASE_URL", "FAILOVER_MODEL",
-    "LLM_MODEL", "SUMMARY_MODEL", "LLM_CONTEXT_WINDOW", "OFFLINE_DELAY", "OFFLINE_FAIL_SUMMARY", "OFFLINE_FAIL_CHAT",
+    "DATABASE_URL",
+    "REDIS_URL",
+    "LLM_BASE_URL",
+    "SUMMARY_BASE_URL",
+    "FAILOVER_BASE_URL",
+    "FAILOVER_MODEL",
+    "LLM_MODEL",
+    "SUMMARY_MODEL",
+    "LLM_CONTEXT_WINDOW",
+    "OFFLINE_DELAY",
+    "OFFLINE_FAIL_SUMMARY",
+    "OFFLINE_FAIL_CHAT",
 )
 STARTUP_SECONDS = 60
 # The longest wait for any page state (milliseconds).

@@ -21,13 +21,13 @@ from django.db import connections
 from django.test import Client
 from django.utils import timezone
 
-from chatapp.chats.access import Owner
 from chatapp.asgi import application
+from chatapp.chats.access import Owner
+from chatapp.chats.services import message_token_count
+from chatapp.conversation.runner import chat_turns_wait
 from chatapp.kb.documents import DEMO_KB_DIR, document_load_directory
 from chatapp.llm.offline.transport import OFFLINE_MODEL
 from chatapp.models import ChatSession, Message, TurnLease
-from chatapp.chats.services import message_token_count
-from chatapp.conversation.runner import chat_turns_wait
 
 ORIGIN = "http://127.0.0.1:8000"
 TIMEOUT = 5.0

@@ -78,7 +78,9 @@ def test_valid_urls_configure_the_channel_layer_and_endpoints(monkeypatch):
     assert layer["CONFIG"] == {"hosts": ["rediss://:secret@redis.example:6380/0"], "capacity": 1000}
     assert loaded["LLM_CHAT_BASE_URL"] == loaded["LLM_SUMMARY_BASE_URL"] == "http://127.0.0.1:11434/v1"
     assert loaded["LLM_FAILOVER_BASE_URL"] == "https://api.example.com/v1"
-    assert settings_load(monkeypatch, REDIS_URL="unix:///run/redis.sock")["CHANNEL_LAYERS"]["default"]["CONFIG"]["hosts"]
+    assert settings_load(monkeypatch, REDIS_URL="unix:///run/redis.sock")["CHANNEL_LAYERS"]["default"]["CONFIG"][
+        "hosts"
+    ]
 
 
 def test_the_embedded_default_needs_no_variables_and_has_a_roomy_channel_layer(monkeypatch):

@@ -21,7 +21,9 @@ def assert_no_orphans(messages: list[dict[str, Any]]) -> None:
             continue
         answered = []
         while index < len(messages) and messages[index]["role"] == "tool":
-            assert messages[index]["tool_call_id"] in calls, f"tool result {messages[index]['tool_call_id']} not called by its assistant"
+            assert messages[index]["tool_call_id"] in calls, (
+                f"tool result {messages[index]['tool_call_id']} not called by its assistant"
+            )
             answered.append(messages[index]["tool_call_id"])
             index += 1
         if index == len(messages) and not answered:

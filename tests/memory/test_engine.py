@@ -48,14 +48,18 @@ def test_compression_writes_summary_boundary_and_event(session_key):
     store = Store()
     chat(store, 12)
     store.add(user("final question"))
-    context = build(make_engine(primary=ScriptedSummarizer(default="Summary: questions 0 to 9 asked.")), store, session_key)
+    context = build(
+        make_engine(primary=ScriptedSummarizer(default="Summary: questions 0 to 9 asked.")), store, session_key
+    )
     row = SessionSummary.objects.get(session_key=session_key)
     assert row.summary_type == "llm" and row.content == "Summary: questions 0 to 9 asked." and row.version == 1
     assert row.compressed_count == row.last_message_id  # ids start at 1, every message up to the boundary
     event = CompressionEvent.objects.get(session_key=session_key)
     assert event.kind == "compression" and event.tokens_before > event.tokens_after
     assert event.boundary_before is None and event.boundary_after == row.last_message_id
-    assert context.messages[1]["content"].startswith(f"[Memory Summary - {row.compressed_count} earlier messages consolidated]")
+    assert context.messages[1]["content"].startswith(
+        f"[Memory Summary - {row.compressed_count} earlier messages consolidated]"
+    )
     assert context.tokens <= context.target_tokens
 
 
@@ -150,12 +154,16 @@ def test_f15_the_increment_is_everything_after_the_boundary(session_key):
         return await store.load_increment(boundary)
 
     engine = make_engine(window=4096, primary=ScriptedSummarizer(default="facts"))
-    context = async_to_sync(engine.build_context)(session_key=session_key, system_prompt=SYSTEM, load_increment=loader, mode="quick-answer")
+    context = async_to_sync(engine.build_context)(
+        session_key=session_key, system_prompt=SYSTEM, load_increment=loader, mode="quick-answer"
+    )
     check_context(context, stored=store.rows, system_prompt=SYSTEM, counter=COUNTER)
     assert calls == [None]
     store.add(asst("a"), user("again"))
     calls.clear()
-    context = async_to_sync(engine.build_context)(session_key=session_key, system_prompt=SYSTEM, load_increment=loader, mode="quick-answer")
+    context = async_to_sync(engine.build_context)(
+        session_key=session_key, system_prompt=SYSTEM, load_increment=loader, mode="quick-answer"
+    )
     assert calls == [SessionSummary.objects.get(session_key=session_key).last_message_id]
 
 
@@ -196,7 +204,9 @@ def test_f07_oversized_tool_result_in_the_current_turn_is_elided(session_key):
     assert context.messages[1] == {"role": "user", "content": "what does the big document say?"}
     assert "tokens elided to fit the context window" in context.messages[-1]["content"]
     assert context.tokens <= context.target_tokens
-    assert [e["kind"] for e in context.events] == ["no_progress", "overflow"] or "overflow" in [e["kind"] for e in context.events]
+    assert [e["kind"] for e in context.events] == ["no_progress", "overflow"] or "overflow" in [
+        e["kind"] for e in context.events
+    ]
     assert store.rows == stored_before
 
 
@@ -217,7 +227,12 @@ def test_f23_failing_summarizer_keeps_old_summary_and_records_attempts(session_k
         assert "HTTP 500" not in row.content and "late summary" not in row.content
         event = next(e for e in context.events if e["kind"] == "compression")
         assert event["degraded"] and [(a["phase"], a["number"]) for a in event["attempts"]] == [
-            ("primary", 1), ("primary", 2), ("primary", 3), ("failover", 1), ("failover", 2), ("failover", 3)
+            ("primary", 1),
+            ("primary", 2),
+            ("primary", 3),
+            ("failover", 1),
+            ("failover", 2),
+            ("failover", 3),
         ]
         assert all(not a["ok"] and a["error"] for a in event["attempts"])
         chat(store, 12, start=200 + 20 * index)
@@ -233,7 +248,10 @@ def test_primary_fails_three_times_then_failover_succeeds(session_key):
     context = build(make_engine(primary=primary, failover=failover), store, session_key)
     event = context.events[0]
     assert [(a["model"], a["ok"]) for a in event["attempts"]] == [
-        ("primary-model", False), ("primary-model", False), ("primary-model", False), ("failover-model", True)
+        ("primary-model", False),
+        ("primary-model", False),
+        ("primary-model", False),
+        ("failover-model", True),
     ]
     assert not event["degraded"] and event["result_type"] == "llm"
     assert SessionSummary.objects.get(session_key=session_key).content == "from the failover"
@@ -256,7 +274,10 @@ def test_first_time_failure_gives_the_archive_alone_and_a_later_success_folds_it
     assert RAW_ARCHIVE_MARKER in summarizer.requests[0].previous_summary
     row = SessionSummary.objects.get(session_key=session_key)
     assert row.summary_type == "llm" and row.content == "clean merged summary"
-    assert context.messages[1]["content"].startswith("[Memory Summary") and "consolidated" in context.messages[1]["content"]
+    assert (
+        context.messages[1]["content"].startswith("[Memory Summary")
+        and "consolidated" in context.messages[1]["content"]
+    )
 
 
 def test_timeout_really_fires(session_key):
@@ -277,7 +298,9 @@ def test_f24_cancellation_midway_leaves_the_session_as_it_was(session_key):
 
     async def cancel_midway():
         task = asyncio.ensure_future(
-            engine.build_context(session_key=session_key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent")
+            engine.build_context(
+                session_key=session_key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent"
+            )
         )
         await asyncio.sleep(0.2)
         task.cancel()
@@ -299,7 +322,9 @@ def test_agent_middleware_degrades_when_the_engine_fails(session_key, monkeypatc
 
     monkeypatch.setattr(services, "session_summary_save", broken_save)
     engine = make_engine(primary=ScriptedSummarizer(default="facts"))
-    middleware = AgentMemoryMiddleware(engine, session_key=session_key, system_prompt=SYSTEM, load_increment=store.load_increment)
+    middleware = AgentMemoryMiddleware(
+        engine, session_key=session_key, system_prompt=SYSTEM, load_increment=store.load_increment
+    )
     context = async_to_sync(middleware.before_model)()
     assert context.summary["type"] == "raw" and RAW_ARCHIVE_MARKER in context.messages[1]["content"]
     assert context.messages[-1] == {"role": "user", "content": "q"} and context.tokens <= context.target_tokens
@@ -324,8 +349,12 @@ def test_f26_racing_compressions_end_with_one_consistent_boundary(session_key):
 
     async def race():
         return await asyncio.gather(
-            make_engine(primary=slow, timeout=5).build_context(session_key=session_key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent"),
-            make_engine(primary=fast).build_context(session_key=session_key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent"),
+            make_engine(primary=slow, timeout=5).build_context(
+                session_key=session_key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent"
+            ),
+            make_engine(primary=fast).build_context(
+                session_key=session_key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent"
+            ),
         )
 
     first, second = async_to_sync(race)()
@@ -345,7 +374,10 @@ def test_a_turn_in_flight_is_never_summarized_by_a_concurrent_turn(session_key):
     store.add(user("this tab's question"))
     summarizer = ScriptedSummarizer(default="facts")
     context = async_to_sync(make_engine(primary=summarizer).build_context)(
-        session_key=session_key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent",
+        session_key=session_key,
+        system_prompt=SYSTEM,
+        load_increment=store.load_increment,
+        mode="agent",
         summarize_below=in_flight["id"],
     )
     check_context(context, stored=store.rows, system_prompt=SYSTEM, counter=COUNTER)
@@ -357,10 +389,18 @@ def test_compress_now_folds_all_history_before_the_current_turn(session_key):
     store = Store()
     store.add(user("hi"), asst("hello"), user("latest"))
     context = async_to_sync(make_engine(primary=ScriptedSummarizer(default="greetings exchanged")).build_context)(
-        session_key=session_key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="quick-answer", force=True
+        session_key=session_key,
+        system_prompt=SYSTEM,
+        load_increment=store.load_increment,
+        mode="quick-answer",
+        force=True,
     )
     check_context(context, stored=store.rows, system_prompt=SYSTEM, counter=COUNTER)
-    assert context.summary["last_message_id"] == 2 and [s["kind"] for s in context.sources] == ["system", "summary", "current"]
+    assert context.summary["last_message_id"] == 2 and [s["kind"] for s in context.sources] == [
+        "system",
+        "summary",
+        "current",
+    ]
     assert any("requested by the user" in note for note in context.events[0]["notes"])
 
 
@@ -378,7 +418,9 @@ def test_summarizer_health(session_key, primary, failover, status):
     store = Store()
     chat(store, 12)
     store.add(user("q"))
-    engine = make_engine(primary=ScriptedSummarizer(primary), failover=ScriptedSummarizer(failover) if failover else None)
+    engine = make_engine(
+        primary=ScriptedSummarizer(primary), failover=ScriptedSummarizer(failover) if failover else None
+    )
     build(engine, store, session_key)
     health = services.summarizer_health_get(session_key=session_key)
     assert health["status"] == status
@@ -402,7 +444,9 @@ def test_f09_f10_a_later_system_message_is_history(session_key, summary_role, no
     store = Store()
     chat(store, 12)
     store.add({"role": "system", "content": "Notice: maintenance tonight."}, user("q"))
-    context = build(make_engine(summary_role=summary_role, primary=ScriptedSummarizer(default="facts")), store, session_key)
+    context = build(
+        make_engine(summary_role=summary_role, primary=ScriptedSummarizer(default="facts")), store, session_key
+    )
     assert context.messages[0] == {"role": "system", "content": SYSTEM}
     notice = next(m for m in context.messages if "maintenance" in (m["content"] or ""))
     assert notice["role"] == notice_role
@@ -417,7 +461,10 @@ def test_a_pin_that_would_overflow_the_window_yields(session_key):
     chat(store, 40)
     store.add(user("now"))
     context = async_to_sync(make_engine(primary=ScriptedSummarizer(default="facts")).build_context)(
-        session_key=session_key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent",
+        session_key=session_key,
+        system_prompt=SYSTEM,
+        load_increment=store.load_increment,
+        mode="agent",
         summarize_below=first["id"],
     )
     check_context(context, stored=store.rows, system_prompt=SYSTEM, counter=COUNTER)

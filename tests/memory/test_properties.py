@@ -27,7 +27,9 @@ pytestmark = pytest.mark.django_db
 SYSTEM = "You are the airline assistant. Follow the policy."
 _keys = itertools.count(1)
 
-words = st.sampled_from(["refund", "ZFA04Y", "flight", "2024-05-01", "$312", "baggage", "ada_1815", "gold", "seat", "cancel"])
+words = st.sampled_from(
+    ["refund", "ZFA04Y", "flight", "2024-05-01", "$312", "baggage", "ada_1815", "gold", "seat", "cancel"]
+)
 cjk = st.sampled_from(["我们讨论记忆管理", "東京への便を予約", "수하물 규정", "退款政策"])
 text = st.one_of(
     st.lists(words, min_size=1, max_size=40).map(" ".join),
@@ -104,7 +106,9 @@ def dropped_wire_ids(rows):
     return dropped
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(
     messages=conversation(),
     window=st.sampled_from([256, 512, 1024, 2048, 4096]),
@@ -115,7 +119,11 @@ def dropped_wire_ids(rows):
 )
 def test_invariants_hold_before_every_model_call(messages, window, mode, summary_role, script, with_tools):
     key = f"property-{next(_keys)}"
-    tools = [{"type": "function", "function": {"name": "kb_search", "parameters": {"type": "object"}}}] if with_tools else None
+    tools = (
+        [{"type": "function", "function": {"name": "kb_search", "parameters": {"type": "object"}}}]
+        if with_tools
+        else None
+    )
     engine = make_engine(window, FlakySummarizer(script), attempts=1, summary_role=summary_role)
     store = Store()
     boundary = 0
@@ -127,8 +135,13 @@ def test_invariants_hold_before_every_model_call(messages, window, mode, summary
             )
             assert store.rows == snapshot, "I6: memory management modified stored rows"
             check_context(
-                context, stored=store.rows, system_prompt=SYSTEM, counter=COUNTER, tools=tools,
-                dropped_ids=dropped_wire_ids(store.rows) - _covered(context), single_system=summary_role == "user",
+                context,
+                stored=store.rows,
+                system_prompt=SYSTEM,
+                counter=COUNTER,
+                tools=tools,
+                dropped_ids=dropped_wire_ids(store.rows) - _covered(context),
+                single_system=summary_role == "user",
             )
             new_boundary = context.summary["last_message_id"] or 0
             assert new_boundary >= boundary, "I4: the boundary moved backwards"
@@ -155,6 +168,10 @@ def test_i9_a_second_build_without_new_messages_summarizes_nothing(messages, win
     engine = make_engine(window, ExtractiveSummarizer(COUNTER), attempts=1)
     store = Store()
     store.add(*messages)
-    async_to_sync(engine.build_context)(session_key=key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent")
-    again = async_to_sync(engine.build_context)(session_key=key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent")
+    async_to_sync(engine.build_context)(
+        session_key=key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent"
+    )
+    again = async_to_sync(engine.build_context)(
+        session_key=key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent"
+    )
     assert all(event["kind"] in ("no_progress", "overflow") for event in again.events)

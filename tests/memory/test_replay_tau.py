@@ -40,7 +40,10 @@ def test_all_tau_bench_transcripts_keep_the_invariants(trajectories, window):
         assert traj[0]["role"] == "system"
         store = Store()
         middleware = AgentMemoryMiddleware(
-            engine, session_key=f"tau-{window}-{number}", system_prompt=system_prompt, load_increment=store.load_increment
+            engine,
+            session_key=f"tau-{window}-{number}",
+            system_prompt=system_prompt,
+            load_increment=store.load_increment,
         )
         for message in traj[1:]:
             if message["role"] == "assistant" and store.rows:

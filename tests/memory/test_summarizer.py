@@ -32,7 +32,9 @@ async def test_chain_counts_each_attempt_once_and_stops_at_the_first_success():
 
 
 async def test_chain_without_failover_gives_up_after_the_primary_layer():
-    result = await SummarizerChain(primary=ScriptedSummarizer(default=ValueError("bad")), attempts=2, backoff=0).run(request())
+    result = await SummarizerChain(primary=ScriptedSummarizer(default=ValueError("bad")), attempts=2, backoff=0).run(
+        request()
+    )
     assert result.text is None and len(result.attempts) == 2 and result.phase is None
 
 
@@ -76,13 +78,15 @@ def test_chunks_cover_every_message_in_order():
 
 
 def test_extractive_keeps_identifiers_requests_and_tool_results_within_the_limit():
-    transcript = "\n".join([
-        "- User: Hi there. I want to cancel reservation ZFA04Y please.",
-        "- Assistant: Sure, let me help you with that today.",
-        "- Assistant [tools: get_reservation_details]: get_reservation_details({\"reservation_id\": \"ZFA04Y\"})",
-        "- Tool[get_reservation_details]: {\"price\": 312, \"status\": \"confirmed\"}",
-        "- Assistant: The weather is lovely.",
-    ])
+    transcript = "\n".join(
+        [
+            "- User: Hi there. I want to cancel reservation ZFA04Y please.",
+            "- Assistant: Sure, let me help you with that today.",
+            '- Assistant [tools: get_reservation_details]: get_reservation_details({"reservation_id": "ZFA04Y"})',
+            '- Tool[get_reservation_details]: {"price": 312, "status": "confirmed"}',
+            "- Assistant: The weather is lovely.",
+        ]
+    )
     summary = extractive_summary("- User: my user id is ada_1815", transcript, max_tokens=120, counter=COUNTER)
     assert summary.splitlines()[0] == "- User: my user id is ada_1815"
     assert "ZFA04Y" in summary and "312" in summary and "lovely" not in summary

@@ -22,11 +22,29 @@ def test_f19_cjk_is_counted_per_token_not_chars_over_four():
 
 def test_f20_tool_schemas_and_tool_call_arguments_count():
     plain = COUNTER.count_message(asst("x"))
-    with_call = COUNTER.count_message({**asst("x", tc=["call_1"]), "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "kb_search", "arguments": '{"query": "' + "refund policy " * 50 + '"}'}}
-    ]})
+    with_call = COUNTER.count_message(
+        {
+            **asst("x", tc=["call_1"]),
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "kb_search", "arguments": '{"query": "' + "refund policy " * 50 + '"}'},
+                }
+            ],
+        }
+    )
     assert with_call > plain + 100
-    schema = [{"type": "function", "function": {"name": "kb_search", "description": "Search the knowledge base " * 10, "parameters": {"type": "object"}}}]
+    schema = [
+        {
+            "type": "function",
+            "function": {
+                "name": "kb_search",
+                "description": "Search the knowledge base " * 10,
+                "parameters": {"type": "object"},
+            },
+        }
+    ]
     assert COUNTER.count_request([user("hi")], schema) > COUNTER.count_request([user("hi")]) + 50
 
 
@@ -60,7 +78,10 @@ def test_message_overhead_and_names_are_counted():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=300) | st.sampled_from(["<|endoftext|>", "<|fim_prefix|>x", "你好" * 50]))
+@given(
+    st.text(alphabet=st.characters(codec="utf-8"), max_size=300)
+    | st.sampled_from(["<|endoftext|>", "<|fim_prefix|>x", "你好" * 50])
+)
 def test_counting_any_text_never_raises_and_matches_the_encoding(text):
     assert COUNTER.count_text(text) == len(COUNTER.encoding.encode(text, disallowed_special=()))
     assert COUNTER.truncate_text(text, 5) == text or COUNTER.count_text(COUNTER.truncate_text(text, 5)) <= 6

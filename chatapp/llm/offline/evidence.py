@@ -53,12 +53,7 @@ _CLOSING_PUNCTUATION = (".", "!", "?", ":", ";", ")", "\u201d", '"')
 # Function words, greetings and the filler of questions ("how much ... does ... include"): they
 # say what kind of answer is wanted, not what it is about.
 STOPWORDS = frozenset(
-    """a an the is are was were be been being am i me my mine myself you your yours we our us he she him her his
-    it its they them their what whats which who whom whose when where why how do does did done can could would
-    should will shall may might must have has had of to in on at for from by with about into and or but not no yes
-    this that these those there here please tell remind know remember recall say said again so if then than as just
-    any some all let lets s t d ll re ve m also still now ok okay much many include includes included including
-    get gets got give gives hello hi hey thanks thank kind sort""".split()
+    ["a", "an", "the", "is", "are", "was", "were", "be", "been", "being", "am", "i", "me", "my", "mine", "myself", "you", "your", "yours", "we", "our", "us", "he", "she", "him", "her", "his", "it", "its", "they", "them", "their", "what", "whats", "which", "who", "whom", "whose", "when", "where", "why", "how", "do", "does", "did", "done", "can", "could", "would", "should", "will", "shall", "may", "might", "must", "have", "has", "had", "of", "to", "in", "on", "at", "for", "from", "by", "with", "about", "into", "and", "or", "but", "not", "no", "yes", "this", "that", "these", "those", "there", "here", "please", "tell", "remind", "know", "remember", "recall", "say", "said", "again", "so", "if", "then", "than", "as", "just", "any", "some", "all", "let", "lets", "s", "t", "d", "ll", "re", "ve", "m", "also", "still", "now", "ok", "okay", "much", "many", "include", "includes", "included", "including", "get", "gets", "got", "give", "gives", "hello", "hi", "hey", "thanks", "thank", "kind", "sort"]
 )
 
 

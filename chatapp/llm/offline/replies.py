@@ -67,7 +67,9 @@ def summary_prompt_parts(messages: list[Message]) -> tuple[str, str] | None:
     return split_summary_prompt(plain_text(messages[-1].get("content")))
 
 
-def offline_reply(messages: list[Message], *, tools: list[dict[str, Any]] | None, summary_max_tokens: int) -> OfflineReply:
+def offline_reply(
+    messages: list[Message], *, tools: list[dict[str, Any]] | None, summary_max_tokens: int
+) -> OfflineReply:
     """The offline engine's reply to a Chat Completions request.
 
     ``messages``: the request's wire messages; ``tools``: its tool schemas (or None);
@@ -146,7 +148,9 @@ _QUESTION_START_RE = re.compile(
     r"would|should|will|have|has|tell\s+me|remind\s+me|recall)\b",
     re.I,
 )
-_GREETING_RE = re.compile(r"^(?:hi|hello|hey|howdy|good\s+(?:morning|afternoon|evening))\b[\s!.,]*(?:there)?[\s!.,]*$", re.I)
+_GREETING_RE = re.compile(
+    r"^(?:hi|hello|hey|howdy|good\s+(?:morning|afternoon|evening))\b[\s!.,]*(?:there)?[\s!.,]*$", re.I
+)
 _REMEMBER_RE = re.compile(r"^(?:please\s+)?(?:remember|note|keep\s+in\s+mind)\b(?:\s+that)?[\s,:]*", re.I)
 _SECOND_PERSON = {
     "i": "you", "me": "you", "my": "your", "mine": "yours", "myself": "yourself", "am": "are",

@@ -70,12 +70,16 @@ async def _chat_completions(request: httpx2.Request, body: dict[str, Any]) -> ht
     is_summary = summary_prompt_parts(messages) is not None
     await _delay(request, settings.OFFLINE_DELAY_SECONDS)
     if is_summary and settings.OFFLINE_FAIL_SUMMARY:
-        return _error_response(500, "offline engine: summaries are switched to fail (OFFLINE_FAIL_SUMMARY)", "offline_fail_summary")
+        return _error_response(
+            500, "offline engine: summaries are switched to fail (OFFLINE_FAIL_SUMMARY)", "offline_fail_summary"
+        )
     if not is_summary and settings.OFFLINE_FAIL_CHAT:
         return _error_response(500, "offline engine: chat is switched to fail (OFFLINE_FAIL_CHAT)", "offline_fail_chat")
     max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or settings.MEMORY_SUMMARY_MAX_TOKENS
     reply = offline_reply(messages, tools=tools, summary_max_tokens=int(max_tokens))
-    completion_id = "chatcmpl-offline-" + hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    completion_id = (
+        "chatcmpl-offline-" + hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    )
     usage = _usage(messages, tools, reply)
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -109,8 +113,14 @@ def _usage(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, r
     """Token usage like a provider reports it, counted with ``cl100k_base``."""
     counter = _counter()
     prompt_tokens = counter.count_request(messages, tools)
-    completion_tokens = counter.count_message({"role": "assistant", "content": reply.text, "tool_calls": reply.tool_calls})
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+    completion_tokens = counter.count_message(
+        {"role": "assistant", "content": reply.text, "tool_calls": reply.tool_calls}
+    )
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def _completion_payload(reply: OfflineReply, *, completion_id: str, usage: dict[str, int]) -> dict[str, Any]:

@@ -18,14 +18,28 @@ class Command(BaseCommand):
     help = "Replay recorded conversations through the memory engine; one JSON line per model call."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("path", type=Path, help="tau-bench trajectories.json, or a LoCoMo conv-*.json file or folder")
+        parser.add_argument(
+            "path", type=Path, help="tau-bench trajectories.json, or a LoCoMo conv-*.json file or folder"
+        )
         parser.add_argument("--format", required=True, choices=["tau-bench", "locomo"], dest="fmt")
         parser.add_argument("--limit", type=int, default=None, help="replay at most N conversations")
-        parser.add_argument("--context-window", type=int, default=None, help="the chat model's context window in tokens")
+        parser.add_argument(
+            "--context-window", type=int, default=None, help="the chat model's context window in tokens"
+        )
         parser.add_argument("--mode", choices=["agent", "quick-answer"], default="agent")
         parser.add_argument("--out", required=True, type=Path, help="output JSON Lines file")
 
-    def handle(self, *args, path: Path, fmt: str, limit: int | None, context_window: int | None, mode: str, out: Path, **options) -> None:
+    def handle(
+        self,
+        *args,
+        path: Path,
+        fmt: str,
+        limit: int | None,
+        context_window: int | None,
+        mode: str,
+        out: Path,
+        **options,
+    ) -> None:
         if limit is not None and limit < 1:
             raise CommandError("--limit must be at least 1")
         if context_window is not None and context_window < 256:
@@ -44,7 +58,10 @@ class Command(BaseCommand):
                         calls += 1
                         compressions += sum(event["kind"] == "compression" for event in record["events"])
                         largest = max(largest, record["tokens"])
-                    print(f"[{conversations}] {conversation.name}: {calls} model calls so far, {compressions} compressions", file=sys.stderr)
+                    print(
+                        f"[{conversations}] {conversation.name}: {calls} model calls so far, {compressions} compressions",
+                        file=sys.stderr,
+                    )
         except ReplayInputError as exc:
             raise CommandError(str(exc)) from None
         except OSError as exc:

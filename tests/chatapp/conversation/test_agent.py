@@ -11,8 +11,8 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from chatapp.conversation import agent
-from chatapp.models import ChatSession, Message, ModelCall
 from chatapp.conversation.runner import chat_turn_run, chat_turn_stop
+from chatapp.models import ChatSession, Message, ModelCall
 from tests.chatapp.conftest import chat_session_make, message_make
 
 pytestmark = [

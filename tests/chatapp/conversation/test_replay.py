@@ -13,8 +13,17 @@ DATA = Path(__file__).resolve().parents[4] / "shared" / "data"
 TAU = DATA / "tau-bench-airline" / "trajectories.json"
 LOCOMO = DATA / "locomo"
 KEYS = {
-    "conversation", "call", "context_window", "trigger_tokens", "target_tokens", "messages", "sources",
-    "tokens", "summary", "stored_message_ids", "events",
+    "conversation",
+    "call",
+    "context_window",
+    "trigger_tokens",
+    "target_tokens",
+    "messages",
+    "sources",
+    "tokens",
+    "summary",
+    "stored_message_ids",
+    "events",
 }
 
 pytestmark = pytest.mark.django_db
@@ -44,7 +53,9 @@ def check_record(record: dict) -> None:
 def test_tau_bench_replay_follows_the_contract(tmp_path):
     if not TAU.exists():
         pytest.skip(f"tau-bench transcripts not found at {TAU} (the shared data folder is absent)")
-    records = replay(tmp_path, str(TAU), "--format", "tau-bench", "--limit", "5", "--context-window", "4096", "--mode", "agent")
+    records = replay(
+        tmp_path, str(TAU), "--format", "tau-bench", "--limit", "5", "--context-window", "4096", "--mode", "agent"
+    )
     data = json.loads(TAU.read_text())[:5]
     expected_calls = sum(1 for item in data for m in item["traj"] if m["role"] == "assistant")
     assert len(records) == expected_calls
@@ -59,7 +70,16 @@ def test_tau_bench_replay_follows_the_contract(tmp_path):
 def test_locomo_replay_maps_speakers_and_captions(tmp_path):
     if not LOCOMO.exists():
         pytest.skip(f"LoCoMo conversations not found at {LOCOMO} (the shared data folder is absent)")
-    records = replay(tmp_path, str(LOCOMO / "conv-30.json"), "--format", "locomo", "--context-window", "4096", "--mode", "quick-answer")
+    records = replay(
+        tmp_path,
+        str(LOCOMO / "conv-30.json"),
+        "--format",
+        "locomo",
+        "--context-window",
+        "4096",
+        "--mode",
+        "quick-answer",
+    )
     assert records and {r["conversation"] for r in records} == {"conv-30"}
     for record in records:
         check_record(record)
@@ -70,7 +90,8 @@ def test_locomo_replay_maps_speakers_and_captions(tmp_path):
 
 def test_crafted_locomo_file_with_an_image_turn(tmp_path):
     conv = {
-        "speaker_a": "Ann", "speaker_b": "Bo",
+        "speaker_a": "Ann",
+        "speaker_b": "Bo",
         "session_1_date_time": "1 May 2023",
         "session_1": [
             {"speaker": "Bo", "dia_id": "D1:1", "text": "Hi Ann"},
@@ -89,7 +110,12 @@ def test_crafted_locomo_file_with_an_image_turn(tmp_path):
 
 @pytest.mark.parametrize(
     ("content", "fmt", "message"),
-    [(None, "tau-bench", "does not exist"), ("{not json", "tau-bench", "not readable JSON"), ('{"a": 1}', "tau-bench", "JSON list"), ("[]", "locomo", "speaker_a")],
+    [
+        (None, "tau-bench", "does not exist"),
+        ("{not json", "tau-bench", "not readable JSON"),
+        ('{"a": 1}', "tau-bench", "JSON list"),
+        ("[]", "locomo", "speaker_a"),
+    ],
 )
 def test_bad_input_is_a_clear_error(tmp_path, content, fmt, message):
     path = tmp_path / "input.json"

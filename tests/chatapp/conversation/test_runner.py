@@ -10,11 +10,16 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import connections
 
-from chatapp.models import ChatSession, Message, ModelCall
 from chatapp.chats.selectors import message_list_for_context
-from chatapp.conversation.leases import turn_in_flight_first_id, turn_in_flight_list, turn_interrupted_list
-from chatapp.conversation.leases import INTERRUPTED_TEXT, turns_interrupted_close
+from chatapp.conversation.leases import (
+    INTERRUPTED_TEXT,
+    turn_in_flight_first_id,
+    turn_in_flight_list,
+    turn_interrupted_list,
+    turns_interrupted_close,
+)
 from chatapp.conversation.runner import chat_turn_run, chat_turn_stop
+from chatapp.models import ChatSession, Message, ModelCall
 from memory import services as memory_services
 from memory.engine import MemoryEngine
 from memory.models import CompressionEvent

@@ -85,7 +85,10 @@ async def test_sends_only_wire_keys_and_asks_for_usage(fake_openai: FakeOpenAI, 
     (request,) = fake_openai.requests
     assert (request.method, request.path) == ("POST", "/v1/chat/completions")
     assert request.headers["authorization"] == "Bearer test-key"
-    assert request.json["messages"] == [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}]
+    assert request.json["messages"] == [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi"},
+    ]
     assert request.json["model"] == "fake-model"
     assert request.json["stream"] is True
     assert request.json["stream_options"] == {"include_usage": True}
@@ -94,14 +97,37 @@ async def test_sends_only_wire_keys_and_asks_for_usage(fake_openai: FakeOpenAI, 
 
 
 async def test_assembles_parallel_tool_calls_from_deltas(fake_openai: FakeOpenAI) -> None:
-    tools = [{"type": "function", "function": {"name": name, "parameters": {"type": "object"}}} for name in ("kb_search", "calculator")]
+    tools = [
+        {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+        for name in ("kb_search", "calculator")
+    ]
     fake_openai.script(
         stream(
             chunk({"role": "assistant", "content": None}),
-            chunk({"tool_calls": [{"index": 0, "id": "call_a", "type": "function", "function": {"name": "kb_search", "arguments": ""}}]}),
+            chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": 0,
+                            "id": "call_a",
+                            "type": "function",
+                            "function": {"name": "kb_search", "arguments": ""},
+                        }
+                    ]
+                }
+            ),
             chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"query": '}}]}),
             chunk(
-                {"tool_calls": [{"index": 1, "id": "call_b", "type": "function", "function": {"name": "calculator", "arguments": '{"ex'}}]}
+                {
+                    "tool_calls": [
+                        {
+                            "index": 1,
+                            "id": "call_b",
+                            "type": "function",
+                            "function": {"name": "calculator", "arguments": '{"ex'},
+                        }
+                    ]
+                }
             ),
             chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"refunds"}'}}]}),
             chunk({"tool_calls": [{"index": 1, "function": {"arguments": 'pression": "2*3"}'}}]}),
@@ -115,8 +141,16 @@ async def test_assembles_parallel_tool_calls_from_deltas(fake_openai: FakeOpenAI
     assert events[0] == {
         "type": "tool_calls",
         "tool_calls": [
-            {"id": "call_a", "type": "function", "function": {"name": "kb_search", "arguments": '{"query": "refunds"}'}},
-            {"id": "call_b", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "2*3"}'}},
+            {
+                "id": "call_a",
+                "type": "function",
+                "function": {"name": "kb_search", "arguments": '{"query": "refunds"}'},
+            },
+            {
+                "id": "call_b",
+                "type": "function",
+                "function": {"name": "calculator", "arguments": '{"expression": "2*3"}'},
+            },
         ],
     }
     assert events[-1] == {"type": "finish", "finish_reason": "tool_calls"}
@@ -126,7 +160,9 @@ async def test_assembles_parallel_tool_calls_from_deltas(fake_openai: FakeOpenAI
 async def test_tool_call_without_an_id_gets_one(fake_openai: FakeOpenAI) -> None:
     fake_openai.script(
         stream(
-            chunk({"tool_calls": [{"index": 0, "type": "function", "function": {"name": "kb_search", "arguments": "{}"}}]}),
+            chunk(
+                {"tool_calls": [{"index": 0, "type": "function", "function": {"name": "kb_search", "arguments": "{}"}}]}
+            ),
             chunk(finish_reason="tool_calls"),
         )
     )
@@ -180,7 +216,9 @@ async def test_a_slow_server_times_out_on_the_endpoint_timeout(fake_openai: Fake
 
 
 async def test_a_stream_without_text_or_tool_calls_is_empty(fake_openai: FakeOpenAI) -> None:
-    fake_openai.script(stream(chunk({"role": "assistant", "content": ""}), chunk(finish_reason="stop"), chunk(usage=USAGE)))
+    fake_openai.script(
+        stream(chunk({"role": "assistant", "content": ""}), chunk(finish_reason="stop"), chunk(usage=USAGE))
+    )
 
     exc = await stream_error(endpoint_for(fake_openai))
 
@@ -224,7 +262,9 @@ async def test_summarizer_sends_the_prompt_non_streaming(fake_openai: FakeOpenAI
     fake_openai.script(completion("- User: code Q-42."))
     request = summary_request(max_tokens=123)
 
-    text = await OpenAISummarizer(endpoint=endpoint_for(fake_openai, model="sum-model"), temperature=0.3).summarize(request)
+    text = await OpenAISummarizer(endpoint=endpoint_for(fake_openai, model="sum-model"), temperature=0.3).summarize(
+        request
+    )
 
     assert text == "- User: code Q-42."
     (sent,) = fake_openai.requests
@@ -250,7 +290,9 @@ async def test_summarizer_returns_empty_text_as_is(fake_openai: FakeOpenAI) -> N
         (Reply(body=b"<html>bad gateway</html>", content_type="text/html"), "malformed", "not a chat completion"),
     ],
 )
-async def test_summarizer_failures_raise_llm_error(fake_openai: FakeOpenAI, reply: Reply, kind: str, fragment: str) -> None:
+async def test_summarizer_failures_raise_llm_error(
+    fake_openai: FakeOpenAI, reply: Reply, kind: str, fragment: str
+) -> None:
     fake_openai.script(reply)
 
     with pytest.raises(LLMError) as caught:
@@ -325,14 +367,16 @@ async def test_chain_recovers_on_a_retry(fake_openai: FakeOpenAI) -> None:
     assert len(fake_openai.requests) == 2
 
 
-async def test_chain_with_every_layer_failing_records_every_attempt(fake_openai: FakeOpenAI, fake_openai_failover: FakeOpenAI) -> None:
+async def test_chain_with_every_layer_failing_records_every_attempt(
+    fake_openai: FakeOpenAI, fake_openai_failover: FakeOpenAI
+) -> None:
     fake_openai.script(slow(5.0, completion("late")))
     fake_openai_failover.script(error(429, "quota"))
 
     started = time.perf_counter()
-    result = await chain(endpoint_for(fake_openai, timeout=0.2), endpoint_for(fake_openai_failover), attempts=2, timeout=5.0).run(
-        summary_request()
-    )
+    result = await chain(
+        endpoint_for(fake_openai, timeout=0.2), endpoint_for(fake_openai_failover), attempts=2, timeout=5.0
+    ).run(summary_request())
 
     assert result.text is None
     assert [(a.phase, a.number, a.ok) for a in result.attempts] == [
@@ -347,7 +391,9 @@ async def test_chain_with_every_layer_failing_records_every_attempt(fake_openai:
     assert time.perf_counter() - started < 3.0
 
 
-async def test_chain_fails_over_from_a_refused_connection(refused_base_url: str, fake_openai_failover: FakeOpenAI) -> None:
+async def test_chain_fails_over_from_a_refused_connection(
+    refused_base_url: str, fake_openai_failover: FakeOpenAI
+) -> None:
     fake_openai_failover.script(completion("- User: code Q-42."))
 
     result = await chain(endpoint_for(refused_base_url), endpoint_for(fake_openai_failover)).run(summary_request())
@@ -360,7 +406,9 @@ async def test_chain_fails_over_from_a_refused_connection(refused_base_url: str,
 # --- endpoints and the chain from settings --------------------------------------------------
 
 
-async def test_build_summarizer_chain_from_settings(fake_openai: FakeOpenAI, fake_openai_failover: FakeOpenAI, settings: Any) -> None:
+async def test_build_summarizer_chain_from_settings(
+    fake_openai: FakeOpenAI, fake_openai_failover: FakeOpenAI, settings: Any
+) -> None:
     settings.LLM_SUMMARY_BASE_URL = fake_openai.base_url
     settings.LLM_SUMMARY_MODEL = "sum-model"
     settings.LLM_SUMMARY_TEMPERATURE = 0.2
@@ -375,7 +423,11 @@ async def test_build_summarizer_chain_from_settings(fake_openai: FakeOpenAI, fak
     result = await dataclasses.replace(built, backoff=0).run(summary_request())
 
     assert (built.attempts, built.timeout) == (2, 7.0)
-    assert [(a.model, a.ok) for a in result.attempts] == [("sum-model", False), ("sum-model", False), ("backup-model", True)]
+    assert [(a.model, a.ok) for a in result.attempts] == [
+        ("sum-model", False),
+        ("sum-model", False),
+        ("backup-model", True),
+    ]
     assert (len(fake_openai.requests), len(fake_openai_failover.requests)) == (2, 1)
     assert fake_openai.requests[0].json["temperature"] == 0.2
     assert fake_openai_failover.requests[0].json["model"] == "backup-model"
@@ -397,12 +449,20 @@ def test_failover_defaults_to_the_summary_server(settings: Any) -> None:
     failover = failover_endpoint()
 
     assert failover is not None
-    assert (failover.base_url, failover.model, failover.timeout) == ("http://models.example:8000/v1", "small-model", 9.0)
+    assert (failover.base_url, failover.model, failover.timeout) == (
+        "http://models.example:8000/v1",
+        "small-model",
+        9.0,
+    )
     assert summary_endpoint().base_url == failover.base_url
 
 
 def test_endpoint_repr_hides_the_api_key() -> None:
-    endpoint = Endpoint(base_url="https://api.example/v1", api_key="sk-secret", model="m", context_window=1000, timeout=1.0)
+    endpoint = Endpoint(
+        base_url="https://api.example/v1", api_key="sk-secret", model="m", context_window=1000, timeout=1.0
+    )
 
     assert "sk-secret" not in repr(endpoint)
-    assert not endpoint.offline and Endpoint(base_url="", api_key="", model="m", context_window=1000, timeout=1.0).offline
+    assert (
+        not endpoint.offline and Endpoint(base_url="", api_key="", model="m", context_window=1000, timeout=1.0).offline
+    )

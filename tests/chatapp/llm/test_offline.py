@@ -10,6 +10,8 @@ import openai
 import pytest
 import tiktoken
 
+from chatapp.conversation.quick_answer import quick_answer_system_prompt
+from chatapp.conversation.tools import TOOL_SCHEMAS
 from chatapp.kb.search import Passage
 from chatapp.llm.clients import (
     ChatEvent,
@@ -21,8 +23,6 @@ from chatapp.llm.clients import (
 )
 from chatapp.llm.offline.transport import OFFLINE_MODEL
 from chatapp.llm.summarizer import OpenAISummarizer, build_summarizer_chain
-from chatapp.conversation.quick_answer import quick_answer_system_prompt
-from chatapp.conversation.tools import TOOL_SCHEMAS
 from memory.prompts import build_summary_prompt
 from memory.summarizer import SummarizerChain, SummaryRequest
 from memory.tokens import TokenCounter
@@ -156,7 +156,10 @@ async def test_tool_call_ids_are_deterministic_and_differ_between_contexts() -> 
     first = tool_calls_of(await collect([SYSTEM, user("Search for refunds")], tools=TOOL_SCHEMAS))
     again = tool_calls_of(await collect([SYSTEM, user("Search for refunds")], tools=TOOL_SCHEMAS))
     later = tool_calls_of(
-        await collect([SYSTEM, user("Hello"), {"role": "assistant", "content": "Hi"}, user("Search for refunds")], tools=TOOL_SCHEMAS)
+        await collect(
+            [SYSTEM, user("Hello"), {"role": "assistant", "content": "Hi"}, user("Search for refunds")],
+            tools=TOOL_SCHEMAS,
+        )
     )
 
     assert first[0]["id"] == again[0]["id"]
@@ -205,9 +208,16 @@ async def test_answers_by_quoting_the_top_search_passage() -> None:
 
 
 async def test_reports_a_tool_error_result() -> None:
-    messages = [SYSTEM, user("What is 1/0?"), *tool_turn("calculator", {"expression": "1/0"}, "error: division by zero")]
+    messages = [
+        SYSTEM,
+        user("What is 1/0?"),
+        *tool_turn("calculator", {"expression": "1/0"}, "error: division by zero"),
+    ]
 
-    assert text_of(await collect(messages, tools=TOOL_SCHEMAS)) == "The calculator tool reported an error: division by zero"
+    assert (
+        text_of(await collect(messages, tools=TOOL_SCHEMAS))
+        == "The calculator tool reported an error: division by zero"
+    )
 
 
 # --- answering from what it can see ----------------------------------------------------------
@@ -237,7 +247,10 @@ async def test_says_not_found_for_a_fact_absent_from_the_context() -> None:
 
 
 async def test_answers_from_the_summary_block() -> None:
-    summary = {"role": "system", "content": "[Memory Summary - 6 earlier messages consolidated]\n- User: My booking reference is ZX-9917."}
+    summary = {
+        "role": "system",
+        "content": "[Memory Summary - 6 earlier messages consolidated]\n- User: My booking reference is ZX-9917.",
+    }
 
     text = text_of(await collect([SYSTEM, summary, user("What was my booking reference?")]))
 
@@ -265,7 +278,10 @@ async def test_equally_good_sentences_are_quoted_in_order_the_latest_last() -> N
         user("What's my name?"),
     ]
 
-    assert text_of(await collect(messages)) == "From our conversation: “Sorry, my name is Grace.” “No wait, my name is Joan.”"
+    assert (
+        text_of(await collect(messages))
+        == "From our conversation: “Sorry, my name is Grace.” “No wait, my name is Joan.”"
+    )
 
 
 # --- summaries ------------------------------------------------------------------------------
@@ -273,7 +289,9 @@ async def test_equally_good_sentences_are_quoted_in_order_the_latest_last() -> N
 
 async def test_summarizer_request_gets_a_non_empty_extractive_summary() -> None:
     summarizer = OpenAISummarizer(endpoint=chat_endpoint())
-    transcript = "- User: My order A-1234 was for 3 chairs.\n- Assistant: Thanks, noted.\n- User: Please refund it by Friday."
+    transcript = (
+        "- User: My order A-1234 was for 3 chairs.\n- Assistant: Thanks, noted.\n- User: Please refund it by Friday."
+    )
 
     text = await summarizer.summarize(summary_request("", transcript))
 
@@ -307,7 +325,10 @@ async def test_fail_chat_switch_fails_chat_but_not_summaries(settings: Any) -> N
     summary = await OpenAISummarizer(endpoint=chat_endpoint()).summarize(summary_request("", "- User: Code Q-42."))
 
     assert caught.value.kind == "server"
-    assert str(caught.value) == "The offline engine failed with HTTP 500: offline engine: chat is switched to fail (OFFLINE_FAIL_CHAT)."
+    assert (
+        str(caught.value)
+        == "The offline engine failed with HTTP 500: offline engine: chat is switched to fail (OFFLINE_FAIL_CHAT)."
+    )
     assert "Q-42" in summary
 
 
@@ -434,7 +455,9 @@ async def test_earlier_user_statements_are_quoted_as_the_conversation_and_beat_t
 
 
 async def test_a_question_about_the_user_is_not_answered_from_the_knowledge_base() -> None:
-    device = Passage(chunk_id=4, document_id=3, title="Support", text="Each device shows its name in the web app.", score=1)
+    device = Passage(
+        chunk_id=4, document_id=3, title="Support", text="Each device shows its name in the web app.", score=1
+    )
 
     text = text_of(await collect([quick_answer_system(device), user("What's my name?")]))
 
@@ -442,7 +465,10 @@ async def test_a_question_about_the_user_is_not_answered_from_the_knowledge_base
 
 
 async def test_the_summary_block_is_labelled_as_the_summary() -> None:
-    summary = {"role": "system", "content": "[Memory Summary - 6 earlier messages consolidated]\n- User: My plan is the Team plan."}
+    summary = {
+        "role": "system",
+        "content": "[Memory Summary - 6 earlier messages consolidated]\n- User: My plan is the Team plan.",
+    }
 
     text = text_of(await collect([quick_answer_system(PRICING), summary, user("Which plan am I on?")]))
 
@@ -452,7 +478,9 @@ async def test_the_summary_block_is_labelled_as_the_summary() -> None:
 async def test_a_fact_compression_lost_stays_forgotten_even_with_passages_in_the_prompt() -> None:
     question = user("What was my booking reference?")
 
-    remembered = text_of(await collect([quick_answer_system(PRICING), user("My booking reference is ZX-9917."), question]))
+    remembered = text_of(
+        await collect([quick_answer_system(PRICING), user("My booking reference is ZX-9917."), question])
+    )
     forgotten = text_of(await collect([quick_answer_system(PRICING), question]))
 
     assert remembered == "From our conversation: “My booking reference is ZX-9917.”"

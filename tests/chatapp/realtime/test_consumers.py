@@ -600,7 +600,7 @@ async def test_an_open_tab_learns_that_a_turn_was_interrupted_when_its_lease_run
     if path_suffix:
         snapshot, *frames = received
         assert f'id="stream-{turn.pk}"' in snapshot  # "Thinking…" on connect
-        assert any(f'delete:#stream-{turn.pk}' in frame for frame in frames)
+        assert any(f"delete:#stream-{turn.pk}" in frame for frame in frames)
         assert any("[Interrupted" in frame for frame in frames)
     else:
         events = [json.loads(frame) for frame in received]

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from asgiref.sync import async_to_sync
 
-from chatapp.ui.inspector import MarkBasis, inspector_state_get, messages_text
-from chatapp.models import ChatSession, ModelCall
 from chatapp.conversation.compress import session_memory_compress
 from chatapp.conversation.runner import chat_turn_run
+from chatapp.models import ChatSession, ModelCall
+from chatapp.ui.inspector import MarkBasis, inspector_state_get, messages_text
 from tests.chatapp.conftest import Visitor, chat_session_make, message_make
 
 pytestmark = [

@@ -27,7 +27,9 @@ def test_raw_html_is_shown_as_text():
 
 
 def test_markdown_features_render():
-    html = markdown_render("**bold** and `code`\n\n- one\n- two\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n[site](https://example.com)")
+    html = markdown_render(
+        "**bold** and `code`\n\n- one\n- two\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n[site](https://example.com)"
+    )
     assert "<strong>bold</strong>" in html and "<code>code</code>" in html and "<li>one</li>" in html
     assert "<table>" in html and "<td>1</td>" in html
     assert '<a href="https://example.com" rel="noopener noreferrer nofollow">site</a>' in html

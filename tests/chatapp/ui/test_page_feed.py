@@ -11,10 +11,10 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 
-from chatapp.models import ChatSession, Message
-from chatapp.ui.page_feed import PageFeed
 from chatapp.chats.services import chat_session_delete
 from chatapp.conversation.compress import session_memory_compress
+from chatapp.models import ChatSession, Message
+from chatapp.ui.page_feed import PageFeed
 from memory import services as memory_services
 from tests.chatapp.conftest import (
     TIMEOUT,
@@ -72,7 +72,7 @@ async def test_the_page_socket_gets_a_snapshot_then_html_for_a_whole_turn(ws, al
     html = "".join(frames)
     assert f'<div hx-swap-oob="beforeend:#messages">\n<article id="message-{user.pk}"' in html
     assert f'id="stream-{user.pk}"' in html and "Thinking…" in html
-    assert f'beforeend:#stream-{user.pk} .stream-text' in html  # streamed text
+    assert f"beforeend:#stream-{user.pk} .stream-text" in html  # streamed text
     assert "Calls <code>kb_search</code>" in html and "Result of <code>kb_search</code>" in html
     assert "12 euros" in html
     # Every stored message was appended exactly once.
@@ -112,7 +112,7 @@ async def test_a_resend_after_reconnect_appends_nothing_twice(ws, alice: Visitor
         await frames_until(page, "Enter sends")
         await page.send_json_to(send("c-1", "What is the largest file on paid plans?"))  # duplicate
         frames = await frames_until(page, 'id="inspector"')  # its chat.done refreshes the inspector
-    assert not any("<article id=\"message-" in frame for frame in frames)
+    assert not any('<article id="message-' in frame for frame in frames)
     assert await Message.objects.filter(session=session, role="user").acount() == 1
 
 

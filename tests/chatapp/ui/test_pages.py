@@ -5,7 +5,6 @@ another user and for an anonymous stranger, on every endpoint)."""
 from __future__ import annotations
 
 import json
-
 from typing import Any
 
 import pytest
@@ -143,7 +142,11 @@ def test_transcript_marks_follow_the_boundary_and_the_last_request(alice: Visito
     sources = [{"id": None, "kind": "system"}, {"id": None, "kind": "summary"}]
     sources += [{"id": m.pk, "kind": "history"} for m in made[2:-1]] + [{"id": made[-1].pk, "kind": "current"}]
     ModelCall.objects.create(
-        session=session, reply_to=made[-1], mode="agent", model="m", estimated_tokens=100,
+        session=session,
+        reply_to=made[-1],
+        mode="agent",
+        model="m",
+        estimated_tokens=100,
         context=context_make(sources=sources, tokens=100),
     )
     content = alice.client.get(url("session-detail", session)).content.decode()
@@ -217,8 +220,14 @@ def test_delete_removes_messages_and_memory(alice: Visitor):
     key = str(session.pk)
     SessionSummary.objects.create(session_key=key, content="s", summary_type="llm", last_message_id=1, version=1)
     CompressionEvent.objects.create(
-        session_key=key, kind="compression", mode="agent", context_window=1, trigger_tokens=1, target_tokens=1,
-        tokens_before=1, tokens_after=1,
+        session_key=key,
+        kind="compression",
+        mode="agent",
+        context_window=1,
+        trigger_tokens=1,
+        target_tokens=1,
+        tokens_before=1,
+        tokens_after=1,
     )
     keep = chat_session_make(alice.owner, title="Keeper")
     response = alice.client.post(url("session-delete", session), **htmx_from(url("session-detail", keep)))
