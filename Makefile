@@ -2,13 +2,14 @@
 #   make run   - virtual environment, pinned requirements, migrations, demo knowledge base,
 #                then the app on the embedded default at http://127.0.0.1:8000/
 #   make test  - the same environment plus test requirements, then the whole suite
+#   make lint  - ruff (lint and format check), mypy and the import-linter contracts (pyproject.toml)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test install install-dev migrate bench replay clean
+.PHONY: run test lint install install-dev migrate bench replay clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +36,22 @@ run: migrate
 test: install-dev
 	$(BIN)/python -m pytest
 
+# Runs every checker, then fails if any of them reported a finding.
+lint: install-dev
+	@status=0; \
+	echo "ruff check ."; $(BIN)/ruff check . || status=1; \
+	echo "ruff format --check ."; $(BIN)/ruff format --check . || status=1; \
+	echo "mypy"; $(BIN)/mypy || status=1; \
+	echo "lint-imports"; $(BIN)/lint-imports || status=1; \
+	exit $$status
+
 bench: install
 	$(BIN)/python bench/memory_overhead.py
+
+# 200 sockets x 3 turns against Daphne, then a bare echo server; BENCH_LOAD_ARGS=--production for
+# PostgreSQL + Redis with two workers (bench/ws_load.py --help).
+bench-load: install-dev
+	$(BIN)/python bench/ws_load.py $(BENCH_LOAD_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .test-db.sqlite3*

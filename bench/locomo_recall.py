@@ -35,11 +35,15 @@ django.setup()
 from django.core.management import call_command  # noqa: E402
 
 from chatapp.conversation.replay import locomo_conversation  # noqa: E402
-from memory.config import MemoryConfig  # noqa: E402
-from memory.engine import MemoryEngine  # noqa: E402
-from memory.extractive import ExtractiveSummarizer  # noqa: E402
-from memory.summarizer import SummarizerChain  # noqa: E402
-from memory.tokens import get_counter  # noqa: E402
+from memory.api import (  # noqa: E402
+    ContextRequest,
+    ExtractiveSummarizer,
+    InMemorySummaryStore,
+    MemoryBudget,
+    MemoryEngine,
+    SummarizerChain,
+    get_counter,
+)
 
 DATA = ROOT.parent / "shared" / "data" / "locomo"
 COUNTER = get_counter("gpt-4o-mini")
@@ -70,18 +74,19 @@ def truncation_text(system: str, rows: list[dict], question: dict, target: int) 
 
 
 async def run(path: Path, engine: MemoryEngine) -> tuple[int, int, int]:
-    conversation = locomo_conversation(json.loads(path.read_text()), path.stem)
+    data = json.loads(await asyncio.to_thread(path.read_text))
+    conversation = locomo_conversation(data, path.stem)
     system, messages = conversation.system_prompt, conversation.messages
     store = Rows()
     for index, message in enumerate(messages):
         if message["role"] == "assistant" and index:
             await engine.build_context(
-                session_key=path.stem, system_prompt=system, load_increment=store.load, mode="quick-answer"
+                ContextRequest(
+                    memory_key=path.stem, system_prompt=system, load_increment=store.load, mode="quick-answer"
+                )
             )
         store.add(message)
-    questions = [
-        qa for qa in json.loads(path.read_text()).get("qa", []) if qa.get("category") in (1, 2, 3, 4) and "answer" in qa
-    ]
+    questions = [qa for qa in data.get("qa", []) if qa.get("category") in (1, 2, 3, 4) and "answer" in qa]
     managed = truncated = 0
     for qa in questions:
         answer = str(qa["answer"]).lower()
@@ -94,19 +99,20 @@ async def run(path: Path, engine: MemoryEngine) -> tuple[int, int, int]:
         # Each question is asked as the next turn (not stored): it may trigger a compression, as
         # a real next turn would.
         context = await engine.build_context(
-            session_key=path.stem, system_prompt=system, load_increment=probe.load, mode="quick-answer"
+            ContextRequest(memory_key=path.stem, system_prompt=system, load_increment=probe.load, mode="quick-answer")
         )
         sent = "\n".join(m["content"] or "" for m in context.messages).lower()
         managed += answer in sent
-        truncated += answer in truncation_text(system, store.rows, question, engine.config.target_tokens).lower()
+        truncated += answer in truncation_text(system, store.rows, question, engine.budget.target_tokens).lower()
     return len(questions), managed, truncated
 
 
 async def main(window: int, limit: int) -> None:
     engine = MemoryEngine(
-        config=MemoryConfig(context_window=window),
+        budget=MemoryBudget(context_window=window),
         chain=SummarizerChain(primary=ExtractiveSummarizer(COUNTER), backoff=0),
         counter=COUNTER,
+        store=InMemorySummaryStore(),
     )
     total = managed = truncated = 0
     for path in sorted(DATA.glob("conv-*.json"))[:limit]:

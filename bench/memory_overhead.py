@@ -36,11 +36,18 @@ from asgiref.sync import sync_to_async  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
 from chatapp.models import ChatSession, Message  # noqa: E402
-from memory.config import MemoryConfig  # noqa: E402
-from memory.engine import MemoryEngine  # noqa: E402
-from memory.services import session_memory_delete  # noqa: E402
-from memory.summarizer import SummarizerChain  # noqa: E402
-from memory.tokens import get_counter  # noqa: E402
+from memory.api import (  # noqa: E402
+    ContextRequest,
+    IncrementLoader,
+    MemoryBudget,
+    MemoryEngine,
+    OrmSummaryStore,
+    SummarizerChain,
+    SummaryRequest,
+    get_counter,
+    session_memory_delete,
+)
+from memory.api import Message as WireMessage  # noqa: E402
 
 SIZES = (10, 100, 1_000, 10_000)
 COUNTER = get_counter("gpt-4o-mini")
@@ -52,7 +59,7 @@ class InstantSummarizer:
 
     model = "instant"
 
-    async def summarize(self, request) -> str:
+    async def summarize(self, request: SummaryRequest) -> str:
         return f"Summary covering {len(request.messages)} more messages; user id ada_1815, reservation ZFA04Y."
 
 
@@ -73,14 +80,14 @@ def add(session: ChatSession, index: int) -> None:
     message_row(session, index).save()
 
 
-async def load_increment_for(session_id: int):
-    def load(boundary: int | None):
+async def load_increment_for(session_id: int) -> IncrementLoader:
+    def load(boundary: int | None) -> list[WireMessage]:
         rows = Message.objects.filter(session_id=session_id).order_by("id")
         if boundary is not None:
             rows = rows.filter(id__gt=boundary)
         return [{"id": r.pk, **r.to_wire(), "token_count": r.token_count} for r in rows]
 
-    async def loader(boundary: int | None):
+    async def loader(boundary: int | None) -> list[WireMessage]:
         return await sync_to_async(load)(boundary)
 
     return loader
@@ -89,20 +96,22 @@ async def load_increment_for(session_id: int):
 async def measure(size: int, requests: int, engine: MemoryEngine) -> list[float]:
     session = await sync_to_async(seed)(size)
     loader = await load_increment_for(session.pk)
-    key = str(session.pk)
+    request = ContextRequest(
+        memory_key=ChatSession.memory_key_for(session.pk), system_prompt=SYSTEM, load_increment=loader, mode="agent"
+    )
     # Reach the steady state: the first request compresses the long history once.
     await sync_to_async(add)(session, size if size % 2 == 0 else size + 1)
-    await engine.build_context(session_key=key, system_prompt=SYSTEM, load_increment=loader, mode="agent")
+    await engine.build_context(request)
     timings = []
     index = size + 2
     for _ in range(requests):
         await sync_to_async(add)(session, index)  # the user's message, stored before the memory layer runs
         started = time.perf_counter()
-        await engine.build_context(session_key=key, system_prompt=SYSTEM, load_increment=loader, mode="agent")
+        await engine.build_context(request)
         timings.append((time.perf_counter() - started) * 1000)
         await sync_to_async(add)(session, index + 1)  # the assistant's reply
         index += 2
-    await sync_to_async(session_memory_delete)(session_key=key)
+    await sync_to_async(session_memory_delete)(memory_key=request.memory_key)
     await sync_to_async(session.delete)()
     return timings
 
@@ -114,9 +123,10 @@ def percentile(values: list[float], fraction: float) -> float:
 
 async def main(args: argparse.Namespace) -> None:
     engine = MemoryEngine(
-        config=MemoryConfig(context_window=args.window),
+        budget=MemoryBudget(context_window=args.window),
         chain=SummarizerChain(primary=InstantSummarizer(), backoff=0),
         counter=COUNTER,
+        store=OrmSummaryStore(),
     )
     logging.getLogger("memory").setLevel(logging.WARNING)
     vendor = django.db.connection.vendor

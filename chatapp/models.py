@@ -1,14 +1,14 @@
 """Chat sessions, their messages, the record of every model call, and the knowledge base.
 
-Messages are stored in the OpenAI Chat Completions wire format (SPEC.md section 1), one row per
+Messages are stored in the OpenAI Chat Completions wire format (docs/memory.md §1), one row per
 message: a user message, each assistant message (with or without ``tool_calls``) and each tool
-result. Rows are never modified by memory management (SPEC.md invariant I6); the memory engine
+result. Rows are never modified by memory management (docs/memory.md I6); the memory engine
 keeps its own state in the ``memory`` app, keyed by ``str(ChatSession.pk)``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from django.conf import settings
 from django.db import models
@@ -34,24 +34,31 @@ class ChatSession(models.Model):
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:
-        ordering = ["-updated", "-id"]
-        constraints = [
+        # Orderings are lists, as the migrations record them (a tuple would read as a change).
+        ordering: ClassVar[list[str]] = ["-updated", "-id"]
+        constraints = (
             models.CheckConstraint(
                 condition=Q(owner__isnull=False) | ~Q(owner_session_key=""), name="chatsession_has_owner"
             ),
-        ]
+        )
 
     def __str__(self) -> str:
         return self.title or f"Chat {self.pk}"
+
+    @staticmethod
+    def memory_key_for(session_id: int) -> str:
+        """The memory engine's key of chat session ``session_id`` (its primary key as text): the
+        one place the chat app names a conversation to the ``memory`` app."""
+        return str(session_id)
 
 
 class Message(models.Model):
     """One wire message of a session.
 
-    ``token_count`` is computed once when the row is stored (SPEC.md section 5). ``reply_to`` links
+    ``token_count`` is computed once when the row is stored (docs/memory.md §5). ``reply_to`` links
     every assistant and tool message to the user message that opened its turn, so concurrent
-    turns of one session (two tabs, FAULTS F-26) stay apart. ``client_message_id`` is the browser's
-    id of a user message and makes a resend idempotent (FAULTS F-27). ``status`` tells how an
+    turns of one session (two tabs, docs/memory.md F-26) stay apart. ``client_message_id`` is the browser's
+    id of a user message and makes a resend idempotent (docs/memory.md F-27). ``status`` tells how an
     assistant reply ended.
     """
 
@@ -68,26 +75,28 @@ class Message(models.Model):
 
     session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="messages")
     role = models.CharField(max_length=16, choices=Role.choices)
-    content = models.TextField(null=True, blank=True)
+    # NULL, not "": an assistant message with tool_calls has content null on the wire.
+    content = models.TextField(null=True, blank=True)  # noqa: DJ001
     tool_calls = models.JSONField(null=True, blank=True)
     tool_call_id = models.CharField(max_length=255, blank=True, default="")
     name = models.CharField(max_length=64, blank=True, default="")
     token_count = models.PositiveIntegerField()
-    client_message_id = models.CharField(max_length=64, null=True, blank=True)
+    # NULL, not "": rows without a browser id (replies, tool results) stay out of the unique constraint.
+    client_message_id = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
     reply_to = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="replies")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.COMPLETE)
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["id"]
-        constraints = [
+        ordering: ClassVar[list[str]] = ["id"]
+        constraints = (
             models.UniqueConstraint(
                 fields=["session", "client_message_id"],
                 condition=Q(client_message_id__isnull=False),
                 name="message_client_id_unique_per_session",
             ),
-        ]
-        indexes = [models.Index(fields=["session", "id"], name="message_session_id_idx")]
+        )
+        indexes = (models.Index(fields=["session", "id"], name="message_session_id_idx"),)
 
     def __str__(self) -> str:
         return f"{self.role} #{self.pk}"
@@ -134,8 +143,11 @@ class TurnLease(models.Model):
     (:mod:`chatapp.conversation.runner`). A turn without a final reply whose heartbeat is older than
     ``CHAT_TURN_LEASE_SECONDS`` was interrupted (a restart, a crashed worker): it no longer counts
     as in flight, and the first request that notices closes it with an error reply
-    (:func:`chatapp.conversation.leases.turns_interrupted_close`). Kept apart from ``Message`` so that
-    message rows stay the unchanged record of the conversation.
+    (:func:`chatapp.conversation.leases.turns_interrupted_close`). The row is deleted with the
+    turn's final reply (:func:`chatapp.chats.services.reply_message_store`), whether the turn
+    finished or was closed as interrupted, so the table holds only turns in flight or
+    interrupted. Kept apart from ``Message`` so that message rows stay the unchanged record of
+    the conversation.
     """
 
     user_message = models.OneToOneField(Message, primary_key=True, on_delete=models.CASCADE, related_name="turn_lease")
@@ -168,7 +180,7 @@ class ModelCall(models.Model):
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["id"]
+        ordering: ClassVar[list[str]] = ["id"]
 
     def __str__(self) -> str:
         return f"model call #{self.pk} (session {self.session_id}, step {self.step})"
@@ -184,7 +196,7 @@ class Document(models.Model):
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:
-        ordering = ["title"]
+        ordering: ClassVar[list[str]] = ["title"]
 
     def __str__(self) -> str:
         return self.title
@@ -198,8 +210,8 @@ class Chunk(models.Model):
     text = models.TextField()
 
     class Meta:
-        ordering = ["document_id", "ord"]
-        constraints = [models.UniqueConstraint(fields=["document", "ord"], name="chunk_unique_ord_per_document")]
+        ordering: ClassVar[list[str]] = ["document_id", "ord"]
+        constraints = (models.UniqueConstraint(fields=["document", "ord"], name="chunk_unique_ord_per_document"),)
 
     def __str__(self) -> str:
         return f"{self.document_id}#{self.ord}"

@@ -175,18 +175,47 @@ TEMPLATES = [
     },
 ]
 
+# Seconds a database connection is kept for reuse by the thread that opened it (0: a new
+# connection for every request and for every ORM call of a socket or a turn, about a dozen per
+# turn). A kept connection is checked before it is reused (CONN_HEALTH_CHECKS), so one broken by
+# a database restart is replaced, never used; channels' and chatapp.orm_threads' wrappers close
+# connections older than this around every call.
+DB_CONN_MAX_AGE = env_int("DB_CONN_MAX_AGE", 60, minimum=0, maximum=3600)
+
 _database_url = env_str("DATABASE_URL")
+# Threads that run the ORM work of sockets and turns in one worker process (chatapp.orm_threads),
+# each with its own connection: a worker holds at most this many connections, plus one for
+# channels' own thread and one per HTTP request being served. SQLite writers take turns anyway,
+# and more threads there only add lock waits (bench/ws_load.py: 2 threads beat 4 by 10% CPU).
+DB_THREADS = env_int("DB_THREADS", 4 if _database_url else 2, minimum=1, maximum=64)
 if _database_url:
     try:
-        DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=0)}
+        DATABASES = {
+            "default": dj_database_url.parse(
+                _database_url,
+                conn_max_age=DB_CONN_MAX_AGE,
+                conn_health_checks=True,
+                # The test runner's database (default: "test_" + the name): runs sharing a server
+                # at the same time need different names.
+                test_options={"NAME": env_str("DATABASE_TEST_NAME")} if env_str("DATABASE_TEST_NAME") else None,
+            )
+        }
     except Exception as exc:  # dj_database_url raises several types for a malformed URL
         raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
 else:
+    # "wal": readers never wait for the writer and a commit costs a fraction of a rollback-journal
+    # commit (no journal file created and deleted, no sync but at checkpoints); the file then has
+    # "-wal" and "-shm" companions that must stay with it (copy or delete all three together).
+    SQLITE_JOURNAL_MODE = env_choice("SQLITE_JOURNAL_MODE", "wal", ("wal", "delete"))
+    _sqlite_init = "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL" if SQLITE_JOURNAL_MODE == "wal" else ""
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": env_str("SQLITE_PATH", str(BASE_DIR / "db.sqlite3")),
-            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": _sqlite_init},
+            # A file connection is thread-bound and cheap to keep; it is never shared.
+            "CONN_MAX_AGE": DB_CONN_MAX_AGE,
+            "CONN_HEALTH_CHECKS": True,
             # A file, not memory: tests with several connections (threads, Daphne) share it.
             "TEST": {"NAME": env_str("SQLITE_TEST_PATH", str(BASE_DIR / ".test-db.sqlite3"))},
         }
@@ -196,16 +225,55 @@ else:
 # of 100 silently lost a streamed reply's events when a socket was briefly busy.
 CHANNEL_CAPACITY = 1000
 _redis_url = env_url("REDIS_URL", schemes=("redis", "rediss", "unix"))
+# Seconds a Redis command may wait for its reply. It must be longer than the 5-second blocking
+# receive channels_redis keeps open on every worker: redis-py 8 defaults to 5 seconds, which
+# cut that receive and closed idle sockets with code 1011 about every 5 s.
+REDIS_SOCKET_TIMEOUT = env_float("REDIS_SOCKET_TIMEOUT", 30.0, minimum=10.0, maximum=3600.0)
+# Redis connections one worker may open at once (concurrent group sends each take one);
+# redis-py 8 caps a pool at 100 and then fails the command.
+REDIS_MAX_CONNECTIONS = env_int("REDIS_MAX_CONNECTIONS", 1000, minimum=10, maximum=100_000)
+# Prefix of the channel layer's Redis keys: deployments (or test runs) sharing one Redis
+# database must use different prefixes.
+CHANNEL_LAYER_PREFIX = env_str("CHANNEL_LAYER_PREFIX", "asgi")
+if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", CHANNEL_LAYER_PREFIX):
+    raise ImproperlyConfigured(
+        f"CHANNEL_LAYER_PREFIX must be 1-64 letters, digits or _ . : -, got {CHANNEL_LAYER_PREFIX!r}"
+    )
+# How the layer uses Redis: "lists" (channels_redis's RedisChannelLayer: a sorted set per channel,
+# messages kept up to a minute for a consumer that is busy) or "pubsub" (its
+# RedisPubSubChannelLayer: Redis publish/subscribe, a message reaches the consumers listening at
+# that moment; a few Redis commands per message instead of about seven).
+REDIS_CHANNEL_LAYER = env_choice("REDIS_CHANNEL_LAYER", "lists", ("lists", "pubsub"))
 if _redis_url:
-    CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [_redis_url], "capacity": CHANNEL_CAPACITY},
-        }
+    _redis_host = {
+        "address": _redis_url,
+        "socket_timeout": REDIS_SOCKET_TIMEOUT,
+        "socket_connect_timeout": 10.0,
+        "socket_keepalive": True,
+        "max_connections": REDIS_MAX_CONNECTIONS,
     }
+    if REDIS_CHANNEL_LAYER == "pubsub":
+        CHANNEL_LAYERS = {
+            "default": {
+                "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+                "CONFIG": {"hosts": [_redis_host], "prefix": CHANNEL_LAYER_PREFIX},
+            }
+        }
+    else:
+        CHANNEL_LAYERS = {
+            "default": {
+                "BACKEND": "channels_redis.core.RedisChannelLayer",
+                "CONFIG": {"hosts": [_redis_host], "capacity": CHANNEL_CAPACITY, "prefix": CHANNEL_LAYER_PREFIX},
+            }
+        }
 else:
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": CHANNEL_CAPACITY}}
+        # Channels' in-memory layer, sweeping for expired messages once a second rather than on
+        # every message (chatapp/realtime/layers.py).
+        "default": {
+            "BACKEND": "chatapp.realtime.layers.SweepingInMemoryChannelLayer",
+            "CONFIG": {"capacity": CHANNEL_CAPACITY},
+        }
     }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -228,7 +296,7 @@ LOGGING = {
     "loggers": {"httpx2": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
 }
 
-# --- LLM endpoints (SPEC.md section 6). An empty base URL selects the built-in offline engine.
+# --- LLM endpoints (docs/memory.md §6). An empty base URL selects the built-in offline engine.
 _HTTP = ("http", "https")
 LLM_CHAT_BASE_URL = env_url("LLM_BASE_URL", schemes=_HTTP)
 LLM_CHAT_API_KEY = env_str("LLM_API_KEY", "offline")
@@ -249,12 +317,12 @@ LLM_FAILOVER_API_KEY = env_str("FAILOVER_API_KEY", LLM_SUMMARY_API_KEY)
 LLM_FAILOVER_MODEL = env_str("FAILOVER_MODEL")
 LLM_FAILOVER_CONTEXT_WINDOW = env_int("FAILOVER_CONTEXT_WINDOW", LLM_SUMMARY_CONTEXT_WINDOW, minimum=256)
 
-# Offline engine switches for demos of degradation (SPEC.md section 6).
+# Offline engine switches for demos of degradation (docs/memory.md §6).
 OFFLINE_DELAY_SECONDS = env_float("OFFLINE_DELAY", 0.0, minimum=0.0, maximum=120.0)
 OFFLINE_FAIL_SUMMARY = env_bool("OFFLINE_FAIL_SUMMARY", False)
 OFFLINE_FAIL_CHAT = env_bool("OFFLINE_FAIL_CHAT", False)
 
-# --- Memory engine (SPEC.md sections 1 and 3).
+# --- Memory engine (docs/memory.md §1 and §3).
 MEMORY_TRIGGER_RATIO = env_float("MEMORY_TRIGGER_RATIO", 0.5, minimum=0.05, maximum=0.95)
 MEMORY_TARGET_RATIO = env_float("MEMORY_TARGET_RATIO", 0.6, minimum=0.1, maximum=0.95)
 MEMORY_PRESERVE_TURNS = env_int("MEMORY_PRESERVE_TURNS", 5, minimum=0, maximum=100)
@@ -276,7 +344,7 @@ SERVE_STATIC = env_bool("SERVE_STATIC", True)
 # A turn proves it is alive by a heartbeat (chatapp.conversation.runner) about every third of this many
 # seconds. A turn without a final reply whose heartbeat is older was interrupted (a restart, a
 # crashed worker): it no longer counts as in flight, so it neither pins memory compression
-# (FAULTS F-26) nor stays "pending", and the next request closes it with an error reply.
+# (docs/memory.md F-26) nor stays "pending", and the next request closes it with an error reply.
 CHAT_TURN_LEASE_SECONDS = env_int("CHAT_TURN_LEASE_SECONDS", 90, minimum=10, maximum=3600)
 # Turns of one session that may be in flight (running or queued) at once; a chat.send beyond
 # them is refused with an error "busy" and stores nothing.

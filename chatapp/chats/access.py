@@ -11,14 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from channels.db import database_sync_to_async
 from django.conf import settings
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import AnonymousUser
 from django.contrib.sessions.backends.base import SessionBase
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest
 
 from chatapp.models import ChatSession
+from chatapp.orm_threads import orm_async
 
 # Session ids are 64-bit database keys.
 SESSION_ID_MAX = 2**63 - 1
@@ -38,12 +40,15 @@ def owner_from(request_or_scope: HttpRequest | dict[str, Any]) -> Owner:
 
     The anonymous session key is only trusted once the session store has loaded it: a cookie
     naming a session that does not exist (expired, forged) yields no key. Touches the database
-    (session load): async callers wrap it with ``database_sync_to_async``.
+    (session load): async callers wrap it with :func:`chatapp.orm_threads.orm_async`.
     """
-    if isinstance(request_or_scope, HttpRequest):
-        user, session = request_or_scope.user, request_or_scope.session
-    else:
+    # A scope may lack "user" and "session" (no middleware); a request always has both.
+    user: AbstractBaseUser | AnonymousUser | None
+    session: SessionBase | None
+    if isinstance(request_or_scope, dict):
         user, session = request_or_scope.get("user"), request_or_scope.get("session")
+    else:
+        user, session = request_or_scope.user, request_or_scope.session
     if user is not None and user.is_authenticated:
         return Owner(user_id=user.pk, session_key=None)
     return Owner(user_id=None, session_key=_loaded_session_key(session))
@@ -89,7 +94,7 @@ def session_get_for_owner(request_or_scope: HttpRequest | dict[str, Any], sessio
     return session
 
 
-asession_get_for_owner = database_sync_to_async(session_get_for_owner)
+asession_get_for_owner = orm_async(session_get_for_owner)
 
 
 def kb_editor_allowed(request: HttpRequest) -> bool:

@@ -48,9 +48,9 @@ def message_list_for_context(*, session_id: int, boundary: int | None, turn_mess
     """The memory engine's increment for the turn opened by user message ``turn_message_id``.
 
     Every message of the session with an id above ``boundary`` (all when None), ascending id,
-    never a page (FAULTS F-15), as wire dicts plus ``id`` and ``token_count`` (only keys that are
+    never a page (docs/memory.md F-15), as wire dicts plus ``id`` and ``token_count`` (only keys that are
     set) -- except the messages of *other* turns stored after this turn's user message. Those
-    belong to a concurrent turn (a second tab, FAULTS F-26); leaving them out keeps this turn's
+    belong to a concurrent turn (a second tab, docs/memory.md F-26); leaving them out keeps this turn's
     user message the current turn. Coverage is unaffected: the engine only summarizes history
     before the current turn, so the boundary never passes ``turn_message_id`` and the left-out
     messages stay in the increment of later requests.

@@ -1,6 +1,6 @@
 """Writes of the chat app: sessions, messages and model-call records (synchronous ORM code).
 
-Async callers wrap these with ``channels.db.database_sync_to_async``. Every function that stores
+Async callers wrap these with :func:`chatapp.orm_threads.orm_async`. Every function that stores
 a message tells the session's sockets about it only after the commit
 (:func:`chatapp.realtime.broadcast.event_broadcast_on_commit`). Turn orchestration lives in
 :mod:`chatapp.conversation.runner`; the memory engine's own tables are written by the ``memory`` app only.
@@ -15,10 +15,10 @@ from django.utils import timezone
 
 from chatapp.chats.access import Owner
 from chatapp.llm.clients import chat_endpoint
-from chatapp.models import ChatSession, Message, ModelCall
+from chatapp.models import ChatSession, Message, ModelCall, TurnLease
 from chatapp.realtime.broadcast import event_broadcast_on_commit, session_sockets_close_on_commit
-from memory.services import session_memory_delete
-from memory.tokens import get_counter
+from chatapp.realtime.protocol import ChatMessageEvent
+from memory.api import get_counter, session_memory_delete
 
 TITLE_MAX_CHARS = 60
 
@@ -65,20 +65,20 @@ def chat_session_delete(*, session: ChatSession) -> None:
     the session's turns and close with code 4404."""
     session_id = session.pk
     with transaction.atomic():
-        session_memory_delete(session_key=str(session_id))
+        session_memory_delete(memory_key=ChatSession.memory_key_for(session_id))
         session.delete()
         session_sockets_close_on_commit(session_id)
 
 
 def message_token_count(wire: dict[str, Any]) -> int:
-    """Tokens ``wire`` costs in a chat-model request (the chat model's encoding; SPEC.md section 5)."""
+    """Tokens ``wire`` costs in a chat-model request (the chat model's encoding; docs/memory.md §5)."""
     return get_counter(chat_endpoint().model).count_message(wire)
 
 
 def reply_message_store(
     *,
     session_id: int,
-    reply_to_id: int,
+    reply_to_id: int | None,
     role: str,
     content: str | None,
     tool_calls: list[dict[str, Any]] | None = None,
@@ -93,6 +93,8 @@ def reply_message_store(
     then be None); ``tool_call_id`` and ``name`` for a tool result. ``token_count`` is computed
     here, once. On commit the sockets get ``chat.message`` with ``step`` (the model call of the
     turn it came from, from 1) so a client can replace the streamed text with the stored row.
+    The final reply (an assistant message without ``tool_calls``) ends the turn: the turn's lease
+    (:class:`chatapp.models.TurnLease`) is deleted in the same transaction.
     """
     if role not in (Message.Role.ASSISTANT, Message.Role.TOOL):
         raise ValueError(f"a reply is an assistant or tool message, not {role!r}")
@@ -116,7 +118,9 @@ def reply_message_store(
             token_count=message_token_count(wire),
         )
         ChatSession.objects.filter(pk=session_id).update(updated=timezone.now())
-        event_broadcast_on_commit(session_id, {"type": "chat.message", "message": message.as_dict(), "step": step})
+        if reply_to_id is not None and message.is_final_reply:
+            TurnLease.objects.filter(user_message_id=reply_to_id).delete()
+        event_broadcast_on_commit(session_id, ChatMessageEvent(message=message.as_dict(), step=step))
     return message
 
 

@@ -1,4 +1,4 @@
-"""Agent mode (SPEC.md section 7): model call -> tool calls -> tool results -> model call ...
+"""Agent mode (docs/memory.md §7): model call -> tool calls -> tool results -> model call ...
 
 The memory engine runs as a before-model middleware (``AgentMemoryMiddleware.before_model``)
 before *every* model call, after the previous step's messages were stored, so the context of each
@@ -14,7 +14,8 @@ from django.conf import settings
 from chatapp.conversation.tools import TOOL_SCHEMAS, tool_call_execute
 from chatapp.conversation.turn import ModelCallFailed, Turn, TurnStopped
 from chatapp.models import Message
-from memory.engine import AgentMemoryMiddleware
+from chatapp.realtime.protocol import AGENT_STEP_LIMIT
+from memory.api import AgentMemoryMiddleware
 
 AGENT_PROMPT = (
     "You are the assistant of Kestrel Sync, a file sync and backup service. Use the kb_search tool "
@@ -35,26 +36,18 @@ async def agent_turn_run(turn: Turn) -> Message:
     model still called tools at the step limit).
     """
     max_steps = settings.AGENT_MAX_STEPS
-    middleware = AgentMemoryMiddleware(
-        turn.engine,
-        session_key=turn.session_key,
-        system_prompt=AGENT_PROMPT,
-        load_increment=turn.load_increment,
-        tools=TOOL_SCHEMAS,
-    )
+    middleware = AgentMemoryMiddleware(turn.engine)
     for step in range(1, max_steps + 1):
-        if turn.stop_requested:
+        if turn.stop_requested():
             return await turn.stopped("", step=step)
         last_step = step == max_steps
         # The estimate must match what is sent: the last step carries no tool schemas.
-        middleware.tools = None if last_step else TOOL_SCHEMAS
-        # Concurrent turns of the session start and end while this one runs.
-        middleware.summarize_below = await turn.summarize_below()
-        ctx = await middleware.before_model()
+        tools = None if last_step else TOOL_SCHEMAS
+        ctx = await middleware.before_model(await turn.context_request(system_prompt=AGENT_PROMPT, tools=tools))
         if ctx.overflow:
             return await turn.overflow(ctx, step=step)
         try:
-            reply = await turn.model_call(ctx, step=step, tools=middleware.tools)
+            reply = await turn.model_call(ctx, step=step, tools=tools)
         except TurnStopped as stopped:
             return await turn.stopped(stopped.partial.text, step=step)
         except ModelCallFailed as failure:
@@ -68,7 +61,7 @@ async def agent_turn_run(turn: Turn) -> Message:
                 status=Message.Status.ERROR,
                 step=step,
                 error=(
-                    "agent_step_limit",
+                    AGENT_STEP_LIMIT,
                     f"The agent reached its limit of {max_steps} model calls without a final answer.",
                 ),
             )
@@ -76,7 +69,7 @@ async def agent_turn_run(turn: Turn) -> Message:
             role=Message.Role.ASSISTANT, content=reply.text or None, tool_calls=reply.tool_calls, step=step
         )
         for call in reply.tool_calls:
-            if turn.stop_requested:
+            if turn.stop_requested():
                 result = STOPPED_TOOL_RESULT
             else:
                 result = await tool_call_execute(

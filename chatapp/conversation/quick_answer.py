@@ -1,4 +1,4 @@
-"""Quick-answer mode (SPEC.md section 7): retrieve, then answer once.
+"""Quick-answer mode (docs/memory.md §7): retrieve, then answer once.
 
 The knowledge base is searched for the question; the best passages that fit a share of the token
 budget go into the system prompt; the memory engine builds the context once (history compressed
@@ -7,13 +7,14 @@ as needed); the model answers once, streamed.
 
 from __future__ import annotations
 
-from channels.db import database_sync_to_async
 from django.conf import settings
 
 from chatapp.chats import selectors
 from chatapp.conversation.turn import ModelCallFailed, Turn, TurnStopped
 from chatapp.kb.search import Passage, kb_search, passages_fit, passages_format
 from chatapp.models import Message
+from chatapp.orm_threads import orm_async
+from chatapp.realtime.protocol import ChatRetrievalEvent
 
 QUICK_ANSWER_PROMPT = (
     "You are the support assistant of Kestrel Sync. Answer the user's question from the knowledge "
@@ -32,19 +33,17 @@ def quick_answer_system_prompt(passages: list[Passage]) -> str:
 async def quick_answer_run(turn: Turn) -> Message:
     """Answer the turn's question in one model call; returns the stored final assistant message
     (status complete, stopped, or error when the model failed or the request overflowed)."""
-    question = await database_sync_to_async(selectors.message_content_get)(message_id=turn.user_message_id)
-    found = await database_sync_to_async(kb_search)(question, settings.QUICK_ANSWER_PASSAGES)
+    question = await orm_async(selectors.message_content_get)(message_id=turn.user_message_id)
+    found = await orm_async(kb_search)(question, settings.QUICK_ANSWER_PASSAGES)
     passages = passages_fit(found, budget_tokens=turn.passages_max_tokens, counter=turn.engine.counter)
     await turn.emit(
-        "chat.retrieval",
-        passages=[{key: value for key, value in p.as_dict().items() if key != "text"} for p in passages],
+        ChatRetrievalEvent(
+            turn_id=turn.user_message_id,
+            passages=[{key: value for key, value in p.as_dict().items() if key != "text"} for p in passages],
+        )
     )
     ctx = await turn.engine.build_context(
-        session_key=turn.session_key,
-        system_prompt=quick_answer_system_prompt(passages),
-        load_increment=turn.load_increment,
-        mode="quick-answer",
-        summarize_below=await turn.summarize_below(),
+        await turn.context_request(system_prompt=quick_answer_system_prompt(passages))
     )
     if ctx.overflow:
         return await turn.overflow(ctx, step=1)

@@ -22,8 +22,8 @@ from chatapp.chats.access import Owner
 from chatapp.conversation import leases
 from chatapp.conversation.turn import memory_engine_build
 from chatapp.llm.clients import chat_endpoint
-from chatapp.models import Message
-from memory.engine import AgentMemoryMiddleware, MemoryContext, MemoryEngine
+from chatapp.models import ChatSession, Message
+from memory.api import AgentMemoryMiddleware, ContextRequest, MemoryContext, MemoryEngine, Mode
 
 Format = Literal["tau-bench", "locomo"]
 REPLAY_OWNER = Owner(user_id=None, session_key="replay")
@@ -138,7 +138,7 @@ def conversation_replay(
 
 
 def _build(
-    engine: MemoryEngine, session_id: int, system_prompt: str, turn_message_id: int | None, mode: str
+    engine: MemoryEngine, session_id: int, system_prompt: str, turn_message_id: int | None, mode: Mode
 ) -> MemoryContext:
     # Before the first user message (a LoCoMo conversation may open with speaker_b) every stored
     # message belongs to no turn: the whole session is the increment.
@@ -149,14 +149,15 @@ def _build(
             session_id=session_id, boundary=boundary, turn_message_id=last_id
         )
 
-    if mode == "agent":
-        middleware = AgentMemoryMiddleware(
-            engine, session_key=str(session_id), system_prompt=system_prompt, load_increment=load_increment
-        )
-        return async_to_sync(middleware.before_model)()
-    return async_to_sync(engine.build_context)(
-        session_key=str(session_id), system_prompt=system_prompt, load_increment=load_increment, mode="quick-answer"
+    request = ContextRequest(
+        memory_key=ChatSession.memory_key_for(session_id),
+        system_prompt=system_prompt,
+        load_increment=load_increment,
+        mode=mode,
     )
+    if mode == "agent":
+        return async_to_sync(AgentMemoryMiddleware(engine).before_model)(request)
+    return async_to_sync(engine.build_context)(request)
 
 
 def _record(name: str, call: int, engine: MemoryEngine, context: MemoryContext, session_id: int) -> dict[str, Any]:
@@ -170,9 +171,9 @@ def _record(name: str, call: int, engine: MemoryEngine, context: MemoryContext, 
         "sources": context.sources,
         "tokens": context.tokens,
         "summary": {
-            "type": context.summary["type"],
-            "last_message_id": context.summary["last_message_id"],
-            "compressed_count": context.summary["compressed_count"],
+            "type": context.summary.summary_type,
+            "last_message_id": context.summary.last_message_id,
+            "compressed_count": context.summary.compressed_count,
         },
         "stored_message_ids": list(
             Message.objects.filter(session_id=session_id).order_by("id").values_list("id", flat=True)

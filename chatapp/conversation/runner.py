@@ -1,16 +1,17 @@
-"""Running chat turns (SPEC.md section 2): :func:`chat_turn_run` is one turn end to end;
+"""Running chat turns (docs/memory.md §2): :func:`chat_turn_run` is one turn end to end;
 :func:`chat_turn_start` runs it in the background of this process. :func:`session_memory_compress`
 is the inspector's "compress now", the same memory engine run outside a turn.
 
 A turn outlives the socket that asked for it: a tab that reconnects mid-reply gets the rest of the
-stream through the session's channel-layer group and the complete stored reply at the end (FAULTS
-F-27). Turns are tracked per process so that ``chat.stop`` can end them. The events a turn sends
-are listed in :mod:`chatapp.conversation.turn`.
+stream through the session's channel-layer group and the complete stored reply at the end (docs/memory.md
+F-27). Turns are tracked per process; ``chat.stop`` reaches them on any worker through the
+channel layer (:func:`chat_turn_stop_everywhere`, :mod:`chatapp.conversation.stopping`). The
+events a turn sends are defined in :mod:`chatapp.realtime.protocol` (docs/protocol.md).
 
 Within one process the started turns of a session run one after another, in the order they
 were sent (a burst of sends must not run dozens of turns at once; the consumer also bounds how
 many may wait, ``CHAT_MAX_PENDING_TURNS``). Turns of one session on different workers (two tabs
-behind a proxy) still run concurrently, which the memory engine allows for (FAULTS F-26).
+behind a proxy) still run concurrently, which the memory engine allows for (docs/memory.md F-26).
 
 A turn proves it is alive, to every worker, through its lease (:class:`chatapp.models.TurnLease`):
 while it waits for its turn and while it runs, a background task renews the heartbeat every
@@ -24,16 +25,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-
-from channels.db import database_sync_to_async
+from typing import cast
 
 from chatapp.chats import selectors
-from chatapp.conversation import leases
+from chatapp.conversation import leases, stopping
 from chatapp.conversation.agent import agent_turn_run
 from chatapp.conversation.leases import turn_lease_kept
 from chatapp.conversation.quick_answer import quick_answer_run
 from chatapp.conversation.turn import Turn
 from chatapp.models import ChatSession, Message
+from chatapp.orm_threads import orm_async
+from chatapp.realtime.protocol import INTERNAL_ERROR, ChatTurnEvent
+from memory.api import Mode
 
 logger = logging.getLogger(__name__)
 
@@ -66,18 +69,23 @@ async def chat_turn_run(*, session_id: int, user_message_id: int) -> Message:
     ``stopped`` (``chat.stop``) or ``error`` (the chat model failed with ``LLMError``, the request
     overflowed the context window, the agent hit its step limit, or a bug raised; the latter is
     logged); what was stored before a failure stays. Concurrent turns of one session (on other
-    workers, or run directly) are independent (FAULTS F-26). The turn's lease is renewed while
+    workers, or run directly) are independent (docs/memory.md F-26). The turn's lease is renewed while
     it runs, and the session's interrupted turns are closed before it starts, so its history has
     no dangling question. Raises only when even the error reply cannot be stored (database
     down) and for cancellation of the calling task.
     """
-    async with turn_lease_kept(user_message_id=user_message_id):
-        await database_sync_to_async(leases.turns_interrupted_close)(session_id=session_id)
-        session = await database_sync_to_async(selectors.chat_session_get)(session_id=session_id)
-        turn = Turn(session_id=session_id, user_message_id=user_message_id, mode=session.mode)
+    async with (
+        turn_lease_kept(user_message_id=user_message_id),
+        stopping.turn_stop_listening(session_id=session_id, on_stop=_stop_here),
+    ):
+        # Never this process's own turns: one started a moment ago may not have its lease stored yet.
+        await orm_async(leases.turns_interrupted_close)(session_id=session_id, exclude=leases.turns_leased_here())
+        session = await orm_async(selectors.chat_session_get)(session_id=session_id)
+        mode = cast(Mode, session.mode)  # a ChatSession.Mode value, checked by the model's choices
+        turn = Turn(session_id=session_id, user_message_id=user_message_id, mode=mode)
         _running[user_message_id] = turn
         try:
-            await turn.emit("chat.turn", status="started", mode=session.mode)
+            await turn.emit(ChatTurnEvent(turn_id=user_message_id, status="started", mode=session.mode))
             if session.mode == ChatSession.Mode.AGENT:
                 return await agent_turn_run(turn)
             return await quick_answer_run(turn)
@@ -87,7 +95,7 @@ async def chat_turn_run(*, session_id: int, user_message_id: int) -> Message:
                 content=INTERNAL_ERROR_TEXT,
                 status=Message.Status.ERROR,
                 step=0,
-                error=("internal_error", INTERNAL_ERROR_TEXT),
+                error=(INTERNAL_ERROR, INTERNAL_ERROR_TEXT),
             )
         finally:
             _running.pop(user_message_id, None)
@@ -129,11 +137,26 @@ def chat_turn_stop(*, session_id: int) -> int:
     return len(turns)
 
 
-async def chat_turns_wait(*, timeout: float) -> None:
-    """Wait until every background turn of this process has ended (tests, graceful shutdown).
-    Raises ``TimeoutError`` when some are still running after ``timeout`` seconds."""
-    if not _tasks:
-        return
-    _, pending = await asyncio.wait(set(_tasks), timeout=timeout)
-    if pending:
-        raise TimeoutError(f"{len(pending)} chat turn(s) still running after {timeout} s")
+def _stop_here(session_id: int) -> None:
+    chat_turn_stop(session_id=session_id)
+
+
+async def chat_turn_stop_everywhere(*, session_id: int) -> int:
+    """Ask every running turn of session ``session_id`` to stop, on whichever worker it runs
+    (:mod:`chatapp.conversation.stopping`): those of this process at once, the others when their
+    worker's listener gets the channel layer's ``turn.stop`` (milliseconds). Returns how many
+    were stopped in this process. Turns still queued behind a running one are not stopped. A
+    channel layer that fails is logged: the local turns are stopped all the same."""
+    stopped = chat_turn_stop(session_id=session_id)
+    try:
+        await stopping.turn_stop_broadcast(session_id=session_id)
+    except Exception:
+        logger.exception("could not send the stop of chat session %s to the other workers", session_id)
+    return stopped
+
+
+async def chat_turns_wait() -> None:
+    """Wait until every background turn of this process has ended (tests, graceful shutdown);
+    bound it with ``asyncio.timeout``."""
+    if _tasks:
+        await asyncio.wait(set(_tasks))

@@ -1,4 +1,4 @@
-"""The agent's tools: ``kb_search`` and a safe ``calculator`` (SPEC.md section 7).
+"""The agent's tools: ``kb_search`` and a safe ``calculator`` (docs/memory.md §7).
 
 :func:`tool_call_execute` runs one OpenAI tool call and always returns the tool result text: a
 failure of any kind (unknown tool, arguments that are not JSON, a calculator error, a search
@@ -15,10 +15,9 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from channels.db import database_sync_to_async
-
 from chatapp.kb.search import kb_search, passages_fit, passages_format
-from memory.tokens import TokenCounter
+from chatapp.orm_threads import orm_async
+from memory.api import TokenCounter
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +165,7 @@ async def tool_call_execute(tool_call: dict[str, Any], *, passages_max_tokens: i
             query = arguments.get("query")
             if not isinstance(query, str) or not query.strip():
                 return 'error: kb_search needs {"query": "<words>"}'
-            found = await database_sync_to_async(kb_search)(query, KB_SEARCH_LIMIT)
+            found = await orm_async(kb_search)(query, KB_SEARCH_LIMIT)
             passages = passages_fit(found, budget_tokens=passages_max_tokens, counter=counter)
             return passages_format(passages) if passages else f"no passages found for {query!r}"
     except CalculatorError as exc:

@@ -1,19 +1,12 @@
 """The machinery both modes share within one turn: reaching the memory engine and the chat model,
 streaming the reply as events, storing reply messages, ending the turn.
 
-Events of a turn (every one carries ``turn_id``, the id of the user message that opened it)::
-
-    chat.turn          {status: "started", mode}
-    chat.retrieval     {passages: [{chunk_id, document_id, title, score}]}    quick-answer only
-    memory.compression {step, event}           one per compression event of a context build
-    memory.context     {step, model_call_id, tokens, context_window, trigger_tokens,
-                        target_tokens, sections, summary, sources, overflow, elisions, repairs}
-    chat.delta         {step, text}            streamed reply text, not stored yet
-    chat.message       {step, message}         a stored assistant or tool message (after commit)
-    error              {code, message}         the turn failed; a status=error reply is stored
-    chat.done          {status: complete|stopped|error, message_id}
-
-``step`` numbers the model calls of a turn from 1. Token figures are tokens.
+A turn tells the session's sockets what happens with the typed events of
+:mod:`chatapp.realtime.protocol` (docs/protocol.md), each carrying ``turn_id`` (the id of the user
+message that opened it): ``chat.turn``, ``chat.retrieval`` (quick-answer), ``memory.compression``
+and ``memory.context`` before each model call, ``chat.delta``, ``chat.message`` (stored replies,
+after commit), ``error`` when it failed, and ``chat.done``. ``step`` numbers the model calls of a
+turn from 1.
 """
 
 from __future__ import annotations
@@ -21,23 +14,42 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from channels.db import database_sync_to_async
 from django.conf import settings
 
 from chatapp.chats import selectors, services
 from chatapp.conversation import leases
 from chatapp.llm.clients import Endpoint, LLMError, chat_endpoint, chat_stream
 from chatapp.llm.summarizer import build_summarizer_chain
-from chatapp.models import Message
+from chatapp.models import ChatSession, Message
+from chatapp.orm_threads import orm_async
 from chatapp.realtime.broadcast import event_broadcast
-from memory.config import MemoryConfig, Mode
-from memory.engine import MemoryContext, MemoryEngine
-from memory.tokens import get_counter
+from chatapp.realtime.protocol import (
+    CONTEXT_OVERFLOW,
+    ChatDeltaEvent,
+    ChatDoneEvent,
+    ErrorEvent,
+    MemoryCompressionEvent,
+    MemoryContextEvent,
+    ServerEvent,
+    llm_error_code,
+)
+from memory.api import (
+    ContextRequest,
+    MemoryBudget,
+    MemoryContext,
+    MemoryEngine,
+    Mode,
+    OrmSummaryStore,
+    SummaryRole,
+    get_counter,
+)
 
-# Streamed text is sent at most this often (seconds), in pieces, to keep channel traffic bounded.
-DELTA_FLUSH_SECONDS = 0.05
+# Streamed text is sent at most this often (seconds), in pieces, to keep channel traffic bounded:
+# each chat.delta costs every socket of the session a channel-layer message and a frame, and on a
+# busy worker the model's chunks arrive further apart than a shorter interval (bench/ws_load.py).
+DELTA_FLUSH_SECONDS = 0.1
 # Knowledge-base passages may take this share of the engine's target, so history keeps room.
 PASSAGES_TARGET_SHARE = 1 / 3
 
@@ -81,17 +93,18 @@ class ModelCallFailed(Exception):
 def memory_engine_build(endpoint: Endpoint) -> MemoryEngine:
     """The memory engine for the chat model at ``endpoint``, its budget from settings."""
     return MemoryEngine(
-        config=MemoryConfig(
+        budget=MemoryBudget(
             context_window=endpoint.context_window,
             trigger_ratio=settings.MEMORY_TRIGGER_RATIO,
             target_ratio=settings.MEMORY_TARGET_RATIO,
             summary_max_tokens=settings.MEMORY_SUMMARY_MAX_TOKENS,
-            summary_role=settings.MEMORY_SUMMARY_ROLE,
+            summary_role=cast(SummaryRole, settings.MEMORY_SUMMARY_ROLE),  # validated by settings
             preserve_turns=settings.MEMORY_PRESERVE_TURNS,
             summarizer_context_window=settings.LLM_SUMMARY_CONTEXT_WINDOW,
         ),
         chain=build_summarizer_chain(),
         counter=get_counter(endpoint.model),
+        store=OrmSummaryStore(),
     )
 
 
@@ -105,45 +118,58 @@ class Turn:
         self.mode = mode
         self.endpoint = chat_endpoint()
         self.engine = memory_engine_build(self.endpoint)
-        self.stop_requested = False
+        self._stop = asyncio.Event()
         self._stream_task: asyncio.Task[None] | None = None
 
-    @property
-    def session_key(self) -> str:
-        """The memory engine's key of this session."""
-        return str(self.session_id)
+    async def context_request(self, *, system_prompt: str, tools: list[dict[str, Any]] | None = None) -> ContextRequest:
+        """The memory engine's request for this turn's next model call: this session's history
+        up to this turn (:meth:`load_increment`), and the turns in flight as they are now
+        (:meth:`summarize_below`), so call it again before every model call."""
+        return ContextRequest(
+            memory_key=ChatSession.memory_key_for(self.session_id),
+            system_prompt=system_prompt,
+            load_increment=self.load_increment,
+            mode=self.mode,
+            tools=tools,
+            summarize_below=await self.summarize_below(),
+        )
 
     @property
     def passages_max_tokens(self) -> int:
         """Tokens the knowledge-base passages of one prompt or tool result may take."""
-        return int(self.engine.config.target_tokens * PASSAGES_TARGET_SHARE)
+        return int(self.engine.budget.target_tokens * PASSAGES_TARGET_SHARE)
+
+    def stop_requested(self) -> bool:
+        """Whether the user asked this turn to stop (a method, not a flag: another task sets it
+        while this one awaits)."""
+        return self._stop.is_set()
 
     def stop(self) -> None:
         """Ask the turn to stop: a reply being streamed ends at once, no further step runs."""
-        self.stop_requested = True
+        self._stop.set()
         if self._stream_task is not None:
             self._stream_task.cancel()
 
     async def load_increment(self, boundary: int | None) -> list[dict[str, Any]]:
         """The memory engine's loader (see :func:`chatapp.chats.selectors.message_list_for_context`)."""
-        return await database_sync_to_async(selectors.message_list_for_context)(
+        return await orm_async(selectors.message_list_for_context)(
             session_id=self.session_id, boundary=boundary, turn_message_id=self.user_message_id
         )
 
     async def summarize_below(self) -> int | None:
         """The memory engine's ``summarize_below`` for the next context: the first user message
         of the session's turns in flight (this one included), so that no concurrent turn's
-        question is summarized while it runs (FAULTS F-26). Interrupted turns (their lease
+        question is summarized while it runs (docs/memory.md F-26). Interrupted turns (their lease
         expired) pin nothing."""
-        return await database_sync_to_async(leases.turn_in_flight_first_id)(session_id=self.session_id)
+        return await orm_async(leases.turn_in_flight_first_id)(session_id=self.session_id)
 
-    async def emit(self, event_type: str, **payload: Any) -> None:
-        """Broadcast an event of this turn to every socket of the session, now."""
-        await event_broadcast(self.session_id, {"type": event_type, "turn_id": self.user_message_id, **payload})
+    async def emit(self, event: ServerEvent) -> None:
+        """Broadcast a server event of this turn to every socket of the session, now."""
+        await event_broadcast(self.session_id, event)
 
     async def store(self, **fields: Any) -> Message:
         """Store a reply message of this turn (see :func:`chatapp.chats.services.reply_message_store`)."""
-        return await database_sync_to_async(services.reply_message_store)(
+        return await orm_async(services.reply_message_store)(
             session_id=self.session_id, reply_to_id=self.user_message_id, **fields
         )
 
@@ -155,9 +181,9 @@ class Turn:
         the user stopped the turn and :class:`ModelCallFailed` when the model failed; either
         carries the partial reply. Stores no message: the caller does.
         """
-        if self.stop_requested:  # asked while the context was being built: do not call the model
+        if self.stop_requested():  # asked while the context was being built: do not call the model
             raise TurnStopped(ModelReply())
-        record = await database_sync_to_async(services.model_call_record)(
+        record = await orm_async(services.model_call_record)(
             session_id=self.session_id,
             reply_to_id=self.user_message_id,
             mode=self.mode,
@@ -169,32 +195,50 @@ class Turn:
         await self.context_emit(ctx, step=step, model_call_id=record.pk)
         reply = ModelReply()
         self._stream_task = asyncio.ensure_future(self._stream(ctx.messages, tools, step, reply))
+        if self.stop_requested():  # asked while the call was recorded and announced
+            self._stream_task.cancel()
         try:
             await self._stream_task
         except asyncio.CancelledError:
             current = asyncio.current_task()
-            if self.stop_requested and not (current is not None and current.cancelling()):
+            if self.stop_requested() and not (current is not None and current.cancelling()):
                 raise TurnStopped(reply) from None
             raise
         except LLMError as exc:
             raise ModelCallFailed(exc, reply) from exc
         finally:
             self._stream_task = None
-            await database_sync_to_async(services.model_call_usage_save)(
+            await orm_async(services.model_call_usage_save)(
                 model_call_id=record.pk,
                 prompt_tokens=reply.prompt_tokens,
                 completion_tokens=reply.completion_tokens,
-                finish_reason=reply.finish_reason or ("stopped" if self.stop_requested else ""),
+                finish_reason=reply.finish_reason or ("stopped" if self.stop_requested() else ""),
             )
         return reply
 
     async def context_emit(self, ctx: MemoryContext, *, step: int, model_call_id: int | None) -> None:
         """Emit ``memory.compression`` for each compression event of ``ctx``, then ``memory.context``
         (everything the engine reports except the message texts, which stay on the ModelCall)."""
+        turn_id = self.user_message_id
         for event in ctx.events:
-            await self.emit("memory.compression", step=step, event=event)
-        context = {key: value for key, value in ctx.as_dict().items() if key not in ("messages", "events")}
-        await self.emit("memory.context", step=step, model_call_id=model_call_id, **context)
+            await self.emit(MemoryCompressionEvent(turn_id=turn_id, step=step, event=event))
+        await self.emit(
+            MemoryContextEvent(
+                turn_id=turn_id,
+                step=step,
+                model_call_id=model_call_id,
+                sources=ctx.sources,
+                tokens=ctx.tokens,
+                sections=ctx.sections,
+                context_window=ctx.context_window,
+                trigger_tokens=ctx.trigger_tokens,
+                target_tokens=ctx.target_tokens,
+                summary=ctx.summary.as_dict(),
+                elisions=ctx.elisions,
+                repairs=ctx.repairs,
+                overflow=ctx.overflow,
+            )
+        )
 
     async def _stream(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, step: int, reply: ModelReply
@@ -207,7 +251,7 @@ class Turn:
                 reply.text += event["text"]
                 pending.append(event["text"])
                 if loop.time() - last_flush >= DELTA_FLUSH_SECONDS:
-                    await self.emit("chat.delta", step=step, text="".join(pending))
+                    await self.emit(ChatDeltaEvent(turn_id=self.user_message_id, step=step, text="".join(pending)))
                     pending.clear()
                     last_flush = loop.time()
             elif event["type"] == "tool_calls":
@@ -217,15 +261,16 @@ class Turn:
             elif event["type"] == "finish":
                 reply.finish_reason = event["finish_reason"] or ""
         if pending:
-            await self.emit("chat.delta", step=step, text="".join(pending))
+            await self.emit(ChatDeltaEvent(turn_id=self.user_message_id, step=step, text="".join(pending)))
 
     async def finish(self, *, content: str, status: str, step: int, error: tuple[str, str] | None = None) -> Message:
         """End the turn: store its final assistant message (``status`` complete/stopped/error),
-        emit ``error`` (``error`` is ``(code, message)``) when it failed, then ``chat.done``."""
+        emit ``error`` (``error`` is ``(code, message)``, a code of
+        :data:`chatapp.realtime.protocol.ERROR_CODES`) when it failed, then ``chat.done``."""
         message = await self.store(role=Message.Role.ASSISTANT, content=content, status=status, step=step)
         if error is not None:
-            await self.emit("error", code=error[0], message=error[1])
-        await self.emit("chat.done", status=status, message_id=message.pk)
+            await self.emit(ErrorEvent(turn_id=self.user_message_id, code=error[0], message=error[1]))
+        await self.emit(ChatDoneEvent(turn_id=self.user_message_id, status=status, message_id=message.pk))
         return message
 
     async def stopped(self, partial_text: str, *, step: int) -> Message:
@@ -240,7 +285,7 @@ class Turn:
             content=failure.reply_text,
             status=Message.Status.ERROR,
             step=step,
-            error=(f"llm_{failure.error.kind}", failure.error.message),
+            error=(llm_error_code(failure.error.kind), failure.error.message),
         )
 
     async def overflow(self, ctx: MemoryContext, *, step: int) -> Message:
@@ -252,4 +297,4 @@ class Turn:
             f"{ctx.context_window} tokens even after compression), so it was not sent. "
             "Please send a shorter message or start a new chat."
         )
-        return await self.finish(content=text, status=Message.Status.ERROR, step=step, error=("context_overflow", text))
+        return await self.finish(content=text, status=Message.Status.ERROR, step=step, error=(CONTEXT_OVERFLOW, text))

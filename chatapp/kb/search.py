@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from django.db import connection
 
-from memory.tokens import TokenCounter
+from memory.api import TokenCounter
 
 # Words of a query kept for the search; the rest of a very long question adds nothing.
 QUERY_MAX_TOKENS = 32
@@ -27,7 +27,52 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Function words that match nearly every passage; dropping them keeps OR-queries selective.
 _STOPWORDS = frozenset(
-    ["a", "an", "and", "are", "as", "at", "be", "by", "can", "do", "does", "for", "from", "how", "i", "in", "is", "it", "me", "my", "of", "on", "or", "our", "please", "tell", "that", "the", "their", "there", "this", "to", "was", "we", "what", "when", "where", "which", "who", "why", "will", "with", "you", "your"]
+    [
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "by",
+        "can",
+        "do",
+        "does",
+        "for",
+        "from",
+        "how",
+        "i",
+        "in",
+        "is",
+        "it",
+        "me",
+        "my",
+        "of",
+        "on",
+        "or",
+        "our",
+        "please",
+        "tell",
+        "that",
+        "the",
+        "their",
+        "there",
+        "this",
+        "to",
+        "was",
+        "we",
+        "what",
+        "when",
+        "where",
+        "which",
+        "who",
+        "why",
+        "will",
+        "with",
+        "you",
+        "your",
+    ]
 )
 
 
@@ -89,7 +134,7 @@ def kb_search(query: str, limit: int = 4) -> list[Passage]:
             "JOIN chatapp_document d ON d.id = c.document_id "
             "WHERE chatapp_chunk_fts MATCH %s ORDER BY bm25(chatapp_chunk_fts), c.id LIMIT %s"
         )
-        params: list[object] = [fts5_query(words), limit]
+        params: list[str | int] = [fts5_query(words), limit]
     elif connection.vendor == "postgresql":
         # plainto_tsquery parses a word like to_tsvector parses the text and has no syntax to get
         # wrong; "||" ORs the words together.

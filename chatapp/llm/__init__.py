@@ -1,4 +1,4 @@
-"""LLM access for the chat app (SPEC.md section 6).
+"""LLM access for the chat app (docs/memory.md §6).
 
 - :mod:`chatapp.llm.clients`: endpoints from settings, cached ``AsyncOpenAI`` clients,
   :func:`~chatapp.llm.clients.chat_stream` and the one error class :class:`~chatapp.llm.clients.LLMError`.

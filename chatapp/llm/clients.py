@@ -1,10 +1,10 @@
-"""OpenAI-compatible endpoints, their clients, and the streaming chat call (SPEC.md section 6).
+"""OpenAI-compatible endpoints, their clients, and the streaming chat call (docs/memory.md §6).
 
 Every model call of the app goes through ``openai.AsyncOpenAI``. An endpoint with an empty base URL
 is the built-in offline engine: its client gets an ``httpx2`` transport that answers in process
 (:class:`chatapp.llm.offline.transport.OfflineTransport`), so the same SDK code path runs with or without a
 server. Clients never retry on their own (``max_retries=0``): the memory degradation chain counts
-its attempts itself (SPEC.md section 4), and a chat turn reports a failure instead of stalling.
+its attempts itself (docs/memory.md §4), and a chat turn reports a failure instead of stalling.
 
 Every failure of an endpoint reaches callers as one exception class, :class:`LLMError`.
 """
@@ -18,15 +18,14 @@ import uuid
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict, cast
+from typing import Any, Literal, TypedDict
 
 import httpx2
 import openai
 from django.conf import settings
-from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam, ChatCompletionToolUnionParam
 
 from chatapp.llm.offline.transport import OFFLINE_BASE_URL, OfflineTransport
-from memory.core import to_wire
+from memory.api import to_wire
 
 LLMErrorKind = Literal["connection", "timeout", "rate_limit", "server", "status", "malformed", "empty"]
 
@@ -210,8 +209,8 @@ class ToolCallsEvent(TypedDict):
 
 class UsageEvent(TypedDict):
     type: Literal["usage"]
-    prompt_tokens: int
-    completion_tokens: int
+    prompt_tokens: int | None  # None: the server sent usage without this figure
+    completion_tokens: int | None
 
 
 class FinishEvent(TypedDict):
@@ -252,15 +251,23 @@ async def chat_stream(
     """
     endpoint = endpoint or chat_endpoint()
     client = get_client(endpoint)
+    body: dict[str, Any] = {
+        "model": endpoint.model,
+        "messages": wire_messages(messages),
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": settings.LLM_CHAT_MAX_OUTPUT_TOKENS,
+    }
+    if tools:  # some OpenAI-compatible servers reject an empty "tools" list: leave the key out
+        body["tools"] = tools
     with translated_errors(endpoint):
-        stream = await client.chat.completions.create(
-            model=endpoint.model,
-            messages=cast("list[ChatCompletionMessageParam]", wire_messages(messages)),
-            # Some OpenAI-compatible servers reject an empty "tools" list: leave the key out.
-            tools=cast("list[ChatCompletionToolUnionParam]", tools) if tools else openai.omit,
-            stream=True,
-            stream_options={"include_usage": True},
-            max_tokens=settings.LLM_CHAT_MAX_OUTPUT_TOKENS,
+        # The SDK's generic request method (its way to custom requests), not
+        # ``chat.completions.create``: the same client, headers, timeouts, SSE parsing and error
+        # classes, without re-walking the whole request through its type transforms and without
+        # building a model object per streamed chunk (together a fifth of a busy worker's CPU,
+        # bench/ws_load.py). Chunks arrive as the JSON objects the server sent.
+        stream = await client.post(
+            "/chat/completions", cast_to=object, body=body, stream=True, stream_cls=openai.AsyncStream[object]
         )
     assembler = _ToolCallAssembler()
     usage: UsageEvent | None = None
@@ -268,20 +275,27 @@ async def chat_stream(
     has_text = False
     async with stream:
         while (chunk := await _next_chunk(stream, endpoint)) is not None:
-            if chunk.usage is not None:
-                usage = {
-                    "type": "usage",
-                    "prompt_tokens": chunk.usage.prompt_tokens,
-                    "completion_tokens": chunk.usage.completion_tokens,
-                }
-            for choice in getattr(chunk, "choices", None) or ():
-                if choice.index != 0:
+            if not isinstance(chunk, dict):
+                continue
+            reported = chunk.get("usage")
+            if isinstance(reported, dict):
+                usage = UsageEvent(
+                    type="usage",
+                    prompt_tokens=_token_figure(reported.get("prompt_tokens")),
+                    completion_tokens=_token_figure(reported.get("completion_tokens")),
+                )
+            for choice in chunk.get("choices") or ():
+                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                     continue
-                finish_reason = choice.finish_reason or finish_reason
-                assembler.add(choice.delta.tool_calls or ())
-                if choice.delta.content:
+                finish_reason = choice.get("finish_reason") or finish_reason
+                delta = choice.get("delta")
+                if not isinstance(delta, dict):
+                    delta = {}
+                assembler.add(delta.get("tool_calls") or ())
+                content = delta.get("content")
+                if content and isinstance(content, str):
                     has_text = True
-                    yield {"type": "delta", "text": choice.delta.content}
+                    yield {"type": "delta", "text": content}
     tool_calls = assembler.tool_calls()
     if not has_text and not tool_calls:
         raise LLMError(f"{endpoint.label} returned an empty reply from model {endpoint.model}.", "empty")
@@ -292,9 +306,12 @@ async def chat_stream(
     yield {"type": "finish", "finish_reason": finish_reason}
 
 
-async def _next_chunk(
-    stream: openai.AsyncStream[ChatCompletionChunk], endpoint: Endpoint
-) -> ChatCompletionChunk | None:
+def _token_figure(value: object) -> int | None:
+    """A token count from a server's ``usage`` object: a whole number, else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+async def _next_chunk(stream: openai.AsyncStream[object], endpoint: Endpoint) -> object | None:
     """The next chunk, or None at the end. Errors are translated here rather than around the
     whole loop so that an exception thrown into the consumer's ``yield`` is never relabelled."""
     with translated_errors(endpoint):
@@ -311,18 +328,21 @@ class _ToolCallAssembler:
         self._calls: dict[int, dict[str, str]] = {}
 
     def add(self, deltas: Any) -> None:
-        for delta in deltas:
-            call = self._calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
-            call["id"] = call["id"] or (delta.id or "")
-            function = delta.function
-            if function is not None:
+        """Add the ``tool_calls`` deltas of one chunk (JSON objects; anything else is skipped)."""
+        for delta in deltas if isinstance(deltas, list | tuple) else ():
+            if not isinstance(delta, dict):
+                continue
+            call = self._calls.setdefault(delta.get("index") or 0, {"id": "", "name": "", "arguments": ""})
+            call["id"] = call["id"] or str(delta.get("id") or "")
+            function = delta.get("function")
+            if isinstance(function, dict):
                 # The name arrives whole in one delta; some servers repeat it in later deltas.
-                call["name"] = call["name"] or (function.name or "")
-                call["arguments"] += function.arguments or ""
+                call["name"] = call["name"] or str(function.get("name") or "")
+                call["arguments"] += str(function.get("arguments") or "")
 
     def tool_calls(self) -> list[dict[str, Any]]:
         """OpenAI-format calls in index order. A server that sends no call id gets a unique one,
-        because results are paired with their call by id across the whole history (FAULTS F-05)."""
+        because results are paired with their call by id across the whole history (docs/memory.md F-05)."""
         return [
             {
                 "id": call["id"] or f"call_{uuid.uuid4().hex[:24]}",

@@ -1,4 +1,4 @@
-"""The memory engine's summarizers over OpenAI-compatible endpoints (SPEC.md sections 3 and 4).
+"""The memory engine's summarizers over OpenAI-compatible endpoints (docs/memory.md §3 and §4).
 
 :class:`OpenAISummarizer` implements :class:`memory.summarizer.Summarizer`; the degradation chain
 (retries, failover, then raw archive) lives in :class:`memory.summarizer.SummarizerChain` and is
@@ -14,14 +14,14 @@ from django.conf import settings
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 
 from chatapp.llm.clients import Endpoint, LLMError, failover_endpoint, get_client, summary_endpoint, translated_errors
-from memory.summarizer import SummarizerChain, SummaryRequest
+from memory.api import SummarizerChain, SummaryRequest
 
 
 @dataclass(kw_only=True)
 class OpenAISummarizer:
     """Summaries from one endpoint's model: one non-streaming call per :meth:`summarize`.
 
-    ``temperature``: sampling temperature of the summarizer (SPEC default 0.3), separate from the
+    ``temperature``: sampling temperature of the summarizer (default 0.3, docs/memory.md §3), separate from the
     chat model's. ``model`` (the endpoint's model) names it in the chain's attempt records.
     """
 

@@ -1,54 +1,37 @@
-"""The chat WebSocket, ``/ws/chat/<session id>/``: one socket per open chat session.
+"""The chat WebSockets, one socket per open chat session and tab (routes in :mod:`chatapp.routing`):
 
-Thin: it authorizes the socket, validates each client event (:mod:`chatapp.realtime.protocol`) and calls a
-service; the turn itself runs in the background (:mod:`chatapp.conversation.runner`) and reaches every socket
-of the session through the channel-layer group.
+* :class:`ChatJsonConsumer` at ``/ws/chat/<session id>/``: the JSON protocol;
+* :class:`ChatPageConsumer` at ``/ws/chat/<session id>/page/``: the chat page's socket, which
+  gets every server event as server-rendered HTML fragments for htmx's WebSocket extension
+  (:mod:`chatapp.ui.page_feed`) and a snapshot of the page on connect and on ``chat.sync``.
 
-Server events sent only to this socket::
+Every event, its fields and the error and close codes are defined in
+:mod:`chatapp.realtime.protocol` (reference: docs/protocol.md). Both consumers are thin and share
+:class:`ChatSocket`: it authorizes the socket (4404 otherwise), joins the session's channel-layer
+group, validates each client event and calls a service; the turn itself runs in the background
+(:mod:`chatapp.conversation.runner`) and reaches every socket of the session through the group.
+The two differ only in how a server event reaches the socket (:meth:`ChatSocket.deliver`,
+:meth:`ChatSocket.relay`) and in what answers ``chat.sync`` (:meth:`ChatSocket.sync_answer`).
 
-    chat.ack      {client_message_id, message_id, duplicate, pending}   after chat.send stored (or found) it
-    chat.history  {messages: [message...], more, pending: [user message id...]}   answer to chat.sync
-    error         {code, message, client_message_id?}                  an invalid client event, or
-                  code "busy": a chat.send refused, nothing stored, while the session has
-                  CHAT_MAX_PENDING_TURNS turns in flight
-
-``pending`` lists the turns in flight (their lease is fresh, see :mod:`chatapp.conversation.runner`). A turn
-interrupted by a restart is closed with an error reply when a socket connects, syncs, sends or
-stops after its lease expired, so its transcript ends and it is never pending forever; while a
-socket is open on a session with turns in flight that this process does not run, it also checks
-when the first of their leases runs out (see ``_lease_watch``), so an open tab learns of it unasked.
-
-Events of the session group: ``chat.message`` for every stored message (user messages carry
-their ``client_message_id``) and the turn events listed in :mod:`chatapp.conversation.turn`. A resend of a
-known ``client_message_id`` stores nothing: this socket gets the ack (``duplicate: true``), the
-stored user message and the stored replies (with ``chat.done`` when the turn has ended); a turn
-still running finishes and reaches this socket through the group. Sockets for sessions that are
-not the caller's (or do not exist) are closed with code 4404, and so are the sockets of a
-session when it is deleted. Any other WebSocket path (:class:`NotFoundConsumer`) is closed with
-4404 too.
-
-Events outside turns: ``memory.compression`` and ``memory.summary {summary}`` (both with
-``turn_id`` None and ``step`` 0) after the inspector's "compress now".
-
-The chat page opens its socket as ``/ws/chat/<id>/?ui=html`` and then gets no JSON at all: every
-event above arrives as server-rendered HTML fragments for htmx's WebSocket extension (see
-:mod:`chatapp.ui.page_feed`), a snapshot of the page's state on connect and on ``chat.sync``. Client
-events are the same JSON in both forms (extra keys, such as the ``HEADERS`` htmx adds, are
-ignored).
+Turns interrupted by a restart (their worker died, so their lease is no longer renewed) are
+closed with an error reply (``leases.turns_interrupted_close``) so that their transcript ends and
+they are never pending forever. The sweep runs on connect, once, before the socket joins the
+group, and afterwards in the lease watch only (:meth:`ChatSocket.leases_check`): while the session
+has turns in flight that this process does not run, the watch wakes when the first of their
+leases runs out, so an open tab learns of it unasked. ``chat.sync``, ``chat.stop`` and a resend of
+a message without a final reply look at once (one query when no lease ran out), so that their
+answer already reflects a turn that died. A new ``chat.send`` does not sweep: the runner closes
+the session's interrupted turns before the turn starts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
-from urllib.parse import parse_qs
 
-from channels.db import database_sync_to_async
-from channels.generic.websocket import (
-    AsyncJsonWebsocketConsumer,
-    AsyncWebsocketConsumer,
-)
+from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 from django.conf import settings
 from django.http import Http404
 from django.utils import timezone
@@ -56,52 +39,78 @@ from django.utils import timezone
 from chatapp.chats import selectors
 from chatapp.chats.access import asession_get_for_owner
 from chatapp.conversation import leases
-from chatapp.conversation.runner import chat_turn_start, chat_turn_stop
+from chatapp.conversation.runner import chat_turn_start, chat_turn_stop, chat_turn_stop_everywhere
 from chatapp.models import ChatSession, Message
+from chatapp.orm_threads import orm_async
 from chatapp.realtime.broadcast import session_group_name
 from chatapp.realtime.protocol import (
+    BUSY,
+    CLOSE_NOT_FOUND,
+    ChatAckEvent,
+    ChatDoneEvent,
+    ChatHistoryEvent,
+    ChatMessageEvent,
     ChatSend,
-    ChatStop,
     ChatSync,
+    ChatTurnEvent,
+    ErrorEvent,
     ProtocolError,
+    ServerEvent,
     client_event_parse,
     frame_decode,
+    server_event_parse,
 )
 from chatapp.ui.page_feed import PageFeed
 
-CLOSE_NOT_FOUND = 4404
-# ``?ui=html``: the chat page's socket, which gets server-rendered HTML instead of JSON.
-UI_PARAMETER = "ui"
-UI_HTML = "html"
-# How long after a lease runs out the socket's watch closes the turn if it is still pending.
+logger = logging.getLogger(__name__)
+
+# How long after a lease runs out the watch looks again when the turn was not closed (its lease
+# was renewed meanwhile, or the clock's resolution made it look alive a moment longer).
 LEASE_WATCH_MARGIN_SECONDS = 1.0
 
 
-class ChatConsumer(AsyncJsonWebsocketConsumer):
-    """One browser tab's socket on one chat session."""
+class ChatSocket(AsyncJsonWebsocketConsumer):
+    """What both chat sockets share: one browser tab's (or API client's) socket on one chat
+    session. Subclasses say how a server event is sent (:meth:`deliver` for one built here,
+    :meth:`relay` for one from the session's group) and what answers ``chat.sync``."""
 
     chat_session: ChatSession | None = None
-    feed: PageFeed | None = None
     lease_watch: asyncio.Task[None] | None = None
+
+    # --- what the two sockets do differently -----------------------------------------------
+
+    async def deliver(self, event: ServerEvent) -> None:
+        """Send ``event`` (built by this consumer) to this socket."""
+        raise NotImplementedError
+
+    async def relay(self, payload: dict[str, Any]) -> None:
+        """Send a session event from the channel-layer group (``ServerEvent.as_payload()``)."""
+        raise NotImplementedError
+
+    async def sync_answer(self, session: ChatSession, event: ChatSync) -> None:
+        """Answer ``chat.sync`` (the session's interrupted turns are closed already)."""
+        raise NotImplementedError
+
+    async def opened(self, session: ChatSession) -> None:
+        """Called once the socket is accepted and in the session's group."""
+
+    # --- the socket's life -------------------------------------------------------------------
 
     async def connect(self) -> None:
         try:
-            self.chat_session = await asession_get_for_owner(
-                self.scope, self.scope["url_route"]["kwargs"]["session_id"]
-            )
+            session = await asession_get_for_owner(self.scope, self.scope["url_route"]["kwargs"]["session_id"])
         except Http404:
             # Accept first so the browser sees 4404 (a refused handshake only shows as 1006).
             await self.accept()
             await self.close(code=CLOSE_NOT_FOUND)
             return
-        await database_sync_to_async(leases.turns_interrupted_close)(session_id=self.chat_session.pk)
-        query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
-        if query.get(UI_PARAMETER) == [UI_HTML]:
-            self.feed = PageFeed(session_id=self.chat_session.pk)
-        await self.channel_layer.group_add(session_group_name(self.chat_session.pk), self.channel_name)
+        self.chat_session = session
+        # Before joining the group, so what this closes is not also sent here as events: the
+        # page's snapshot shows it, and a JSON client reads it with chat.sync.
+        await orm_async(leases.turns_interrupted_close)(session_id=session.pk)
+        await self.channel_layer.group_add(session_group_name(session.pk), self.channel_name)
         await self.accept()
-        if self.feed is not None:
-            await self.send_snapshot()
+        await self.opened(session)
         self.lease_watch_ensure()
 
     async def disconnect(self, code: int) -> None:
@@ -123,74 +132,109 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         elif isinstance(event, ChatSync):
             await self.chat_sync(session, event)
         else:
-            await self.chat_stop(session, event)
+            await self.chat_stop(session)
+
+    # --- client events -------------------------------------------------------------------------
 
     async def chat_send(self, session: ChatSession, event: ChatSend) -> None:
-        """Store the user message once and start its turn; a resend replays what is stored (an
-        interrupted turn is closed first, so its resend gets the error reply and ``chat.done``).
+        """Store the user message once and start its turn; a resend replays what is stored (a
+        turn that died is closed first, so its resend gets the error reply and ``chat.done``).
         A new message is refused (``busy``) while the session has its maximum of turns in flight."""
-        await database_sync_to_async(leases.turns_interrupted_close)(session_id=session.pk)
         try:
-            message, created = await database_sync_to_async(leases.user_message_submit)(
+            message, created = await orm_async(leases.user_message_submit)(
                 session=session,
                 client_message_id=event.client_message_id,
                 text=event.text,
                 max_pending=settings.CHAT_MAX_PENDING_TURNS,
             )
         except leases.TurnLimitReached as exc:
-            await self.deliver(
-                {"type": "error", "code": "busy", "message": str(exc), "client_message_id": event.client_message_id}
-            )
+            await self.deliver(ErrorEvent(code=BUSY, message=str(exc), client_message_id=event.client_message_id))
             return
         if created:
-            await self._ack(message, duplicate=False, pending=True)
+            await self._ack(event, message, duplicate=False, pending=True)
             chat_turn_start(session_id=session.pk, user_message_id=message.pk)
             return
-        replies = await database_sync_to_async(selectors.turn_replies_get)(user_message=message)
+        replies = await orm_async(selectors.turn_replies_get)(user_message=message)
+        if not any(reply.is_final_reply for reply in replies):
+            await self.leases_check(session.pk)  # its turn may have died: then it is closed now
+            replies = await orm_async(selectors.turn_replies_get)(user_message=message)
         final = next((reply for reply in replies if reply.is_final_reply), None)
-        await self._ack(message, duplicate=True, pending=final is None)
+        await self._ack(event, message, duplicate=True, pending=final is None)
         for stored in [message, *replies]:
-            await self.deliver({"type": "chat.message", "message": stored.as_dict()})
+            await self.deliver(ChatMessageEvent(message=stored.as_dict()))
         if final is not None:
-            await self.deliver(
-                {"type": "chat.done", "turn_id": message.pk, "status": final.status, "message_id": final.pk}
-            )
+            await self.deliver(ChatDoneEvent(turn_id=message.pk, status=final.status, message_id=final.pk))
 
     async def chat_sync(self, session: ChatSession, event: ChatSync) -> None:
-        """Send every stored message after ``after_message_id`` and the turns still pending (the
-        chat page's socket gets a snapshot of the page instead). Interrupted turns are closed
-        first, so their error replies are among the messages and they are not pending."""
-        await database_sync_to_async(leases.turns_interrupted_close)(session_id=session.pk)
-        if self.feed is not None:
-            await self.send_snapshot()
-            return
-        messages, more = await database_sync_to_async(selectors.message_list_after)(
-            session_id=session.pk, after_id=event.after_message_id
-        )
-        pending = await database_sync_to_async(leases.turn_in_flight_list)(session_id=session.pk)
-        await self.send_json(
-            {"type": "chat.history", "messages": [m.as_dict() for m in messages], "more": more, "pending": pending}
+        """Answer ``chat.sync`` (:meth:`sync_answer`) once the turns whose lease ran out are
+        closed, so their error replies are among the messages and they are not pending."""
+        await self.leases_check(session.pk)
+        await self.sync_answer(session, event)
+
+    async def chat_stop(self, session: ChatSession) -> None:
+        """Stop the session's running turns, on whichever worker runs them
+        (:func:`chatapp.conversation.runner.chat_turn_stop_everywhere`). A turn no worker runs any
+        more (its lease ran out) is closed now rather than left pending."""
+        await chat_turn_stop_everywhere(session_id=session.pk)
+        await self.leases_check(session.pk)
+
+    async def _ack(self, event: ChatSend, message: Message, *, duplicate: bool, pending: bool) -> None:
+        await self.deliver(
+            ChatAckEvent(
+                client_message_id=event.client_message_id,  # the stored message's: it was found by it
+                message_id=message.pk,
+                duplicate=duplicate,
+                pending=pending,
+            )
         )
 
-    async def chat_stop(self, session: ChatSession, event: ChatStop) -> None:
-        """Stop the session's running turns: the group reaches every worker with a socket open on
-        this session, and each stops the turns it runs."""
-        await self.channel_layer.group_send(session_group_name(session.pk), {"type": "turn.stop"})
-        # A turn no worker runs any more (its lease ran out) is closed now rather than left pending.
-        await database_sync_to_async(leases.turns_interrupted_close)(session_id=session.pk)
+    # --- channel-layer handlers ----------------------------------------------------------------
+
+    async def session_event(self, message: dict[str, Any]) -> None:
+        """Channel-layer handler: relay a session event to this socket. A turn that starts, or a
+        user message that opens one (maybe on another worker), is watched (:meth:`lease_watch_ensure`)."""
+        payload: dict[str, Any] = message["event"]
+        kind = payload.get("type")
+        if kind == ChatTurnEvent.type or (
+            kind == ChatMessageEvent.type and payload.get("message", {}).get("role") == Message.Role.USER
+        ):
+            self.lease_watch_ensure()
+        await self.relay(payload)
 
     async def turn_stop(self, message: dict[str, Any]) -> None:
-        """Channel-layer handler: stop the session's turns running in this process."""
+        """Channel-layer handler: stop the session's turns running in this process (the session
+        group's ``turn.stop``, which workers of the previous version send on ``chat.stop``)."""
         if self.chat_session is not None:
             chat_turn_stop(session_id=self.chat_session.pk)
 
-    async def session_event(self, message: dict[str, Any]) -> None:
-        """Channel-layer handler: relay a session event to this socket."""
-        if message["event"].get("type") == "chat.turn":
-            self.lease_watch_ensure()  # a turn started, maybe by another worker: watch its lease
-        await self.deliver(message["event"])
+    async def session_deleted(self, message: dict[str, Any]) -> None:
+        """Channel-layer handler: the session was deleted; stop its turns here and close (4404)."""
+        await self.lease_watch_cancel()
+        if self.chat_session is not None:
+            chat_turn_stop(session_id=self.chat_session.pk)
+            await self.channel_layer.group_discard(session_group_name(self.chat_session.pk), self.channel_name)
+            self.chat_session = None
+        await self.close(code=CLOSE_NOT_FOUND)
 
-    # --- turns interrupted while this socket is open ------------------------------------------
+    # --- turns interrupted while this socket is open ---------------------------------------------
+
+    async def leases_check(self, session_id: int) -> float | None:
+        """Close the session's turns whose lease has run out, if any has; returns the seconds
+        until the next lease of a turn in flight that this process does not run runs out (None:
+        there is no such turn). Costs one query when no lease ran out. Closing tells every socket
+        of the session (``chat.message`` and ``chat.done`` after the commit)."""
+        while True:
+            expiry = await orm_async(leases.turn_lease_next_expiry)(
+                session_id=session_id, exclude=leases.turns_leased_here()
+            )
+            if expiry is None:
+                return None
+            delay = (expiry - timezone.now()).total_seconds()
+            if delay > 0:
+                return delay
+            if not await orm_async(leases.turns_interrupted_close)(session_id=session_id):
+                # Renewed meanwhile, or alive for a moment longer at the clock's resolution.
+                return LEASE_WATCH_MARGIN_SECONDS
 
     def lease_watch_ensure(self) -> None:
         """Start watching the session's turns in flight that this process does not run, unless
@@ -207,58 +251,71 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def _lease_watch(self, session_id: int) -> None:
         """While the session has turns in flight run by other workers: sleep until the first
-        lease runs out (plus a margin), then close the turns whose lease did
-        (``turns_interrupted_close`` tells every socket of the session); a renewed lease just
+        lease runs out (plus a margin), then close the turns whose lease did; a renewed lease just
         moves the next wake-up."""
         while True:
-            expiry = await database_sync_to_async(leases.turn_lease_next_expiry)(
-                session_id=session_id, exclude=leases.turns_leased_here()
-            )
-            if expiry is None:
+            delay = await self.leases_check(session_id)
+            if delay is None:
                 return
-            delay = (expiry - timezone.now()).total_seconds() + LEASE_WATCH_MARGIN_SECONDS
-            await asyncio.sleep(max(delay, 0.0))
-            await database_sync_to_async(leases.turns_interrupted_close)(session_id=session_id)
+            await asyncio.sleep(delay + LEASE_WATCH_MARGIN_SECONDS)
 
-    async def session_deleted(self, message: dict[str, Any]) -> None:
-        """Channel-layer handler: the session was deleted; stop its turns here and close (4404)."""
-        await self.lease_watch_cancel()
-        if self.chat_session is not None:
-            chat_turn_stop(session_id=self.chat_session.pk)
-            await self.channel_layer.group_discard(session_group_name(self.chat_session.pk), self.channel_name)
-            self.chat_session = None
-        await self.close(code=CLOSE_NOT_FOUND)
 
-    async def deliver(self, event: dict[str, Any]) -> None:
-        """Send a server event: as JSON, or on the chat page's socket as the HTML it renders to
-        (nothing when the page needs no change)."""
-        if self.feed is None:
-            await self.send_json(event)
-            return
-        if event.get("type") == "chat.delta":
-            html = self.feed.render_delta(event)
+class ChatJsonConsumer(ChatSocket):
+    """``/ws/chat/<session id>/``: the JSON protocol (docs/protocol.md). Silent until asked:
+    nothing is sent on connect."""
+
+    async def deliver(self, event: ServerEvent) -> None:
+        await self.send_json(event.as_payload())
+
+    async def relay(self, payload: dict[str, Any]) -> None:
+        await self.send_json(payload)  # already the JSON object: sent as built, unknown keys included
+
+    async def sync_answer(self, session: ChatSession, event: ChatSync) -> None:
+        """``chat.history``: every stored message after ``after_message_id`` (one page) and the
+        turns still in flight."""
+        messages, more = await orm_async(selectors.message_list_after)(
+            session_id=session.pk, after_id=event.after_message_id
+        )
+        pending = await orm_async(leases.turn_in_flight_list)(session_id=session.pk)
+        await self.deliver(ChatHistoryEvent(messages=[m.as_dict() for m in messages], more=more, pending=pending))
+
+
+class ChatPageConsumer(ChatSocket):
+    """``/ws/chat/<session id>/page/`` (and the alias ``/ws/chat/<session id>/?ui=html``): the chat
+    page's socket. No JSON is sent: a snapshot of the page on connect and on ``chat.sync``, then
+    every server event as the out-of-band HTML fragments :class:`~chatapp.ui.page_feed.PageFeed`
+    renders (nothing when the page needs no change). Client events are the JSON ones."""
+
+    feed: PageFeed  # set once accepted (:meth:`opened`), before any event is delivered
+
+    async def opened(self, session: ChatSession) -> None:
+        self.feed = PageFeed(session_id=session.pk)
+        await self._snapshot_send()
+
+    async def deliver(self, event: ServerEvent) -> None:
+        if self.feed.needs_database(event):
+            html = await orm_async(self.feed.render)(event)
         else:
-            html = await database_sync_to_async(self.feed.render)(event)
+            html = self.feed.render(event)
         if html:
             await self.send(text_data=html)
 
-    async def send_snapshot(self) -> None:
-        """Send the chat page's whole state (``PageFeed.snapshot``)."""
-        if self.feed is not None:
-            html = await database_sync_to_async(self.feed.snapshot)()
-            if html:
-                await self.send(text_data=html)
+    async def relay(self, payload: dict[str, Any]) -> None:
+        try:
+            event = server_event_parse(payload)
+        except (KeyError, TypeError):  # an event this version does not know (a newer worker's)
+            logger.warning("chat page socket: ignored an unknown session event %r", payload.get("type"))
+            return
+        await self.deliver(event)
 
-    async def _ack(self, message: Message, *, duplicate: bool, pending: bool) -> None:
-        await self.deliver(
-            {
-                "type": "chat.ack",
-                "client_message_id": message.client_message_id,
-                "message_id": message.pk,
-                "duplicate": duplicate,
-                "pending": pending,
-            }
-        )
+    async def sync_answer(self, session: ChatSession, event: ChatSync) -> None:
+        """A fresh snapshot of the page, whatever ``after_message_id`` says."""
+        await self._snapshot_send()
+
+    async def _snapshot_send(self) -> None:
+        html = await orm_async(self.feed.snapshot)()
+        if html:
+            await self.send(text_data=html)
 
 
 class NotFoundConsumer(AsyncWebsocketConsumer):

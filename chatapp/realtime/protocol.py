@@ -1,27 +1,43 @@
-"""The browser-to-server half of the chat WebSocket protocol: decoding and validating frames.
+"""The chat WebSocket protocol, both directions, defined once.
 
-Client events (JSON objects with a ``type``)::
+Every event is a JSON object with a ``type``. Here each event is a frozen dataclass: its ``type``
+class attribute is that string, its fields are the other keys in wire order, and
+:meth:`ServerEvent.as_payload` is the JSON object sent. Every layer that tells a socket something
+builds one of these classes, never a dict, so this module is the whole protocol:
+``docs/protocol.md`` is generated from it (``python manage.py protocol_docs``), and a test fails
+when the two differ.
 
-    chat.send  {client_message_id: 1-64 chars of [A-Za-z0-9_.:-], text: 1..CHAT_MAX_MESSAGE_CHARS chars}
-    chat.sync  {after_message_id: integer 0..2**63-1}
-    chat.stop  {}
+Routes (:mod:`chatapp.routing`): ``/ws/chat/<session id>/`` speaks the JSON events below.
+``/ws/chat/<session id>/page/`` is the chat page's socket: the same client events, but every
+server event arrives as server-rendered HTML fragments for htmx (:mod:`chatapp.ui.page_feed`),
+with a snapshot of the page on connect and on ``chat.sync``; ``/ws/chat/<session id>/?ui=html``
+is an alias of it. A socket on a session that is not the caller's or does not exist (or is
+deleted while the socket is open), and any other path, is accepted and then closed with code
+4404 (:data:`CLOSE_NOT_FOUND`).
 
-Anything else is answered with one ``error`` event ``{type: "error", code, message}`` (plus the
-``client_message_id`` when one could be read) and changes nothing. Codes: ``bad_frame`` (binary or
-oversized frame), ``bad_json`` (anything JSON decoding rejects, including numbers too long to
-convert), ``bad_event`` (not an object, no or unknown ``type``), ``bad_field`` (a missing or
-invalid field, a number out of range, or a string that is not valid Unicode: JSON can escape a
-lone surrogate such as ``\ud800``, which has no UTF-8 form), ``too_long`` (text over the limit).
+Client events are validated exactly: anything that is not one of them is answered with one
+``error`` event (see the error codes) and changes nothing; keys a client event does not define
+(such as the ``HEADERS`` htmx adds) are ignored. A *message id* is the database id of a stored
+message (a positive 64-bit integer); a *turn id* is the id of the user message that opened the
+turn. Token figures are tokens of the chat model's encoding (docs/memory.md §5); what the memory
+events report is described in docs/memory.md §8. Events may gain keys and new event
+types may appear; none is renamed or removed (CONTRIBUTING.md, public interfaces), so clients
+ignore what they do not know.
+
+This module imports no ORM model, so every layer may use it (it reads ``django.conf.settings``
+for the message limit only).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Final, Self
 
 from django.conf import settings
+
+# --- limits ---------------------------------------------------------------------------------
 
 CLIENT_MESSAGE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 # JSON escapes can make a frame several times longer than its text: a character outside the
@@ -32,9 +48,76 @@ FRAME_OVERHEAD_CHARS = 1024
 # Message ids are 64-bit database keys; a larger number can name no message.
 MESSAGE_ID_MAX = 2**63 - 1
 
+# --- close codes ----------------------------------------------------------------------------
+
+CLOSE_NOT_FOUND: Final = 4404
+
+CLOSE_CODES: Final[dict[int, str]] = {
+    CLOSE_NOT_FOUND: (
+        "no such session for this visitor (not theirs, unknown, or deleted while the socket was open), "
+        "or no such path; the socket is accepted first so that a browser sees the code (a refused "
+        "handshake only shows as 1006)"
+    ),
+}
+"""The WebSocket close codes the server uses, with their meaning. A handshake from a foreign
+``Origin`` is refused (HTTP 403) before any route is chosen."""
+
+# --- error codes ----------------------------------------------------------------------------
+
+BAD_FRAME: Final = "bad_frame"
+BAD_JSON: Final = "bad_json"
+BAD_EVENT: Final = "bad_event"
+BAD_FIELD: Final = "bad_field"
+TOO_LONG: Final = "too_long"
+BUSY: Final = "busy"
+CONTEXT_OVERFLOW: Final = "context_overflow"
+AGENT_STEP_LIMIT: Final = "agent_step_limit"
+INTERNAL_ERROR: Final = "internal_error"
+LLM_ERROR_PREFIX: Final = "llm_"
+# The kinds of ``chatapp.llm.clients.LLMError`` (``LLMErrorKind``), each sent as ``llm_<kind>``.
+LLM_ERROR_KINDS: Final[dict[str, str]] = {
+    "connection": "the chat model's endpoint refused the connection or is unreachable",
+    "timeout": "the chat model's endpoint did not answer in time",
+    "rate_limit": "the endpoint answered HTTP 429 (rate limited)",
+    "server": "the endpoint answered HTTP 5xx, or sent an error event inside the stream",
+    "status": "the endpoint answered another HTTP error",
+    "malformed": "the endpoint's body was not the expected JSON",
+    "empty": "the model replied with neither text nor tool calls",
+}
+
+
+def llm_error_code(kind: str) -> str:
+    """The error code of a chat-model failure of ``kind`` (an ``LLMError.kind``): ``llm_<kind>``."""
+    return f"{LLM_ERROR_PREFIX}{kind}"
+
+
+ERROR_CODES: Final[dict[str, str]] = {
+    BAD_FRAME: "a binary frame, or a frame longer than the message limit allows; nothing was read",
+    BAD_JSON: "the frame is not JSON (syntax, nesting too deep, an integer too long to convert)",
+    BAD_EVENT: "not a JSON object, or no, a non-string or an unknown `type`",
+    BAD_FIELD: (
+        "a missing or invalid field, a number out of range, or a string that is not valid Unicode "
+        "(JSON can escape a lone surrogate such as `\\ud800`, which has no UTF-8 form)"
+    ),
+    TOO_LONG: "the text of a `chat.send` is over `CHAT_MAX_MESSAGE_CHARS` characters; nothing was stored",
+    BUSY: (
+        "a `chat.send` refused, nothing stored: the session already has `CHAT_MAX_PENDING_TURNS` "
+        "turns in flight; send it again once one has ended"
+    ),
+    CONTEXT_OVERFLOW: (
+        "the turn ended without calling the model: even its elided current turn is over the context "
+        "window (docs/memory.md I5); an `error` reply is stored"
+    ),
+    AGENT_STEP_LIMIT: "the agent still called tools at its last allowed model call (`AGENT_MAX_STEPS`)",
+    INTERNAL_ERROR: "the turn failed with a bug (logged on the server); an `error` reply is stored",
+    **{llm_error_code(kind): f"the chat model failed: {meaning}" for kind, meaning in LLM_ERROR_KINDS.items()},
+}
+"""Every error code an :class:`ErrorEvent` may carry, with its meaning. The first five answer an
+invalid client event; the others end a turn (with ``turn_id``) or refuse a send (``busy``)."""
+
 
 class ProtocolError(Exception):
-    """A client frame that is not a valid client event; ``code`` is one of the module's codes."""
+    """A client frame that is not a valid client event; ``code`` is one of :data:`ERROR_CODES`."""
 
     def __init__(self, code: str, message: str, *, client_message_id: str | None = None) -> None:
         super().__init__(message)
@@ -42,31 +125,63 @@ class ProtocolError(Exception):
         self.message = message
         self.client_message_id = client_message_id
 
-    def as_event(self) -> dict[str, Any]:
+    def as_event(self) -> ErrorEvent:
         """The ``error`` event sent back to the client."""
-        event: dict[str, Any] = {"type": "error", "code": self.code, "message": self.message}
-        if self.client_message_id is not None:
-            event["client_message_id"] = self.client_message_id
-        return event
+        return ErrorEvent(code=self.code, message=self.message, client_message_id=self.client_message_id)
 
 
-@dataclass(frozen=True)
-class ChatSend:
+# --- client events --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClientEventBase:
+    """A client event: decoded and validated by :func:`client_event_parse`."""
+
+    type: ClassVar[str]
+
+    def as_payload(self) -> dict[str, Any]:
+        """The JSON object a client sends for this event."""
+        return {"type": self.type, **{f.name: getattr(self, f.name) for f in fields(self)}}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatSend(ClientEventBase):
+    """Send a user message. It is stored once per ``client_message_id``: a resend (after a
+    reconnect, docs/memory.md F-27) stores nothing and replays what is stored. Answered with
+    ``chat.ack``, then the session's events of the new turn; ``error`` with ``busy``,
+    ``too_long`` or ``bad_field`` when refused (nothing stored)."""
+
+    type: ClassVar[str] = "chat.send"
+
     client_message_id: str
+    """The client's id of this message, 1-64 characters of ``[A-Za-z0-9_.:-]``; the same id on a
+    resend."""
     text: str
+    """The message, 1 to ``CHAT_MAX_MESSAGE_CHARS`` characters, not only spaces, no NUL character."""
 
 
-@dataclass(frozen=True)
-class ChatSync:
+@dataclass(frozen=True, kw_only=True)
+class ChatSync(ClientEventBase):
+    """Catch up after a reconnect: answered with ``chat.history`` (the chat page's socket gets a
+    fresh snapshot of the page instead)."""
+
+    type: ClassVar[str] = "chat.sync"
+
     after_message_id: int
+    """The last message id the client has, from 0 (everything) to 2**63-1."""
 
 
-@dataclass(frozen=True)
-class ChatStop:
-    pass
+@dataclass(frozen=True, kw_only=True)
+class ChatStop(ClientEventBase):
+    """Stop the session's running turns, on whichever worker runs them: each ends with a
+    ``stopped`` reply and ``chat.done``. A turn no worker runs any more (its lease ran out) is
+    closed with an ``error`` reply instead."""
+
+    type: ClassVar[str] = "chat.stop"
 
 
 ClientEvent = ChatSend | ChatSync | ChatStop
+CLIENT_EVENTS: Final[tuple[type[ClientEventBase], ...]] = (ChatSend, ChatSync, ChatStop)
 
 
 def frame_decode(text_data: str | None, bytes_data: bytes | None) -> Any:
@@ -74,55 +189,55 @@ def frame_decode(text_data: str | None, bytes_data: bytes | None) -> Any:
     longer than the message limit allows (``bad_frame``), or text that JSON decoding rejects for
     any reason (``bad_json``: syntax, nesting too deep, an integer over Python's digit limit)."""
     if text_data is None:
-        raise ProtocolError("bad_frame", "Binary frames are not supported; send JSON text.")
+        raise ProtocolError(BAD_FRAME, "Binary frames are not supported; send JSON text.")
     limit = settings.CHAT_MAX_MESSAGE_CHARS * FRAME_CHARS_PER_TEXT_CHAR + FRAME_OVERHEAD_CHARS
     if len(text_data) > limit:
-        raise ProtocolError("bad_frame", f"The frame is {len(text_data)} characters long; the limit is {limit}.")
+        raise ProtocolError(BAD_FRAME, f"The frame is {len(text_data)} characters long; the limit is {limit}.")
     try:
         return json.loads(text_data)
     except (ValueError, RecursionError):  # JSONDecodeError is a ValueError, and so is a too-long integer
-        raise ProtocolError("bad_json", "The frame is not valid JSON.") from None
+        raise ProtocolError(BAD_JSON, "The frame is not valid JSON.") from None
 
 
 def client_event_parse(content: Any) -> ClientEvent:
     """The client event ``content`` (decoded JSON) describes. Raises :class:`ProtocolError` for
-    anything that is not exactly one of the events in the module docstring."""
+    anything that is not exactly one of the client events of this module."""
     if not isinstance(content, dict):
-        raise ProtocolError("bad_event", "An event must be a JSON object with a 'type'.")
+        raise ProtocolError(BAD_EVENT, "An event must be a JSON object with a 'type'.")
     _unicode_check(content)
     kind = content.get("type")
-    if kind == "chat.send":
+    if kind == ChatSend.type:
         return _chat_send(content)
-    if kind == "chat.sync":
+    if kind == ChatSync.type:
         after = content.get("after_message_id")
         if type(after) is not int or not 0 <= after <= MESSAGE_ID_MAX:
             raise ProtocolError(
-                "bad_field", f"'after_message_id' must be an integer from 0 (everything) to {MESSAGE_ID_MAX}."
+                BAD_FIELD, f"'after_message_id' must be an integer from 0 (everything) to {MESSAGE_ID_MAX}."
             )
         return ChatSync(after_message_id=after)
-    if kind == "chat.stop":
+    if kind == ChatStop.type:
         return ChatStop()
     if not isinstance(kind, str):
-        raise ProtocolError("bad_event", "An event must have a string 'type'.")
-    raise ProtocolError("bad_event", f"Unknown event type {kind[:40]!r}; expected chat.send, chat.sync or chat.stop.")
+        raise ProtocolError(BAD_EVENT, "An event must have a string 'type'.")
+    raise ProtocolError(BAD_EVENT, f"Unknown event type {kind[:40]!r}; expected chat.send, chat.sync or chat.stop.")
 
 
 def _chat_send(content: dict[str, Any]) -> ChatSend:
     client_message_id = content.get("client_message_id")
     if not isinstance(client_message_id, str) or not CLIENT_MESSAGE_ID.fullmatch(client_message_id):
-        raise ProtocolError("bad_field", "'client_message_id' must be 1-64 characters of letters, digits and _ . : -")
+        raise ProtocolError(BAD_FIELD, "'client_message_id' must be 1-64 characters of letters, digits and _ . : -")
     text = content.get("text")
     if not isinstance(text, str) or not text.strip():
-        raise ProtocolError("bad_field", "'text' must be a non-empty string.", client_message_id=client_message_id)
+        raise ProtocolError(BAD_FIELD, "'text' must be a non-empty string.", client_message_id=client_message_id)
     limit = settings.CHAT_MAX_MESSAGE_CHARS
     if len(text) > limit:
         raise ProtocolError(
-            "too_long",
+            TOO_LONG,
             f"The message is {len(text)} characters long; the limit is {limit}.",
             client_message_id=client_message_id,
         )
     if "\x00" in text:
-        raise ProtocolError("bad_field", "'text' must not contain NUL characters.", client_message_id=client_message_id)
+        raise ProtocolError(BAD_FIELD, "'text' must not contain NUL characters.", client_message_id=client_message_id)
     return ChatSend(client_message_id=client_message_id, text=text)
 
 
@@ -153,7 +268,275 @@ def _not_unicode(field_name: str, content: dict[str, Any]) -> ProtocolError:
     client_message_id = content.get("client_message_id")
     readable = isinstance(client_message_id, str) and CLIENT_MESSAGE_ID.fullmatch(client_message_id)
     return ProtocolError(
-        "bad_field",
+        BAD_FIELD,
         f"{field_name[:40]!r} must be valid Unicode text (it contains a lone surrogate escape such as \\ud800).",
         client_message_id=client_message_id if readable else None,
     )
+
+
+# --- server events --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerEvent:
+    """A server event: its fields are the JSON keys after ``type``, in wire order. A field marked
+    "absent when null" (``omit_when_none``) is left out of the JSON when it has no value; any
+    other field without a value is sent as ``null``."""
+
+    type: ClassVar[str]
+    omit_when_none: ClassVar[frozenset[str]] = frozenset()
+
+    def as_payload(self) -> dict[str, Any]:
+        """The JSON object sent to the client (JSON-safe as long as the fields are)."""
+        payload: dict[str, Any] = {"type": self.type}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if value is None and item.name in self.omit_when_none:
+                continue
+            payload[item.name] = value
+        return payload
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any]) -> Self:
+        """The event ``payload`` (an :meth:`as_payload` result) describes; keys this version does
+        not know are ignored. Raises ``TypeError`` when a field without default is missing."""
+        names = {item.name for item in fields(cls)}
+        return cls(**{key: value for key, value in payload.items() if key in names})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatAckEvent(ServerEvent):
+    """To the sending socket only: its ``chat.send`` was stored, or had been (a resend)."""
+
+    type: ClassVar[str] = "chat.ack"
+
+    client_message_id: str
+    """The ``client_message_id`` of the ``chat.send``."""
+    message_id: int
+    """The id of the stored user message, which is also the turn id of its turn."""
+    duplicate: bool
+    """True for a resend: nothing new was stored; the stored message and replies follow
+    (``chat.message`` each, then ``chat.done`` when the turn has ended)."""
+    pending: bool
+    """True while the message's turn has no final reply yet (it is running or queued)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatHistoryEvent(ServerEvent):
+    """To the socket that sent ``chat.sync`` (JSON route only): the messages it missed and the
+    turns still in flight. Turns interrupted by a restart are closed first, so their error replies
+    are among the messages and they are not pending."""
+
+    type: ClassVar[str] = "chat.history"
+
+    messages: list[dict[str, Any]]
+    """The stored messages with an id above ``after_message_id``, ascending, at most 500 (one
+    page), each as in ``chat.message``."""
+    more: bool
+    """True when further messages follow: send ``chat.sync`` again after the last id."""
+    pending: list[int]
+    """The turn ids (user message ids) of the turns in flight, ascending: no final reply yet and a
+    fresh lease, so running or queued on some worker now."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatMessageEvent(ServerEvent):
+    """To every socket of the session, after the commit: a message was stored (the user's, an
+    assistant reply, a tool call or a tool result). Also replayed to one socket on a resend."""
+
+    type: ClassVar[str] = "chat.message"
+    omit_when_none: ClassVar[frozenset[str]] = frozenset({"step"})
+
+    message: dict[str, Any]
+    """The stored message: ``id`` (message id), ``role`` (user/assistant/tool), ``content`` (text
+    or null), ``tool_calls`` (OpenAI format, or null), ``tool_call_id``, ``name``, ``status``
+    (complete/stopped/error), ``reply_to`` (the turn id of a reply, null for a user message),
+    ``client_message_id`` (a user message's; ``""`` otherwise), ``token_count`` (tokens) and
+    ``created`` (ISO 8601)."""
+    step: int | None = None
+    """For a reply of a running turn: the model call it came from, from 1; null for a user
+    message and in a resend's replay."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatTurnEvent(ServerEvent):
+    """To every socket of the session: a turn started (after waiting for the session's earlier
+    turns in this worker)."""
+
+    type: ClassVar[str] = "chat.turn"
+
+    turn_id: int
+    """The turn id (the id of the user message that opened it)."""
+    status: str
+    """Always ``started``."""
+    mode: str
+    """The session's mode for this turn: ``agent`` or ``quick-answer``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatRetrievalEvent(ServerEvent):
+    """To every socket of the session, quick-answer turns only: the knowledge-base passages put
+    into the system prompt."""
+
+    type: ClassVar[str] = "chat.retrieval"
+
+    turn_id: int
+    """The turn id."""
+    passages: list[dict[str, Any]]
+    """The passages, best first: ``{chunk_id, document_id, title, score}`` each (no text); empty
+    when nothing matched."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatDeltaEvent(ServerEvent):
+    """To every socket of the session: streamed reply text, not stored yet (batched: about one
+    event per 50 ms per turn). The stored reply follows as ``chat.message`` and replaces it."""
+
+    type: ClassVar[str] = "chat.delta"
+
+    turn_id: int
+    """The turn id."""
+    step: int
+    """The model call of the turn, from 1."""
+    text: str
+    """The next piece of the reply's text."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatDoneEvent(ServerEvent):
+    """To every socket of the session (and to one socket in a resend's replay): a turn ended and
+    its final reply is stored. Also sent when a turn interrupted by a restart is closed."""
+
+    type: ClassVar[str] = "chat.done"
+
+    turn_id: int
+    """The turn id."""
+    status: str
+    """How it ended: ``complete``, ``stopped`` (``chat.stop``) or ``error`` (see the ``error``
+    event before it; an interrupted turn has none)."""
+    message_id: int
+    """The id of the final assistant message."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErrorEvent(ServerEvent):
+    """An error. To one socket: its client event was invalid or refused (nothing changed). To
+    every socket of the session, with ``turn_id``: the turn failed; an ``error`` reply is stored
+    and ``chat.done`` follows."""
+
+    type: ClassVar[str] = "error"
+    omit_when_none: ClassVar[frozenset[str]] = frozenset({"turn_id", "client_message_id"})
+
+    turn_id: int | None = None
+    """The turn that failed; null for an invalid or refused client event."""
+    code: str
+    """One of the error codes (see the table of error codes)."""
+    message: str
+    """What happened, a sentence for people."""
+    client_message_id: str | None = None
+    """The ``client_message_id`` of the refused ``chat.send``, when it could be read."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryCompressionEvent(ServerEvent):
+    """To every socket of the session: the memory engine recorded a compression event while it
+    built a request (one event each, before ``memory.context``), or during "compress now"."""
+
+    type: ClassVar[str] = "memory.compression"
+
+    turn_id: int | None
+    """The turn id; null after "compress now" (outside turns)."""
+    step: int
+    """The model call of the turn it was built for, from 1; 0 after "compress now"."""
+    event: dict[str, Any]
+    """The compression event (``CompressionEvent.as_dict()``, docs/memory.md §3 and §4): ``id``,
+    ``created_at`` (ISO 8601), ``kind`` (compression/superseded/no_progress/overflow), ``mode``,
+    ``context_window``, ``trigger_tokens``, ``target_tokens``, ``tokens_before``,
+    ``tokens_after`` (tokens), ``messages_summarized``, ``boundary_before``, ``boundary_after``
+    (message ids or null), ``result_type`` (none/llm/raw), ``degraded``, ``attempts`` (every
+    summarizer try: ``{model, phase, number, latency_ms, ok, error}``), ``duration_ms``,
+    ``summary_content``, ``summary_version``, ``notes``, ``elisions``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryContextEvent(ServerEvent):
+    """To every socket of the session, before each model call of a turn: what the request
+    contains and why (the message texts stay on the server's ``ModelCall`` record). Also sent
+    for a request that overflowed the context window and was not sent (``overflow`` true,
+    ``model_call_id`` null)."""
+
+    type: ClassVar[str] = "memory.context"
+
+    turn_id: int
+    """The turn id."""
+    step: int
+    """The model call of the turn, from 1."""
+    model_call_id: int | None
+    """The id of the recorded model call; null when the request was not sent (overflow)."""
+    sources: list[dict[str, Any]]
+    """Per message of the request, in order: ``{id, kind}``, kind ``system``, ``summary``,
+    ``history`` or ``current``; ``id`` a message id, or null for the system prompt and summary."""
+    tokens: int
+    """The request's estimated size (tokens)."""
+    sections: dict[str, int]
+    """Tokens per section: ``system``, ``summary``, ``retained``, ``current``, ``tools``."""
+    context_window: int
+    """The chat model's context window (tokens)."""
+    trigger_tokens: int
+    """Compression starts above this size (tokens)."""
+    target_tokens: int
+    """Compression shrinks the request to about this size (tokens)."""
+    summary: dict[str, Any]
+    """The summary the request was built with: ``type`` (none/llm/raw), ``content``,
+    ``last_message_id`` (the boundary: the last message id it covers, or null),
+    ``compressed_count``, ``version``."""
+    elisions: list[dict[str, Any]]
+    """Messages of the current turn shortened in the model-facing copy: ``{id, role,
+    tokens_before, tokens_after}`` each."""
+    repairs: list[str]
+    """What was dropped to keep tool calls paired, and why a degraded context was used."""
+    overflow: bool
+    """True when even the elided request is over the context window: it was not sent, and the turn
+    ends with ``error`` ``context_overflow``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemorySummaryEvent(ServerEvent):
+    """To every socket of the session after "compress now" (the inspector's action), after its
+    ``memory.compression`` events: the summary as it is now."""
+
+    type: ClassVar[str] = "memory.summary"
+
+    turn_id: int | None
+    """Always null (outside turns)."""
+    step: int
+    """Always 0."""
+    summary: dict[str, Any]
+    """The summary, as in ``memory.context``."""
+
+
+SERVER_EVENTS: Final[tuple[type[ServerEvent], ...]] = (
+    ChatAckEvent,
+    ChatHistoryEvent,
+    ChatMessageEvent,
+    ChatTurnEvent,
+    ChatRetrievalEvent,
+    ChatDeltaEvent,
+    ChatDoneEvent,
+    ErrorEvent,
+    MemoryCompressionEvent,
+    MemoryContextEvent,
+    MemorySummaryEvent,
+)
+_SERVER_EVENT_BY_TYPE: Final[dict[str, type[ServerEvent]]] = {cls.type: cls for cls in SERVER_EVENTS}
+
+
+def server_event_class(event_type: str) -> type[ServerEvent]:
+    """The server event class of ``event_type`` (e.g. ``chat.done``). Raises ``KeyError``."""
+    return _SERVER_EVENT_BY_TYPE[event_type]
+
+
+def server_event_parse(payload: dict[str, Any]) -> ServerEvent:
+    """The typed server event of ``payload`` (a JSON object as sent). Raises ``KeyError`` for an
+    unknown ``type`` and ``TypeError`` when a required field is missing."""
+    return server_event_class(payload["type"]).from_payload(payload)

@@ -1,4 +1,4 @@
-"""Reads of the memory inspector (SPEC.md section 8): what the last request to the chat model
+"""Reads of the memory inspector (docs/memory.md §8): what the last request to the chat model
 contained and why, the session's summary and its versions, the compression timeline and the
 summarizer's health.
 
@@ -16,13 +16,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from chatapp.models import Message, ModelCall
-from memory.models import CompressionEvent
-from memory.services import (
-    compression_event_list,
-    session_summary_get,
-    summarizer_health_get,
-)
+from chatapp.models import ChatSession, Message, ModelCall
+from memory.api import CompressionEvent, compression_event_list, session_summary_get, summarizer_health_get
 
 # How many compression events the timeline (and the summary's version history) shows.
 TIMELINE_MAX_EVENTS = 100
@@ -270,9 +265,9 @@ def inspector_state_get(*, session_id: int) -> InspectorState:
     ``request`` is the session's newest ``ModelCall`` (None before the first); the timeline and
     the summary versions cover the newest ``TIMELINE_MAX_EVENTS`` compression events, newest first.
     """
-    session_key = str(session_id)
-    events = compression_event_list(session_key=session_key, limit=TIMELINE_MAX_EVENTS)[::-1]
-    stored = session_summary_get(session_key=session_key)
+    memory_key = ChatSession.memory_key_for(session_id)
+    events = compression_event_list(memory_key=memory_key, limit=TIMELINE_MAX_EVENTS)[::-1]
+    stored = session_summary_get(memory_key=memory_key)
     summary = CurrentSummary(
         summary_type=stored.summary_type,
         content=stored.content,
@@ -281,7 +276,7 @@ def inspector_state_get(*, session_id: int) -> InspectorState:
         version=stored.version,
         versions=summary_versions_build(events),
     )
-    health = summarizer_health_get(session_key=session_key)
+    health = summarizer_health_get(memory_key=memory_key)
     last_call = ModelCall.objects.filter(session_id=session_id).order_by("-id").first()
     return InspectorState(
         session_id=session_id,
@@ -382,10 +377,10 @@ def messages_text(messages: Iterable[dict[str, Any]]) -> str:
         if message.get("tool_call_id"):
             header += f" tool_call_id={message['tool_call_id']}"
         content = message.get("content")
-        if isinstance(content, str) or content is None:
-            body = content or ""
-        else:  # content parts
-            body = json.dumps(content, ensure_ascii=False)
+        # A string, None (an assistant tool-call message) or a list of content parts.
+        body = (
+            (content or "") if isinstance(content, str) or content is None else json.dumps(content, ensure_ascii=False)
+        )
         if message.get("tool_calls"):
             calls = json.dumps(message["tool_calls"], ensure_ascii=False, indent=2)
             body += ("\n" if body else "") + "tool_calls: " + calls

@@ -1,38 +1,63 @@
 """The chat page: its state, and the live feed that keeps an open page up to date.
 
 The page is server-rendered (``templates/chat/session.html`` and its named partials). Its socket
-(``/ws/chat/<id>/?ui=html``, opened by htmx's WebSocket extension) receives HTML instead of JSON:
-each server event becomes one frame of out-of-band fragments (``hx-swap-oob``) that the extension
-swaps into the page. :class:`PageFeed` renders them and remembers what its page shows, so that a
-message is appended once and only the transcript marks that changed are sent.
+(``/ws/chat/<id>/page/``, opened by htmx's WebSocket extension;
+:class:`chatapp.realtime.consumers.ChatPageConsumer`) receives HTML instead of JSON: each server
+event (:mod:`chatapp.realtime.protocol`, docs/protocol.md) becomes one frame of out-of-band
+fragments (``hx-swap-oob``) that the extension swaps into the page. :class:`PageFeed` renders
+them from the typed event and remembers what its page shows, so that a message is appended once
+and only the transcript marks that changed are sent.
 
-===================  ===========================================================================
-event                fragments of the frame
-===================  ===========================================================================
-(connect, chat.sync) snapshot: the transcript, the live replies, the inspector, the turn status
-                     and the title (the page's state as stored, whatever it showed before)
-chat.message         the rendered message appended to ``#messages`` (once; the first one removes
-                     the empty-state line); a user message also
-                     refreshes the title and its sidebar entry; a turn's tool step resets its
-                     live reply to "thinking", its final reply removes it
-chat.turn            a live reply (``#stream-<turn id>``, "thinking") and the turn status
-chat.delta           the text appended to the live reply
-chat.retrieval       a line in the live reply naming the passages found
-memory.compression   an announcement (and, within a turn, a line in the live reply)
-memory.context       the inspector and the changed transcript marks
-memory.summary       the same ("compress now" changed the summary)
-chat.done            the live reply removed; the inspector, marks and turn status refreshed
-error                the error text; a rejected message's pending bubble is marked
-chat.ack             nothing: the stored message arrives as ``chat.message``
-===================  ===========================================================================
+Most events carry everything their fragments need and are rendered without touching the
+database; the few that query do so because the event does not (and should not) carry it:
 
-Rendering touches the database (except for ``chat.delta``): async callers use
-``database_sync_to_async``.
+==================== ==================================================  ===========================
+event                fragments of the frame                              database
+==================== ==================================================  ===========================
+(connect, chat.sync) snapshot: the transcript, the live replies, the     the page's whole state as
+                     inspector, the turn status and the title            stored
+chat.message         the message appended to ``#messages``, rendered     a user message only: the
+                     from the event's message (once; the first one       session row, for the title
+                     removes the empty-state line); a user message also  this message may have set
+                     refreshes the title and its sidebar entry; a        (and the sidebar entry
+                     turn's tool step resets its live reply to           showing it)
+                     "thinking", its final reply removes it
+chat.turn            a live reply (``#stream-<turn id>``, "thinking")    the turns in flight (a
+                     and the turn status                                 turn queued on any worker
+                                                                         counts too)
+chat.delta           the text appended to the live reply                 none
+chat.retrieval       a line in the live reply naming the passages found  none
+memory.compression   an announcement (and, within a turn, a line in the  none
+                     live reply)
+memory.context       the inspector's "Last request" panel (gauge and     none: the event's sections,
+                     sections; the exact texts sent follow at            sources and summary
+                     chat.done) and the changed transcript marks         boundary
+memory.summary       the inspector and the changed marks                 the inspector's state
+                                                                         ("compress now" changed
+                                                                         the summary, its versions
+                                                                         and the timeline; no
+                                                                         chat.done follows)
+chat.done            the live reply removed; the inspector, the          the inspector's state, once
+                     changed marks and the turn status                   per turn (summary,
+                                                                         timeline, health and the
+                                                                         provider's token counts
+                                                                         changed), and the turns in
+                                                                         flight
+error                the error text; a rejected message's pending        none
+                     bubble is marked
+chat.ack             nothing: the stored message arrives as              none
+                     ``chat.message``
+==================== ==================================================  ===========================
+
+Marks are recomputed for the messages the page shows (the feed remembers them), never by
+selecting every message of the session. :meth:`PageFeed.needs_database` says which events
+query: async callers render those through ``orm_async`` and the others directly.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.template.loader import render_to_string
@@ -41,11 +66,25 @@ from django.utils.html import format_html
 from chatapp.chats import selectors
 from chatapp.conversation import leases
 from chatapp.models import ChatSession, Message
+from chatapp.realtime.protocol import (
+    ChatDeltaEvent,
+    ChatDoneEvent,
+    ChatMessageEvent,
+    ChatRetrievalEvent,
+    ChatTurnEvent,
+    ErrorEvent,
+    MemoryCompressionEvent,
+    MemoryContextEvent,
+    MemorySummaryEvent,
+    ServerEvent,
+)
 from chatapp.ui.inspector import (
+    MESSAGE_SECTIONS,
+    Gauge,
     InspectorState,
     MarkBasis,
+    Section,
     inspector_state_get,
-    message_marks_get,
 )
 
 PAGE_TEMPLATE = "chat/session.html"
@@ -85,16 +124,79 @@ def partial_render(name: str, context: dict[str, Any]) -> str:
     return render_to_string(f"{PAGE_TEMPLATE}#{name}", context)
 
 
+@dataclass(frozen=True, kw_only=True)
+class LiveRequest:
+    """The inspector's "Last request" panel as a ``memory.context`` event tells it, before the
+    reply: the attributes the ``request-panel`` partial reads of an
+    :class:`~chatapp.ui.inspector.RequestSnapshot`. The provider's token counts and the exact
+    texts sent are not known yet (``texts_pending``): they come from the stored ``ModelCall``
+    when the inspector is rebuilt at ``chat.done``. Token figures are tokens."""
+
+    model_call_id: int
+    step: int
+    mode: str
+    gauge: Gauge
+    sections: list[Section]
+    elisions: list[dict[str, Any]] = field(default_factory=list)
+    repairs: list[str] = field(default_factory=list)
+    model: str = ""
+    prompt_tokens: int | None = None
+    texts_pending: bool = True
+
+
+def live_request_build(event: MemoryContextEvent, *, model_call_id: int, mode: str = "") -> LiveRequest:
+    """The "Last request" panel of the request ``event`` describes (pure). Sections are the
+    engine's own counts in the order of :func:`chatapp.ui.inspector.request_snapshot_build`:
+    the message sections, the tool schemas, the reply priming (the rest of the estimate) and the
+    free space, so that the rows add up to the context window."""
+    window = event.context_window
+    counts = event.sections
+    kinds = Counter(str(source.get("kind", "")) for source in event.sources)
+    sections = [
+        _section(key, label, int(counts.get(key, 0)), window, message_count=kinds[kind])
+        for key, label, kind in MESSAGE_SECTIONS
+    ]
+    sections.append(_section("tools", "Tool schemas", int(counts.get("tools", 0)), window))
+    sections.append(_section("overhead", "Reply priming", event.tokens - sum(s.tokens for s in sections), window))
+    sections.append(_section("free", "Free", max(0, window - event.tokens), window))
+    return LiveRequest(
+        model_call_id=model_call_id,
+        step=event.step,
+        mode=mode,
+        gauge=Gauge(
+            used=event.tokens,
+            context_window=window,
+            trigger_tokens=event.trigger_tokens,
+            target_tokens=event.target_tokens,
+        ),
+        sections=sections,
+        elisions=list(event.elisions),
+        repairs=[str(repair) for repair in event.repairs],
+    )
+
+
+def mark_basis_from_context(event: MemoryContextEvent) -> MarkBasis:
+    """The transcript marks' basis of the request ``event`` describes: its summary's boundary and
+    the message ids it sent as retained window and as current turn."""
+    return MarkBasis(
+        boundary=event.summary.get("last_message_id"),
+        history_ids=_source_ids(event.sources, "history"),
+        current_ids=_source_ids(event.sources, "current"),
+    )
+
+
 class PageFeed:
     """The live feed of one open chat page: turns server events into out-of-band HTML frames
     (see the module docstring) and remembers what the page shows -- the marks of the messages
-    it has (``marks``), the basis of new marks, and the turns it shows a live reply for."""
+    it has (``marks``), the basis of new marks, the turns it shows a live reply for
+    (``streams``) and their modes."""
 
     def __init__(self, *, session_id: int) -> None:
         self.session_id = session_id
         self.marks: dict[int, str] = {}
         self.basis = MarkBasis()
         self.streams: set[int] = set()
+        self.modes: dict[int, str] = {}
 
     def snapshot(self) -> str:
         """The page's whole state as stored; resets what the feed remembers. Returns ``""``
@@ -117,64 +219,100 @@ class PageFeed:
             ]
         )
 
-    def render(self, event: dict[str, Any]) -> str:
+    def needs_database(self, event: ServerEvent) -> bool:
+        """Whether rendering ``event`` queries the database (see the module docstring); the
+        others may be rendered directly in async code."""
+        if isinstance(event, ChatMessageEvent):
+            return event.message.get("role") == Message.Role.USER
+        return isinstance(event, ChatTurnEvent | ChatDoneEvent | MemorySummaryEvent)
+
+    def render(self, event: ServerEvent) -> str:
         """The frame for server event ``event`` (``""`` when the page needs nothing)."""
-        kind = event.get("type")
-        turn_id: int | None = event.get("turn_id")
-        if kind == "chat.delta":
-            return self.render_delta(event)
-        if kind == "chat.message":
-            return self._message(event["message"]["id"])
-        if kind == "chat.turn" and turn_id is not None:
-            return self._stream_ensure(turn_id) + self._turn_status()
-        if kind == "chat.retrieval" and turn_id is not None:
-            titles = ", ".join(dict.fromkeys(p["title"] for p in event.get("passages", []))) or "nothing matched"
-            return self._step(turn_id, f"Searched the knowledge base: {titles}")
-        if kind == "memory.compression":
-            text = compression_sentence(event["event"])
-            step = self._step(turn_id, text) if turn_id is not None else ""
+        if isinstance(event, ChatDeltaEvent):
+            return self._stream_ensure(event.turn_id) + format_html(
+                '<div hx-swap-oob="beforeend:#stream-{} .stream-text">{}</div>', event.turn_id, event.text
+            )
+        if isinstance(event, ChatMessageEvent):
+            return self._message(event.message)
+        if isinstance(event, ChatTurnEvent):
+            self.modes[event.turn_id] = event.mode
+            return self._stream_ensure(event.turn_id) + self._turn_status()
+        if isinstance(event, ChatRetrievalEvent):
+            titles = ", ".join(dict.fromkeys(p["title"] for p in event.passages)) or "nothing matched"
+            return self._step(event.turn_id, f"Searched the knowledge base: {titles}")
+        if isinstance(event, MemoryCompressionEvent):
+            text = compression_sentence(event.event)
+            step = self._step(event.turn_id, text) if event.turn_id is not None else ""
             return step + announce(text)
-        if kind in ("memory.context", "memory.summary"):
+        if isinstance(event, MemoryContextEvent):
+            return self._context(event)
+        if isinstance(event, MemorySummaryEvent):
             return self._inspector()
-        if kind == "chat.done" and turn_id is not None:
-            return self._stream_remove(turn_id) + self._inspector() + self._turn_status()
-        if kind == "error":
+        if isinstance(event, ChatDoneEvent):
+            self.modes.pop(event.turn_id, None)
+            return self._stream_remove(event.turn_id) + self._inspector() + self._turn_status()
+        if isinstance(event, ErrorEvent):
             return self._error(event)
         return ""
 
-    def render_delta(self, event: dict[str, Any]) -> str:
-        """The frame of a ``chat.delta``: the text appended to the turn's live reply (created
-        first if the page has none). Needs no database, so async callers may call it directly."""
-        turn_id = int(event["turn_id"])
-        return self._stream_ensure(turn_id) + format_html(
-            '<div hx-swap-oob="beforeend:#stream-{} .stream-text">{}</div>', turn_id, event.get("text", "")
-        )
-
-    def _message(self, message_id: int) -> str:
-        message = Message.objects.filter(pk=message_id, session_id=self.session_id).first()
-        if message is None:
-            return ""
+    def _message(self, message: dict[str, Any]) -> str:
+        """The fragments of a stored message, rendered from its ``chat.message`` dict
+        (``Message.as_dict()``)."""
+        message_id = int(message["id"])
         parts: list[str] = []
-        if message.pk not in self.marks:
+        if message_id not in self.marks:
             if not self.marks:
                 # The page's first message: the empty-state line goes (it shows only while the
                 # transcript it was rendered with is empty, so the target exists).
                 parts.append('<div hx-swap-oob="delete:#messages .empty-chat"></div>')
-            mark = self.basis.mark(message.pk)
-            self.marks[message.pk] = mark
+            mark = self.basis.mark(message_id)
+            self.marks[message_id] = mark
             rendered = partial_render("message", {"message": message, "mark": mark})
             parts.append(f'<div hx-swap-oob="beforeend:#messages">{rendered}</div>')
-        if message.role == Message.Role.USER:
-            session = ChatSession.objects.get(pk=self.session_id)
-            context = {"chat_session": session, "s": session, "oob": True}
-            parts += [partial_render("chat-title", context), render_to_string("base.html#session-item", context)]
-        elif message.reply_to_id in self.streams:
-            turn_id = message.reply_to_id
-            if message.is_final_reply:
+        role, turn_id = message.get("role"), message.get("reply_to")
+        if role == Message.Role.USER:
+            session = ChatSession.objects.filter(pk=self.session_id).first()
+            if session is not None:
+                context = {"chat_session": session, "s": session, "oob": True}
+                parts += [partial_render("chat-title", context), render_to_string("base.html#session-item", context)]
+        elif turn_id in self.streams:
+            if role == Message.Role.ASSISTANT and not message.get("tool_calls"):  # the final reply
                 parts.append(self._stream_remove(turn_id))
             else:
                 parts.append(partial_render("stream", {"turn_id": turn_id, "oob": True}))
         return "".join(parts)
+
+    def _context(self, event: MemoryContextEvent) -> str:
+        """A request was built: its "Last request" panel and marks, from the event alone. A
+        request that overflowed was not sent (no model call): the inspector keeps showing the
+        last one sent, and only the summary's boundary moves."""
+        if event.model_call_id is None:
+            return self._marks_update(
+                MarkBasis(
+                    boundary=event.summary.get("last_message_id"),
+                    history_ids=self.basis.history_ids,
+                    current_ids=self.basis.current_ids,
+                )
+            )
+        live = live_request_build(event, model_call_id=event.model_call_id, mode=self.modes.get(event.turn_id, ""))
+        panel = partial_render("request-panel", {"last": live, "request_oob": True})
+        return panel + self._marks_update(mark_basis_from_context(event))
+
+    def _inspector(self) -> str:
+        """The whole inspector as stored, and the marks on its basis."""
+        state = inspector_state_get(session_id=self.session_id)
+        return partial_render("inspector", {"inspector": state, "oob": True}) + self._marks_update(state.basis)
+
+    def _marks_update(self, basis: MarkBasis) -> str:
+        """Take ``basis`` for the page's marks; the fragments of the marks that changed."""
+        self.basis = basis
+        changed = {message_id: basis.mark(message_id) for message_id in self.marks}
+        changed = {message_id: mark for message_id, mark in changed.items() if self.marks[message_id] != mark}
+        self.marks.update(changed)
+        return "".join(
+            partial_render("mark", {"message_id": message_id, "mark": mark, "oob": True})
+            for message_id, mark in changed.items()
+        )
 
     def _stream_ensure(self, turn_id: int) -> str:
         if turn_id in self.streams:
@@ -193,33 +331,19 @@ class PageFeed:
             '<div hx-swap-oob="beforeend:#stream-{} .stream-steps"><p>{}</p></div>', turn_id, text
         )
 
-    def _inspector(self) -> str:
-        state = inspector_state_get(session_id=self.session_id)
-        self.basis = state.basis
-        marks = message_marks_get(session_id=self.session_id, basis=self.basis)
-        changed = [(message_id, mark) for message_id, mark in marks.items() if self.marks.get(message_id, mark) != mark]
-        self.marks.update({message_id: mark for message_id, mark in changed})
-        fragments = [partial_render("inspector", {"inspector": state, "oob": True})]
-        fragments += [
-            partial_render("mark", {"message_id": message_id, "mark": mark, "oob": True})
-            for message_id, mark in changed
-        ]
-        return "".join(fragments)
-
     def _turn_status(self) -> str:
         return partial_render("turn-status", {"running": turns_running(self.session_id), "oob": True})
 
-    def _error(self, event: dict[str, Any]) -> str:
-        text = str(event.get("message", "Something went wrong."))
+    def _error(self, event: ErrorEvent) -> str:
+        text = event.message or "Something went wrong."
         parts = [format_html('<div id="errors" class="errors" role="alert" hx-swap-oob="true"><p>{}</p></div>', text)]
-        client_message_id = event.get("client_message_id")
-        if client_message_id:
+        if event.client_message_id:
             # The id passed the protocol's pattern ([A-Za-z0-9_.:-]), so it cannot leave the quotes.
             parts.append(
                 format_html(
                     '<div hx-swap-oob="beforeend:#outbox [data-client-id=&quot;{}&quot;]">'
                     '<p class="status rejected">Not sent: {}</p></div>',
-                    client_message_id,
+                    event.client_message_id,
                     text,
                 )
             )
@@ -246,3 +370,14 @@ def compression_sentence(event: dict[str, Any]) -> str:
 def announce(text: str) -> str:
     """An out-of-band fragment that puts ``text`` in the page's polite status region."""
     return format_html('<p id="announce" class="announce" role="status" hx-swap-oob="true">{}</p>', text)
+
+
+def _section(key: str, label: str, tokens: int, window: int, *, message_count: int = 0) -> Section:
+    percent = round(100.0 * tokens / window, 1) if window > 0 else 0.0
+    return Section(key=key, label=label, tokens=tokens, percent=percent, message_count=message_count)
+
+
+def _source_ids(sources: list[dict[str, Any]], kind: str) -> frozenset[int]:
+    return frozenset(
+        int(source["id"]) for source in sources if source.get("kind") == kind and source.get("id") is not None
+    )

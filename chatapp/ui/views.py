@@ -22,6 +22,7 @@ from django.urls import Resolver404, resolve, reverse
 from django.utils.html import format_html
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect, trigger_client_event
+from django_htmx.middleware import HtmxDetails
 
 from chatapp.chats.access import (
     Owner,
@@ -62,6 +63,13 @@ NOTHING_TO_COMPRESS = "Nothing to compress yet: this chat has no question."
 ANNOUNCE_EVENT = "chat:announce"
 
 
+class HtmxHttpRequest(HttpRequest):
+    """The request as these views receive it: ``HtmxMiddleware`` adds ``htmx`` (django-htmx's
+    typing recipe; the type only, nothing is created)."""
+
+    htmx: HtmxDetails
+
+
 def _layout_context(
     owner: Owner, *, chat_session: ChatSession | None = None, form: SessionCreateForm | None = None
 ) -> dict[str, Any]:
@@ -78,7 +86,7 @@ def _layout_context(
     }
 
 
-def _page_session(request: HttpRequest, owner: Owner) -> ChatSession | None:
+def _page_session(request: HtmxHttpRequest, owner: Owner) -> ChatSession | None:
     """The owner's chat session whose page sent the htmx request, if it came from a chat page."""
     try:
         match = resolve(request.htmx.current_url_abs_path or "")
@@ -89,12 +97,12 @@ def _page_session(request: HttpRequest, owner: Owner) -> ChatSession | None:
     return session_queryset_for_owner(owner).filter(pk=match.kwargs["session_id"]).first()
 
 
-def _is_current_page(request: HttpRequest, session: ChatSession) -> bool:
+def _is_current_page(request: HtmxHttpRequest, session: ChatSession) -> bool:
     """Whether the htmx request came from the chat page of ``session``."""
     return request.htmx.current_url_abs_path == reverse("session-detail", kwargs={"session_id": session.pk})
 
 
-def _session_page_context(request: HttpRequest, session: ChatSession) -> dict[str, Any]:
+def _session_page_context(request: HtmxHttpRequest, session: ChatSession) -> dict[str, Any]:
     page = chat_page_state_get(session=session)
     return {
         **_layout_context(owner_from(request), chat_session=session),
@@ -106,13 +114,13 @@ def _session_page_context(request: HttpRequest, session: ChatSession) -> dict[st
 
 
 @require_GET
-def index(request: HttpRequest) -> HttpResponse:
+def index(request: HtmxHttpRequest) -> HttpResponse:
     """The caller's chat sessions and a form to start one (creates an anonymous visitor's session)."""
     return render(request, "chat/index.html", _layout_context(owner_ensure(request)))
 
 
 @require_POST
-def session_create(request: HttpRequest) -> HttpResponse:
+def session_create(request: HtmxHttpRequest) -> HttpResponse:
     """Start a chat session in the posted mode and go to it; 400 with the form for a bad mode."""
     owner = owner_ensure(request)
     form = SessionCreateForm(request.POST)
@@ -123,7 +131,7 @@ def session_create(request: HttpRequest) -> HttpResponse:
 
 
 @require_GET
-def session_detail(request: HttpRequest, session_id: int) -> HttpResponse:
+def session_detail(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
     """The chat page of one of the caller's sessions (404 for anyone else's): the transcript
     with its memory marks, the composer and the memory inspector."""
     session = session_get_for_owner(request, session_id)
@@ -131,7 +139,7 @@ def session_detail(request: HttpRequest, session_id: int) -> HttpResponse:
 
 
 @require_GET
-def session_inspector(request: HttpRequest, session_id: int) -> HttpResponse:
+def session_inspector(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
     """The memory inspector: its partial for htmx, else the chat page (which contains it)."""
     session = session_get_for_owner(request, session_id)
     if request.htmx:
@@ -140,7 +148,7 @@ def session_inspector(request: HttpRequest, session_id: int) -> HttpResponse:
 
 
 @require_GET
-def session_item(request: HttpRequest, session_id: int) -> HttpResponse:
+def session_item(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
     """The session's sidebar entry (htmx: e.g. to cancel a rename), else the chat page."""
     session = session_get_for_owner(request, session_id)
     if not request.htmx:
@@ -150,7 +158,7 @@ def session_item(request: HttpRequest, session_id: int) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
-def session_rename(request: HttpRequest, session_id: int) -> HttpResponse:
+def session_rename(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
     """GET: the rename form (htmx: the sidebar entry as a form; else a page). POST: rename, then
     the sidebar entry (htmx; plus the page title when renaming the open chat) or the chat page."""
     session = session_get_for_owner(request, session_id)
@@ -180,7 +188,7 @@ def session_rename(request: HttpRequest, session_id: int) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
-def session_delete(request: HttpRequest, session_id: int) -> HttpResponse:
+def session_delete(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
     """GET: a confirmation page (htmx asks with ``hx-confirm`` instead). POST: delete the session
     and its memory; htmx gets the updated session list, or a client redirect to the start page
     when the open chat was deleted; a plain request is redirected there."""
@@ -199,7 +207,7 @@ def session_delete(request: HttpRequest, session_id: int) -> HttpResponse:
 
 
 @require_POST
-def session_mode(request: HttpRequest, session_id: int) -> HttpResponse:
+def session_mode(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
     """Switch the session's mode for its next turns: htmx gets the mode switch and the sidebar
     entry (out of band) and an announcement; a plain request goes back to the chat page."""
     session = session_get_for_owner(request, session_id)
@@ -220,7 +228,7 @@ def session_mode(request: HttpRequest, session_id: int) -> HttpResponse:
 
 
 @require_POST
-async def session_compress(request: HttpRequest, session_id: int) -> HttpResponse:
+async def session_compress(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
     """ "Compress now": fold the session's history before its newest question into the summary
     (:func:`chatapp.conversation.compress.session_memory_compress`). htmx gets the refreshed inspector and an
     announcement of the outcome; a plain request goes back to the chat page. Every socket of the
@@ -245,7 +253,7 @@ def _announcement(text: str) -> str:
     return format_html('<p id="announce" class="announce" role="status" hx-swap-oob="true">{}</p>', text)
 
 
-def _kb_context(request: HttpRequest, **extra: Any) -> dict[str, Any]:
+def _kb_context(request: HtmxHttpRequest, **extra: Any) -> dict[str, Any]:
     return {
         **_layout_context(owner_from(request)),
         "kb_page": True,
@@ -258,7 +266,7 @@ def _kb_context(request: HttpRequest, **extra: Any) -> dict[str, Any]:
 
 
 @require_GET
-def kb_index(request: HttpRequest) -> HttpResponse:
+def kb_index(request: HtmxHttpRequest) -> HttpResponse:
     """The knowledge base: its documents and an upload form (htmx: the document list only,
     e.g. after the ``kb-changed`` trigger)."""
     if request.htmx:
@@ -266,12 +274,12 @@ def kb_index(request: HttpRequest) -> HttpResponse:
     return render(request, KB_PAGE, _kb_context(request))
 
 
-def _kb_list_context(request: HttpRequest) -> dict[str, Any]:
+def _kb_list_context(request: HtmxHttpRequest) -> dict[str, Any]:
     return {"documents": document_list(), "kb_can_edit": kb_editor_allowed(request)}
 
 
 @require_POST
-def kb_upload(request: HttpRequest) -> HttpResponse:
+def kb_upload(request: HtmxHttpRequest) -> HttpResponse:
     """Store an uploaded text/Markdown document (validated by :class:`DocumentUploadForm`).
     htmx gets a fresh form with a notice and the ``kb-changed`` trigger (the list refreshes
     itself); errors answer 422 (htmx) or 400 with the form; a plain success redirects.
@@ -300,7 +308,7 @@ def kb_upload(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-def kb_delete(request: HttpRequest, document_id: int) -> HttpResponse:
+def kb_delete(request: HtmxHttpRequest, document_id: int) -> HttpResponse:
     """Delete a document and its passages (404 if there is none): htmx gets the document list,
     a plain request the knowledge-base page. 403 unless the caller may edit the knowledge base."""
     kb_editor_check(request)

@@ -1,6 +1,6 @@
 // The few things the server cannot do for the chat page. Everything else is server-rendered HTML
-// that htmx swaps in: over the page's WebSocket (htmx's ws extension; see chatapp/page.py) or
-// by HTTP. This file:
+// that htmx swaps in: over the page's WebSocket (htmx's ws extension on /ws/chat/<id>/page/, see
+// chatapp/ui/page_feed.py and docs/protocol.md) or by HTTP. This file:
 //   - composer: Enter sends, Shift+Enter adds a line; a sent message shows as a "pending" bubble
 //     in #outbox until the server's rendered copy arrives in #messages;
 //   - after every (re)connect, pending bubbles are sent again (the server ignores duplicates);

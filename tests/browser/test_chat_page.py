@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import BrowserContext, Page, expect
+from playwright.sync_api import BrowserContext, FilePayload, Page, expect
 
 from tests.browser.conftest import Server
 
@@ -230,12 +230,16 @@ def test_sidebar_rename_mode_switch_and_delete(daphne_server: Server, new_contex
 def test_knowledge_base_upload_lists_the_document_and_explains_errors(daphne_server: Server, new_context: Context):
     page = new_context().new_page()
     page.goto(daphne_server.url + "/kb/")
-    guide = {"name": "glacier.md", "mimeType": "text/markdown", "buffer": b"# Glacier mode\n\nCold files cost less."}
+    guide: FilePayload = {
+        "name": "glacier.md",
+        "mimeType": "text/markdown",
+        "buffer": b"# Glacier mode\n\nCold files cost less.",
+    }
     page.get_by_label("File", exact=True).set_input_files(files=[guide])
     page.get_by_role("button", name="Upload").click()
     expect(page.get_by_test_id("upload-notice")).to_contain_text("Glacier mode")
     expect(page.locator("#kb-documents")).to_contain_text("upload-glacier")  # refreshed by HX-Trigger
-    program = {"name": "tool.exe", "mimeType": "application/octet-stream", "buffer": b"MZ"}
+    program: FilePayload = {"name": "tool.exe", "mimeType": "application/octet-stream", "buffer": b"MZ"}
     page.get_by_label("File", exact=True).set_input_files(files=[program])
     page.get_by_role("button", name="Upload").click()
     expect(page.get_by_label("File", exact=True)).to_have_attribute("aria-invalid", "true")

@@ -3,6 +3,7 @@ messages, the demo knowledge base, and WebSocket clients against the real ASGI a
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -28,6 +29,7 @@ from chatapp.conversation.runner import chat_turns_wait
 from chatapp.kb.documents import DEMO_KB_DIR, document_load_directory
 from chatapp.llm.offline.transport import OFFLINE_MODEL
 from chatapp.models import ChatSession, Message, TurnLease
+from chatapp.orm_threads import orm_connections_close
 
 ORIGIN = "http://127.0.0.1:8000"
 TIMEOUT = 5.0
@@ -50,6 +52,7 @@ def visitor_make(*, anonymous: bool = False) -> Visitor:
     if anonymous:
         store = SessionStore()
         store.create()
+        assert store.session_key is not None  # create() saved the session under a new key
         client.cookies[django_settings.SESSION_COOKIE_NAME] = store.session_key
         owner = Owner(user_id=None, session_key=store.session_key)
     else:
@@ -149,22 +152,29 @@ async def ws(transactional_db: None, db_connections_closed: None) -> AsyncIterat
             await communicator.disconnect(timeout=TIMEOUT)
 
     yield connect
-    await chat_turns_wait(timeout=10)
+    async with asyncio.timeout(10):
+        await chat_turns_wait()
     await get_channel_layer().flush()
 
 
 @pytest.fixture
 async def db_connections_closed() -> AsyncIterator[None]:
-    """At teardown, close the connections that async code opened in asgiref's worker thread, so
-    that the test database can be dropped (PostgreSQL refuses while a session is open)."""
+    """At teardown, close the connections that async code opened in asgiref's worker thread and
+    in the ORM threads (:mod:`chatapp.orm_threads`), so that the test database can be dropped
+    (PostgreSQL refuses while a session is open)."""
     yield
     await sync_to_async(connections.close_all)()
+    await sync_to_async(orm_connections_close)()
 
 
 async def receive_until(
-    communicator: WebsocketCommunicator, predicate: Callable[[dict[str, Any]], bool], timeout: float = TIMEOUT
+    communicator: WebsocketCommunicator,
+    predicate: Callable[[dict[str, Any]], bool],
+    timeout: float = TIMEOUT,  # noqa: ASYNC109  (per event, for receive_json_from; not a deadline of the call)
 ) -> list[dict[str, Any]]:
-    """Every event received up to and including the first that satisfies ``predicate``."""
+    """Every event received up to and including the first that satisfies ``predicate``;
+    ``timeout`` is how long to wait for each event (a deadline for the whole wait is the
+    caller's ``asyncio.timeout``)."""
     events: list[dict[str, Any]] = []
     while True:
         event = await communicator.receive_json_from(timeout=timeout)

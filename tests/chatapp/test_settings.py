@@ -11,7 +11,22 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 SETTINGS_FILE = Path(__file__).resolve().parents[2] / "chatapp" / "settings.py"
-CONFIG_VARIABLES = ("REDIS_URL", "LLM_BASE_URL", "SUMMARY_BASE_URL", "FAILOVER_BASE_URL", "LLM_CONTEXT_WINDOW")
+CONFIG_VARIABLES = (
+    "REDIS_URL",
+    "LLM_BASE_URL",
+    "SUMMARY_BASE_URL",
+    "FAILOVER_BASE_URL",
+    "LLM_CONTEXT_WINDOW",
+    "DATABASE_URL",
+    "DATABASE_TEST_NAME",
+    "DB_CONN_MAX_AGE",
+    "DB_THREADS",
+    "REDIS_SOCKET_TIMEOUT",
+    "REDIS_MAX_CONNECTIONS",
+    "CHANNEL_LAYER_PREFIX",
+    "REDIS_CHANNEL_LAYER",
+    "SQLITE_JOURNAL_MODE",
+)
 
 
 def settings_load(monkeypatch: pytest.MonkeyPatch, **env: str) -> dict[str, Any]:
@@ -75,7 +90,20 @@ def test_valid_urls_configure_the_channel_layer_and_endpoints(monkeypatch):
 
     layer = loaded["CHANNEL_LAYERS"]["default"]
     assert layer["BACKEND"] == "channels_redis.core.RedisChannelLayer"
-    assert layer["CONFIG"] == {"hosts": ["rediss://:secret@redis.example:6380/0"], "capacity": 1000}
+    assert layer["CONFIG"] == {
+        "hosts": [
+            {
+                "address": "rediss://:secret@redis.example:6380/0",
+                # Longer than channels_redis's 5-second blocking receive (redis-py 8 defaults to 5).
+                "socket_timeout": 30.0,
+                "socket_connect_timeout": 10.0,
+                "socket_keepalive": True,
+                "max_connections": 1000,
+            }
+        ],
+        "capacity": 1000,
+        "prefix": "asgi",
+    }
     assert loaded["LLM_CHAT_BASE_URL"] == loaded["LLM_SUMMARY_BASE_URL"] == "http://127.0.0.1:11434/v1"
     assert loaded["LLM_FAILOVER_BASE_URL"] == "https://api.example.com/v1"
     assert settings_load(monkeypatch, REDIS_URL="unix:///run/redis.sock")["CHANNEL_LAYERS"]["default"]["CONFIG"][
@@ -87,6 +115,54 @@ def test_the_embedded_default_needs_no_variables_and_has_a_roomy_channel_layer(m
     loaded = settings_load(monkeypatch)
 
     assert loaded["CHANNEL_LAYERS"] == {
-        "default": {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": 1000}}
+        "default": {"BACKEND": "chatapp.realtime.layers.SweepingInMemoryChannelLayer", "CONFIG": {"capacity": 1000}}
     }
     assert loaded["LLM_CHAT_BASE_URL"] == ""
+
+
+def test_redis_publish_subscribe_is_a_choice_with_the_same_connection_settings(monkeypatch):
+    layer = settings_load(monkeypatch, REDIS_URL="redis://127.0.0.1:6379/0", REDIS_CHANNEL_LAYER="pubsub")[
+        "CHANNEL_LAYERS"
+    ]["default"]
+
+    assert layer["BACKEND"] == "channels_redis.pubsub.RedisPubSubChannelLayer"
+    assert layer["CONFIG"]["hosts"][0]["socket_timeout"] == 30.0 and layer["CONFIG"]["prefix"] == "asgi"
+
+
+def test_the_embedded_sqlite_file_is_written_ahead_unless_asked_otherwise(monkeypatch):
+    wal = settings_load(monkeypatch)["DATABASES"]["default"]["OPTIONS"]
+    delete = settings_load(monkeypatch, SQLITE_JOURNAL_MODE="delete")["DATABASES"]["default"]["OPTIONS"]
+
+    assert wal["init_command"] == "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL"
+    assert delete["init_command"] == "" and delete["transaction_mode"] == "IMMEDIATE"
+
+
+def test_database_connections_are_kept_and_checked_before_reuse(monkeypatch):
+    sqlite = settings_load(monkeypatch)["DATABASES"]["default"]
+    postgres = settings_load(
+        monkeypatch, DATABASE_URL="postgres://chat@127.0.0.1:5432/chat", DB_CONN_MAX_AGE="15", DATABASE_TEST_NAME="t2"
+    )["DATABASES"]["default"]
+
+    assert (sqlite["CONN_MAX_AGE"], sqlite["CONN_HEALTH_CHECKS"]) == (60, True)
+    assert (postgres["CONN_MAX_AGE"], postgres["CONN_HEALTH_CHECKS"], postgres["TEST"]["NAME"]) == (15, True, "t2")
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"DB_CONN_MAX_AGE": "-1"}, "DB_CONN_MAX_AGE must be between 0 and 3600, got -1"),
+        ({"DB_CONN_MAX_AGE": "soon"}, "DB_CONN_MAX_AGE must be an integer, got 'soon'"),
+        ({"DB_THREADS": "0"}, "DB_THREADS must be between 1 and 64, got 0"),
+        # A socket timeout at or under the layer's 5-second blocking receive closes idle sockets.
+        ({"REDIS_SOCKET_TIMEOUT": "5"}, "REDIS_SOCKET_TIMEOUT must be between 10.0 and 3600.0, got 5.0"),
+        ({"REDIS_MAX_CONNECTIONS": "5"}, "REDIS_MAX_CONNECTIONS must be between 10 and 100000, got 5"),
+        ({"CHANNEL_LAYER_PREFIX": "a b"}, "CHANNEL_LAYER_PREFIX must be 1-64 letters, digits or _ . : -, got 'a b'"),
+        ({"REDIS_CHANNEL_LAYER": "streams"}, "REDIS_CHANNEL_LAYER must be one of lists, pubsub, got 'streams'"),
+        ({"SQLITE_JOURNAL_MODE": "memory"}, "SQLITE_JOURNAL_MODE must be one of wal, delete, got 'memory'"),
+    ],
+)
+def test_connection_settings_are_parsed_strictly(monkeypatch, env, message):
+    with pytest.raises(ImproperlyConfigured) as caught:
+        settings_load(monkeypatch, **env)
+
+    assert str(caught.value) == message

@@ -4,8 +4,10 @@ import itertools
 
 import pytest
 
-from memory.config import MemoryConfig
+from memory.budget import MemoryBudget
 from memory.engine import MemoryEngine
+from memory.services import OrmSummaryStore
+from memory.store import SummaryStore
 from memory.summarizer import SummarizerChain
 from tests.memory.builders import COUNTER, ScriptedSummarizer
 
@@ -13,7 +15,7 @@ _keys = itertools.count(1)
 
 
 @pytest.fixture
-def session_key() -> str:
+def memory_key() -> str:
     return f"test-session-{next(_keys)}"
 
 
@@ -24,9 +26,11 @@ def make_engine(
     *,
     attempts: int = 3,
     timeout: float = 5.0,
-    **config,
+    store: SummaryStore | None = None,
+    **budget,
 ) -> MemoryEngine:
-    """An engine over the test database with scripted summarizers and no retry backoff."""
+    """An engine with scripted summarizers and no retry backoff, over ``store`` (default: the
+    test database)."""
     chain = SummarizerChain(
         primary=primary or ScriptedSummarizer(),
         failover=failover,
@@ -34,4 +38,9 @@ def make_engine(
         timeout=timeout,
         backoff=0,
     )
-    return MemoryEngine(config=MemoryConfig(context_window=window, **config), chain=chain, counter=COUNTER)
+    return MemoryEngine(
+        budget=MemoryBudget(context_window=window, **budget),
+        chain=chain,
+        counter=COUNTER,
+        store=store or OrmSummaryStore(),
+    )

@@ -1,4 +1,4 @@
-"""Checks of SPEC.md invariants I1-I6 on one built context; shared by property tests and replays."""
+"""Checks of docs/memory.md invariants I1-I6 on one built context; shared by property tests and replays."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def check_context(
     system_prompt: str,
     counter: TokenCounter,
     tools: list[dict[str, Any]] | None = None,
-    dropped_ids: set[int] = frozenset(),
+    dropped_ids: frozenset[int] | set[int] = frozenset(),
     single_system: bool = False,
 ) -> None:
     """Assert I1-I5 for ``context`` built over the persisted ``stored`` rows."""
@@ -64,7 +64,7 @@ def check_context(
     # I3
     assert_no_orphans(messages)
     # I4: exact coverage, no gap, no overlap
-    boundary = context.summary["last_message_id"] or 0
+    boundary = context.summary.last_message_id or 0
     present = [s["id"] for s in sources if s["id"] is not None]
     assert len(present) == len(set(present)), "a message appears twice"
     expected = [row["id"] for row in stored if row["id"] > boundary and row["id"] not in dropped_ids]

@@ -1,5 +1,5 @@
 """Two compressions of one session racing on separate database connections (real threads),
-on SQLite and, when DATABASE_URL points at it, PostgreSQL (FAULTS F-26; SPEC.md section 3 step 6)."""
+on SQLite and, when DATABASE_URL points at it, PostgreSQL (docs/memory.md F-26; docs/memory.md §3 step 6)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.db import connection
 
+from memory.engine import ContextRequest, MemoryContext
 from memory.models import CompressionEvent, SessionSummary
 from tests.memory.builders import COUNTER, Store, asst, user
 from tests.memory.conftest import make_engine
@@ -38,13 +39,15 @@ def test_two_racing_compressions_leave_one_consistent_boundary():
         store.add(user(f"Question {i}: " + "lorem " * 40), asst(f"Answer {i}: " + "ipsum " * 40))
     store.add(user("final"))
     barrier = threading.Barrier(2)
-    results: dict[str, object] = {}
+    results: dict[str, MemoryContext | Exception] = {}
 
     def run(name: str) -> None:
         engine = make_engine(primary=BarrierSummarizer(barrier, f"summary from {name}"))
         try:
             results[name] = async_to_sync(engine.build_context)(
-                session_key="race", system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent"
+                ContextRequest(
+                    memory_key="race", system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent"
+                )
             )
         except Exception as exc:  # surfaced by the assertions below
             results[name] = exc
@@ -56,12 +59,12 @@ def test_two_racing_compressions_leave_one_consistent_boundary():
         thread.start()
     for thread in threads:
         thread.join(30)
-    row = SessionSummary.objects.get(session_key="race")
-    kinds = sorted(CompressionEvent.objects.filter(session_key="race").values_list("kind", flat=True))
+    row = SessionSummary.objects.get(memory_key="race")
+    kinds = sorted(CompressionEvent.objects.filter(memory_key="race").values_list("kind", flat=True))
     assert kinds == ["compression", "superseded"], kinds
     assert row.version == 1 and row.content in ("summary from a", "summary from b")
     for context in results.values():
-        assert not isinstance(context, Exception), context
+        assert isinstance(context, MemoryContext), context
         check_context(context, stored=store.rows, system_prompt=SYSTEM, counter=COUNTER)
-        assert context.summary["last_message_id"] == row.last_message_id
-        assert context.summary["content"] == row.content
+        assert context.summary.last_message_id == row.last_message_id
+        assert context.summary.content == row.content

@@ -1,5 +1,5 @@
 """Pure core: grouping, repair, back-scan, raw archive, elision; one test per fault kind of
-FAULTS.md that lives in the core, with its exact small input."""
+docs/memory.md that lives in the core, with its exact small input."""
 
 from __future__ import annotations
 

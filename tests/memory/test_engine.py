@@ -1,5 +1,5 @@
 """The engine over the database: compression, write-back, degradation, concurrency
-(SPEC.md sections 2-4; FAULTS F-07, F-08, F-10 .. F-17, F-23, F-24, F-26)."""
+(docs/memory.md §2-§4; docs/memory.md F-07, F-08, F-10 .. F-17, F-23, F-24, F-26)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from asgiref.sync import async_to_sync
 
 from memory import services
 from memory.core import RAW_ARCHIVE_MARKER
-from memory.engine import AgentMemoryMiddleware
+from memory.engine import AgentMemoryMiddleware, ContextRequest
 from memory.extractive import ExtractiveSummarizer
 from memory.models import CompressionEvent, SessionSummary
 from tests.memory.builders import COUNTER, ScriptedSummarizer, Store, asst, tool, user
@@ -23,7 +23,9 @@ SYSTEM = "You are a helpful assistant."
 
 def build(engine, store, key, *, mode="quick-answer", tools=None, system=SYSTEM):
     context = async_to_sync(engine.build_context)(
-        session_key=key, system_prompt=system, load_increment=store.load_increment, mode=mode, tools=tools
+        ContextRequest(
+            memory_key=key, system_prompt=system, load_increment=store.load_increment, mode=mode, tools=tools
+        )
     )
     check_context(context, stored=store.rows, system_prompt=system, counter=COUNTER, tools=tools)
     return context
@@ -34,27 +36,27 @@ def chat(store, turns: int, words: int = 40, start: int = 0):
         store.add(user(f"Question {i}: " + "lorem " * words), asst(f"Answer {i}: " + "ipsum " * words))
 
 
-def test_under_the_trigger_nothing_is_summarized(session_key):
+def test_under_the_trigger_nothing_is_summarized(memory_key):
     store = Store()
     store.add(user("hi"), asst("hello"), user("how are you?"))
     summarizer = ScriptedSummarizer()
-    context = build(make_engine(primary=summarizer), store, session_key)
+    context = build(make_engine(primary=summarizer), store, memory_key)
     assert context.events == [] and summarizer.requests == []
     assert [m["content"] for m in context.messages[1:]] == ["hi", "hello", "how are you?"]
-    assert not SessionSummary.objects.filter(session_key=session_key).exists()
+    assert not SessionSummary.objects.filter(memory_key=memory_key).exists()
 
 
-def test_compression_writes_summary_boundary_and_event(session_key):
+def test_compression_writes_summary_boundary_and_event(memory_key):
     store = Store()
     chat(store, 12)
     store.add(user("final question"))
     context = build(
-        make_engine(primary=ScriptedSummarizer(default="Summary: questions 0 to 9 asked.")), store, session_key
+        make_engine(primary=ScriptedSummarizer(default="Summary: questions 0 to 9 asked.")), store, memory_key
     )
-    row = SessionSummary.objects.get(session_key=session_key)
+    row = SessionSummary.objects.get(memory_key=memory_key)
     assert row.summary_type == "llm" and row.content == "Summary: questions 0 to 9 asked." and row.version == 1
     assert row.compressed_count == row.last_message_id  # ids start at 1, every message up to the boundary
-    event = CompressionEvent.objects.get(session_key=session_key)
+    event = CompressionEvent.objects.get(memory_key=memory_key)
     assert event.kind == "compression" and event.tokens_before > event.tokens_after
     assert event.boundary_before is None and event.boundary_after == row.last_message_id
     assert context.messages[1]["content"].startswith(
@@ -63,31 +65,31 @@ def test_compression_writes_summary_boundary_and_event(session_key):
     assert context.tokens <= context.target_tokens
 
 
-def test_f08_newest_user_message_is_never_summarized(session_key):
+def test_f08_newest_user_message_is_never_summarized(memory_key):
     store = Store()
     store.add(user("Hello"), asst("Bye"), user("and now?"))
-    context = build(make_engine(window=64, summary_max_tokens=32), store, session_key)
+    context = build(make_engine(window=64, summary_max_tokens=32), store, memory_key)
     assert context.messages[-1] == {"role": "user", "content": "and now?"}
     assert context.sources[-1] == {"id": 3, "kind": "current"}
 
 
-def test_f10_summary_role_user_leaves_one_leading_system_message(session_key):
+def test_f10_summary_role_user_leaves_one_leading_system_message(memory_key):
     store = Store()
     chat(store, 12)
     store.add(user("go on"))
-    context = build(make_engine(summary_role="user", primary=ScriptedSummarizer(default="facts")), store, session_key)
+    context = build(make_engine(summary_role="user", primary=ScriptedSummarizer(default="facts")), store, memory_key)
     roles = [m["role"] for m in context.messages]
     assert roles.count("system") == 1 and roles[0] == "system"
     assert context.messages[1]["role"] == "user" and context.messages[1]["content"].startswith("[Memory Summary")
 
 
-def test_f11_summarizer_request_is_valid_for_strict_providers(session_key):
+def test_f11_summarizer_request_is_valid_for_strict_providers(memory_key):
     store = Store()
     store.add(user("look it up"), asst(None, tc=["c1"]), tool("c1", "found " * 200))
     chat(store, 10)
     store.add(user("next"))
     summarizer = ScriptedSummarizer(default="facts")
-    build(make_engine(primary=summarizer), store, session_key)
+    build(make_engine(primary=summarizer), store, memory_key)
     prompt = summarizer.requests[0].prompt
     assert [m["role"] for m in prompt] == ["system", "user"]
     assert all(set(m) == {"role", "content"} for m in prompt)
@@ -95,7 +97,7 @@ def test_f11_summarizer_request_is_valid_for_strict_providers(session_key):
     assert "- Assistant [tools: kb_search]:" in prompt[1]["content"]  # F-25: content null
 
 
-def test_f12_f14_merge_not_stack_and_first_prompt_has_no_previous_section(session_key):
+def test_f12_f14_merge_not_stack_and_first_prompt_has_no_previous_section(memory_key):
     store = Store()
     summarizer = ExtractiveSummarizer()
     engine = make_engine(window=1024, primary=summarizer)
@@ -106,44 +108,44 @@ def test_f12_f14_merge_not_stack_and_first_prompt_has_no_previous_section(sessio
         requests.append(request)
         return await original(request)
 
-    engine.chain.primary.summarize = spy
+    engine.chain.primary.summarize = spy  # type: ignore[method-assign]  # a spy around the scripted summarizer
     for round_ in range(10):
         chat(store, 4, start=round_ * 4)
         store.add(user(f"round {round_}"))
-        build(engine, store, session_key)
+        build(engine, store, memory_key)
     assert "<previous_summary>" not in requests[0].prompt[1]["content"]
     assert "<previous_summary>" in requests[-1].prompt[1]["content"]
-    row = SessionSummary.objects.get(session_key=session_key)
-    assert row.version == CompressionEvent.objects.filter(session_key=session_key, kind="compression").count() >= 9
+    row = SessionSummary.objects.get(memory_key=memory_key)
+    assert row.version == CompressionEvent.objects.filter(memory_key=memory_key, kind="compression").count() >= 9
     for marker in ("<previous_summary>", "[Memory Summary", "Previous summary"):
         assert marker not in row.content
     assert COUNTER.count_text(row.content) <= engine.summary_cap
 
 
-def test_i7_first_facts_survive_many_compressions(session_key):
+def test_i7_first_facts_survive_many_compressions(memory_key):
     store = Store()
     engine = make_engine(window=1024, primary=ExtractiveSummarizer())
     store.add(user("My reservation is RES-7Q2X9 and my user id is ada_1815."), asst("Noted."))
     for round_ in range(15):
         chat(store, 3, words=30, start=round_ * 3)
         store.add(user(f"round {round_}"))
-        build(engine, store, session_key)
-    content = SessionSummary.objects.get(session_key=session_key).content
+        build(engine, store, memory_key)
+    content = SessionSummary.objects.get(memory_key=memory_key).content
     assert "RES-7Q2X9" in content and "ada_1815" in content
 
 
-def test_f13_coverage_after_degraded_compression_and_when_nothing_is_kept(session_key):
+def test_f13_coverage_after_degraded_compression_and_when_nothing_is_kept(memory_key):
     store = Store()
     chat(store, 12)
     store.add(user("q"))
     failing = ScriptedSummarizer(default=RuntimeError("down"))
-    build(make_engine(primary=failing), store, session_key)  # check_context asserts I4
+    build(make_engine(primary=failing), store, memory_key)  # check_context asserts I4
     store.add(asst("a"), user("huge " * 700))
-    context = build(make_engine(primary=failing), store, session_key)
+    context = build(make_engine(primary=failing), store, memory_key)
     assert context.sections["retained"] == 0
 
 
-def test_f15_the_increment_is_everything_after_the_boundary(session_key):
+def test_f15_the_increment_is_everything_after_the_boundary(memory_key):
     store = Store()
     chat(store, 150, words=5)
     store.add(user("q"))
@@ -155,27 +157,27 @@ def test_f15_the_increment_is_everything_after_the_boundary(session_key):
 
     engine = make_engine(window=4096, primary=ScriptedSummarizer(default="facts"))
     context = async_to_sync(engine.build_context)(
-        session_key=session_key, system_prompt=SYSTEM, load_increment=loader, mode="quick-answer"
+        ContextRequest(memory_key=memory_key, system_prompt=SYSTEM, load_increment=loader, mode="quick-answer")
     )
     check_context(context, stored=store.rows, system_prompt=SYSTEM, counter=COUNTER)
     assert calls == [None]
     store.add(asst("a"), user("again"))
     calls.clear()
     context = async_to_sync(engine.build_context)(
-        session_key=session_key, system_prompt=SYSTEM, load_increment=loader, mode="quick-answer"
+        ContextRequest(memory_key=memory_key, system_prompt=SYSTEM, load_increment=loader, mode="quick-answer")
     )
-    assert calls == [SessionSummary.objects.get(session_key=session_key).last_message_id]
+    assert calls == [SessionSummary.objects.get(memory_key=memory_key).last_message_id]
 
 
-def test_f16_giant_current_message_does_not_loop(session_key):
+def test_f16_giant_current_message_does_not_loop(memory_key):
     store = Store()
     chat(store, 2)
     store.add(user("giant " * 3000))
     summarizer = ScriptedSummarizer(default="facts")
     engine = make_engine(window=2048, primary=summarizer)
-    build(engine, store, session_key)
+    build(engine, store, memory_key)
     first_requests = len(summarizer.requests)
-    context = build(engine, store, session_key)
+    context = build(engine, store, memory_key)
     assert len(summarizer.requests) == first_requests, "the same prefix was summarized again"
     kinds = [event["kind"] for event in context.events]
     assert "no_progress" in kinds and "overflow" in kinds and context.overflow
@@ -184,23 +186,23 @@ def test_f16_giant_current_message_does_not_loop(session_key):
     assert context.messages[-1]["content"] == "giant " * 3000
 
 
-def test_f17_summarizer_input_is_chunked_to_its_window(session_key):
+def test_f17_summarizer_input_is_chunked_to_its_window(memory_key):
     store = Store()
     for i in range(40):
         store.add(user(f"fact {i}: " + "data " * 120), asst(f"ok {i}"))
     store.add(user("q"))
     summarizer = ScriptedSummarizer(default="merged facts")
-    build(make_engine(window=8192, summarizer_context_window=1024, primary=summarizer), store, session_key)
+    build(make_engine(window=8192, summarizer_context_window=1024, primary=summarizer), store, memory_key)
     assert len(summarizer.requests) > 1
     for request in summarizer.requests:
         assert COUNTER.count_request(request.prompt) + request.max_tokens <= 1024
 
 
-def test_f07_oversized_tool_result_in_the_current_turn_is_elided(session_key):
+def test_f07_oversized_tool_result_in_the_current_turn_is_elided(memory_key):
     store = Store()
     store.add(user("what does the big document say?"), asst(None, tc=["search"]), tool("search", "token " * 20_000))
     stored_before = store.snapshot()
-    context = build(make_engine(window=16_000), store, session_key, mode="agent")
+    context = build(make_engine(window=16_000), store, memory_key, mode="agent")
     assert context.messages[1] == {"role": "user", "content": "what does the big document say?"}
     assert "tokens elided to fit the context window" in context.messages[-1]["content"]
     assert context.tokens <= context.target_tokens
@@ -210,19 +212,19 @@ def test_f07_oversized_tool_result_in_the_current_turn_is_elided(session_key):
     assert store.rows == stored_before
 
 
-def test_f23_failing_summarizer_keeps_old_summary_and_records_attempts(session_key):
+def test_f23_failing_summarizer_keeps_old_summary_and_records_attempts(memory_key):
     store = Store()
     chat(store, 12)
     store.add(user("q1"))
-    build(make_engine(primary=ScriptedSummarizer(default="OLD SUMMARY: user likes tea.")), store, session_key)
+    build(make_engine(primary=ScriptedSummarizer(default="OLD SUMMARY: user likes tea.")), store, memory_key)
     chat(store, 12, start=100)
     store.add(user("q2"))
     for index, failure in enumerate((RuntimeError("HTTP 500 from provider"), "", "   \n", "sleep:1")):
         primary = ScriptedSummarizer(default=failure, model="primary-model")
         failover = ScriptedSummarizer(default=failure, model="failover-model")
         engine = make_engine(primary=primary, failover=failover, timeout=0.05)
-        context = build(engine, store, session_key)
-        row = SessionSummary.objects.get(session_key=session_key)
+        context = build(engine, store, memory_key)
+        row = SessionSummary.objects.get(memory_key=memory_key)
         assert row.summary_type == "raw" and row.content.startswith("OLD SUMMARY: user likes tea.")
         assert "HTTP 500" not in row.content and "late summary" not in row.content
         event = next(e for e in context.events if e["kind"] == "compression")
@@ -239,13 +241,13 @@ def test_f23_failing_summarizer_keeps_old_summary_and_records_attempts(session_k
         store.add(user("next"))
 
 
-def test_primary_fails_three_times_then_failover_succeeds(session_key):
+def test_primary_fails_three_times_then_failover_succeeds(memory_key):
     store = Store()
     chat(store, 12)
     store.add(user("q"))
     primary = ScriptedSummarizer(default=ConnectionError("refused"), model="primary-model")
     failover = ScriptedSummarizer(default="from the failover", model="failover-model")
-    context = build(make_engine(primary=primary, failover=failover), store, session_key)
+    context = build(make_engine(primary=primary, failover=failover), store, memory_key)
     event = context.events[0]
     assert [(a["model"], a["ok"]) for a in event["attempts"]] == [
         ("primary-model", False),
@@ -254,15 +256,15 @@ def test_primary_fails_three_times_then_failover_succeeds(session_key):
         ("failover-model", True),
     ]
     assert not event["degraded"] and event["result_type"] == "llm"
-    assert SessionSummary.objects.get(session_key=session_key).content == "from the failover"
+    assert SessionSummary.objects.get(memory_key=memory_key).content == "from the failover"
 
 
-def test_first_time_failure_gives_the_archive_alone_and_a_later_success_folds_it(session_key):
+def test_first_time_failure_gives_the_archive_alone_and_a_later_success_folds_it(memory_key):
     store = Store()
     chat(store, 12)
     store.add(user("q"))
-    build(make_engine(primary=ScriptedSummarizer(default=RuntimeError("x"))), store, session_key)
-    row = SessionSummary.objects.get(session_key=session_key)
+    build(make_engine(primary=ScriptedSummarizer(default=RuntimeError("x"))), store, memory_key)
+    row = SessionSummary.objects.get(memory_key=memory_key)
     assert row.summary_type == "raw" and row.content.startswith(RAW_ARCHIVE_MARKER)
     assert COUNTER.count_text(row.content) <= make_engine().summary_cap
     omitted = int(row.content.split("- [", 1)[1].split(" ", 1)[0])
@@ -270,9 +272,9 @@ def test_first_time_failure_gives_the_archive_alone_and_a_later_success_folds_it
     chat(store, 12, start=50)
     store.add(user("q again"))
     summarizer = ScriptedSummarizer(default="clean merged summary")
-    context = build(make_engine(primary=summarizer), store, session_key)
+    context = build(make_engine(primary=summarizer), store, memory_key)
     assert RAW_ARCHIVE_MARKER in summarizer.requests[0].previous_summary
-    row = SessionSummary.objects.get(session_key=session_key)
+    row = SessionSummary.objects.get(memory_key=memory_key)
     assert row.summary_type == "llm" and row.content == "clean merged summary"
     assert (
         context.messages[1]["content"].startswith("[Memory Summary")
@@ -280,17 +282,17 @@ def test_first_time_failure_gives_the_archive_alone_and_a_later_success_folds_it
     )
 
 
-def test_timeout_really_fires(session_key):
+def test_timeout_really_fires(memory_key):
     store = Store()
     chat(store, 12)
     store.add(user("q"))
     engine = make_engine(primary=ScriptedSummarizer(default="sleep:30"), attempts=1, timeout=0.1)
-    context = build(engine, store, session_key)
+    context = build(engine, store, memory_key)
     attempt = context.events[0]["attempts"][0]
     assert attempt["error"].startswith("TimeoutError") and 80 <= attempt["latency_ms"] < 5000
 
 
-def test_f24_cancellation_midway_leaves_the_session_as_it_was(session_key):
+def test_f24_cancellation_midway_leaves_the_session_as_it_was(memory_key):
     store = Store()
     chat(store, 12)
     store.add(user("q"))
@@ -299,7 +301,9 @@ def test_f24_cancellation_midway_leaves_the_session_as_it_was(session_key):
     async def cancel_midway():
         task = asyncio.ensure_future(
             engine.build_context(
-                session_key=session_key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent"
+                ContextRequest(
+                    memory_key=memory_key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent"
+                )
             )
         )
         await asyncio.sleep(0.2)
@@ -308,11 +312,11 @@ def test_f24_cancellation_midway_leaves_the_session_as_it_was(session_key):
             await task
 
     async_to_sync(cancel_midway)()
-    assert not SessionSummary.objects.filter(session_key=session_key).exists()
-    assert not CompressionEvent.objects.filter(session_key=session_key).exists()
+    assert not SessionSummary.objects.filter(memory_key=memory_key).exists()
+    assert not CompressionEvent.objects.filter(memory_key=memory_key).exists()
 
 
-def test_agent_middleware_degrades_when_the_engine_fails(session_key, monkeypatch):
+def test_agent_middleware_degrades_when_the_engine_fails(memory_key, monkeypatch):
     store = Store()
     chat(store, 12)
     store.add(user("q"))
@@ -322,25 +326,25 @@ def test_agent_middleware_degrades_when_the_engine_fails(session_key, monkeypatc
 
     monkeypatch.setattr(services, "session_summary_save", broken_save)
     engine = make_engine(primary=ScriptedSummarizer(default="facts"))
-    middleware = AgentMemoryMiddleware(
-        engine, session_key=session_key, system_prompt=SYSTEM, load_increment=store.load_increment
+    request = ContextRequest(
+        memory_key=memory_key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent"
     )
-    context = async_to_sync(middleware.before_model)()
-    assert context.summary["type"] == "raw" and RAW_ARCHIVE_MARKER in context.messages[1]["content"]
+    context = async_to_sync(AgentMemoryMiddleware(engine).before_model)(request)
+    assert context.summary.summary_type == "raw" and RAW_ARCHIVE_MARKER in context.messages[1]["content"]
     assert context.messages[-1] == {"role": "user", "content": "q"} and context.tokens <= context.target_tokens
-    assert not SessionSummary.objects.filter(session_key=session_key).exists()
+    assert not SessionSummary.objects.filter(memory_key=memory_key).exists()
 
 
-def test_agent_mode_notes_when_the_budget_beats_preserve_turns(session_key):
+def test_agent_mode_notes_when_the_budget_beats_preserve_turns(memory_key):
     store = Store()
     chat(store, 12)
     store.add(user("q"))
-    context = build(make_engine(primary=ScriptedSummarizer(default="facts")), store, session_key, mode="agent")
+    context = build(make_engine(primary=ScriptedSummarizer(default="facts")), store, memory_key, mode="agent")
     notes = context.events[0]["notes"]
     assert any("preserve_turns=5" in note for note in notes)
 
 
-def test_f26_racing_compressions_end_with_one_consistent_boundary(session_key):
+def test_f26_racing_compressions_end_with_one_consistent_boundary(memory_key):
     store = Store()
     chat(store, 12)
     store.add(user("q"))
@@ -350,53 +354,61 @@ def test_f26_racing_compressions_end_with_one_consistent_boundary(session_key):
     async def race():
         return await asyncio.gather(
             make_engine(primary=slow, timeout=5).build_context(
-                session_key=session_key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent"
+                ContextRequest(
+                    memory_key=memory_key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent"
+                )
             ),
             make_engine(primary=fast).build_context(
-                session_key=session_key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent"
+                ContextRequest(
+                    memory_key=memory_key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent"
+                )
             ),
         )
 
     first, second = async_to_sync(race)()
-    row = SessionSummary.objects.get(session_key=session_key)
-    kinds = sorted(e["kind"] for e in CompressionEvent.objects.filter(session_key=session_key).values("kind"))
+    row = SessionSummary.objects.get(memory_key=memory_key)
+    kinds = sorted(e["kind"] for e in CompressionEvent.objects.filter(memory_key=memory_key).values("kind"))
     assert "superseded" in kinds
     assert row.version == kinds.count("compression")
     for context in (first, second):
         check_context(context, stored=store.rows, system_prompt=SYSTEM, counter=COUNTER)
-        assert context.summary["last_message_id"] == row.last_message_id or context.summary["version"] < row.version
+        assert context.summary.last_message_id == row.last_message_id or context.summary.version < row.version
 
 
-def test_a_turn_in_flight_is_never_summarized_by_a_concurrent_turn(session_key):
+def test_a_turn_in_flight_is_never_summarized_by_a_concurrent_turn(memory_key):
     store = Store()
     chat(store, 12)
     in_flight = store.add(user("the other tab's question, still being answered"))[0]
     store.add(user("this tab's question"))
     summarizer = ScriptedSummarizer(default="facts")
     context = async_to_sync(make_engine(primary=summarizer).build_context)(
-        session_key=session_key,
-        system_prompt=SYSTEM,
-        load_increment=store.load_increment,
-        mode="agent",
-        summarize_below=in_flight["id"],
+        ContextRequest(
+            memory_key=memory_key,
+            system_prompt=SYSTEM,
+            load_increment=store.load_increment,
+            mode="agent",
+            summarize_below=in_flight["id"],
+        )
     )
     check_context(context, stored=store.rows, system_prompt=SYSTEM, counter=COUNTER)
-    assert context.summary["last_message_id"] < in_flight["id"]
+    assert context.summary.last_message_id < in_flight["id"]
     assert {"id": in_flight["id"], "kind": "history"} in context.sources
 
 
-def test_compress_now_folds_all_history_before_the_current_turn(session_key):
+def test_compress_now_folds_all_history_before_the_current_turn(memory_key):
     store = Store()
     store.add(user("hi"), asst("hello"), user("latest"))
     context = async_to_sync(make_engine(primary=ScriptedSummarizer(default="greetings exchanged")).build_context)(
-        session_key=session_key,
-        system_prompt=SYSTEM,
-        load_increment=store.load_increment,
-        mode="quick-answer",
-        force=True,
+        ContextRequest(
+            memory_key=memory_key,
+            system_prompt=SYSTEM,
+            load_increment=store.load_increment,
+            mode="quick-answer",
+            force=True,
+        )
     )
     check_context(context, stored=store.rows, system_prompt=SYSTEM, counter=COUNTER)
-    assert context.summary["last_message_id"] == 2 and [s["kind"] for s in context.sources] == [
+    assert context.summary.last_message_id == 2 and [s["kind"] for s in context.sources] == [
         "system",
         "summary",
         "current",
@@ -413,39 +425,39 @@ def test_compress_now_folds_all_history_before_the_current_turn(session_key):
         ([RuntimeError("a")] * 3, [RuntimeError("b")] * 3, "raw_archive"),
     ],
 )
-def test_summarizer_health(session_key, primary, failover, status):
-    assert services.summarizer_health_get(session_key=session_key)["status"] == "idle"
+def test_summarizer_health(memory_key, primary, failover, status):
+    assert services.summarizer_health_get(memory_key=memory_key)["status"] == "idle"
     store = Store()
     chat(store, 12)
     store.add(user("q"))
     engine = make_engine(
         primary=ScriptedSummarizer(primary), failover=ScriptedSummarizer(failover) if failover else None
     )
-    build(engine, store, session_key)
-    health = services.summarizer_health_get(session_key=session_key)
+    build(engine, store, memory_key)
+    health = services.summarizer_health_get(memory_key=memory_key)
     assert health["status"] == status
     assert (health["last_error"] != "") == (status != "ok")
 
 
-def test_losing_every_compare_and_set_round_degrades_without_writing(session_key, monkeypatch):
+def test_losing_every_compare_and_set_round_degrades_without_writing(memory_key, monkeypatch):
     store = Store()
     chat(store, 12)
     store.add(user("q"))
     monkeypatch.setattr(services, "session_summary_save", lambda **kwargs: False)
-    context = build(make_engine(primary=ScriptedSummarizer(default="facts")), store, session_key)
+    context = build(make_engine(primary=ScriptedSummarizer(default="facts")), store, memory_key)
     assert [e["kind"] for e in context.events] == ["superseded"] * 3
-    assert context.summary["type"] == "raw" and context.tokens <= context.target_tokens
+    assert context.summary.summary_type == "raw" and context.tokens <= context.target_tokens
     assert any("won the race" in note for note in context.repairs)
-    assert not SessionSummary.objects.filter(session_key=session_key).exists()
+    assert not SessionSummary.objects.filter(memory_key=memory_key).exists()
 
 
 @pytest.mark.parametrize(("summary_role", "notice_role"), [("system", "system"), ("user", "user")])
-def test_f09_f10_a_later_system_message_is_history(session_key, summary_role, notice_role):
+def test_f09_f10_a_later_system_message_is_history(memory_key, summary_role, notice_role):
     store = Store()
     chat(store, 12)
     store.add({"role": "system", "content": "Notice: maintenance tonight."}, user("q"))
     context = build(
-        make_engine(summary_role=summary_role, primary=ScriptedSummarizer(default="facts")), store, session_key
+        make_engine(summary_role=summary_role, primary=ScriptedSummarizer(default="facts")), store, memory_key
     )
     assert context.messages[0] == {"role": "system", "content": SYSTEM}
     notice = next(m for m in context.messages if "maintenance" in (m["content"] or ""))
@@ -455,28 +467,32 @@ def test_f09_f10_a_later_system_message_is_history(session_key, summary_role, no
         assert notice["content"] == "[System message] Notice: maintenance tonight."
 
 
-def test_a_pin_that_would_overflow_the_window_yields(session_key):
+def test_a_pin_that_would_overflow_the_window_yields(memory_key):
     store = Store()
     first = store.add(user("an old question of a turn that looks in flight"))[0]
     chat(store, 40)
     store.add(user("now"))
     context = async_to_sync(make_engine(primary=ScriptedSummarizer(default="facts")).build_context)(
-        session_key=session_key,
-        system_prompt=SYSTEM,
-        load_increment=store.load_increment,
-        mode="agent",
-        summarize_below=first["id"],
+        ContextRequest(
+            memory_key=memory_key,
+            system_prompt=SYSTEM,
+            load_increment=store.load_increment,
+            mode="agent",
+            summarize_below=first["id"],
+        )
     )
     check_context(context, stored=store.rows, system_prompt=SYSTEM, counter=COUNTER)
     assert context.tokens <= context.target_tokens and not context.overflow
     assert any("would overflow the context window" in note for note in context.events[0]["notes"])
 
 
-def test_compress_now_with_nothing_left_says_so_plainly(session_key):
+def test_compress_now_with_nothing_left_says_so_plainly(memory_key):
     store = Store()
     store.add(user("only question"))
     context = async_to_sync(make_engine().build_context)(
-        session_key=session_key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent", force=True
+        ContextRequest(
+            memory_key=memory_key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent", force=True
+        )
     )
     notes = context.events[0]["notes"]
     assert context.events[0]["kind"] == "no_progress"

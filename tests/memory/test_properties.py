@@ -1,4 +1,4 @@
-"""Property tests over generated conversations (SPEC.md invariants I1-I9).
+"""Property tests over generated conversations (docs/memory.md invariants I1-I9).
 
 Conversations mix plain turns, tool groups with parallel calls answered in any order, extra
 system messages, CJK text, oversized messages, orphan results and unanswered calls; the
@@ -11,19 +11,17 @@ from __future__ import annotations
 import copy
 import itertools
 
-import pytest
 from asgiref.sync import async_to_sync
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from memory.engine import CAS_ROUNDS
+from memory.engine import CAS_ROUNDS, ContextRequest
 from memory.extractive import ExtractiveSummarizer
-from memory.models import SessionSummary
+from memory.store import InMemorySummaryStore
 from tests.memory.builders import COUNTER, Store, asst, system, tool, user
 from tests.memory.conftest import make_engine
 from tests.memory.invariants import check_context
 
-pytestmark = pytest.mark.django_db
 SYSTEM = "You are the airline assistant. Follow the policy."
 _keys = itertools.count(1)
 
@@ -124,14 +122,17 @@ def test_invariants_hold_before_every_model_call(messages, window, mode, summary
         if with_tools
         else None
     )
-    engine = make_engine(window, FlakySummarizer(script), attempts=1, summary_role=summary_role)
+    store_port = InMemorySummaryStore()
+    engine = make_engine(window, FlakySummarizer(script), attempts=1, summary_role=summary_role, store=store_port)
     store = Store()
     boundary = 0
     for message in messages:
         if message["role"] == "assistant" and store.rows:
             snapshot = store.snapshot()
             context = async_to_sync(engine.build_context)(
-                session_key=key, system_prompt=SYSTEM, load_increment=store.load_increment, mode=mode, tools=tools
+                ContextRequest(
+                    memory_key=key, system_prompt=SYSTEM, load_increment=store.load_increment, mode=mode, tools=tools
+                )
             )
             assert store.rows == snapshot, "I6: memory management modified stored rows"
             check_context(
@@ -143,35 +144,35 @@ def test_invariants_hold_before_every_model_call(messages, window, mode, summary
                 dropped_ids=dropped_wire_ids(store.rows) - _covered(context),
                 single_system=summary_role == "user",
             )
-            new_boundary = context.summary["last_message_id"] or 0
+            new_boundary = context.summary.last_message_id or 0
             assert new_boundary >= boundary, "I4: the boundary moved backwards"
             boundary = new_boundary
             assert len(context.events) <= CAS_ROUNDS + 2, "I9: runaway compression"
             for compression in context.events:
                 event(f"{compression['kind']} {compression['result_type']}")
-            if context.summary["type"] != "none":
-                assert context.summary["content"].strip(), "I8: an empty summary was stored"
+            if context.summary.summary_type != "none":
+                assert context.summary.content.strip(), "I8: an empty summary was stored"
         store.add(copy.deepcopy(message))
-    row = SessionSummary.objects.filter(session_key=key).first()
-    if row is not None:
-        assert row.content.count("[Raw archive of newly added messages]") <= 1
+    stored = store_port.summaries.get(key)
+    if stored is not None:
+        assert stored.content.count("[Raw archive of newly added messages]") <= 1
 
 
 def _covered(context):
-    return set(range(1, (context.summary["last_message_id"] or 0) + 1))
+    return set(range(1, (context.summary.last_message_id or 0) + 1))
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(messages=conversation(), window=st.sampled_from([512, 1024, 2048]))
 def test_i9_a_second_build_without_new_messages_summarizes_nothing(messages, window):
     key = f"liveness-{next(_keys)}"
-    engine = make_engine(window, ExtractiveSummarizer(COUNTER), attempts=1)
+    engine = make_engine(window, ExtractiveSummarizer(COUNTER), attempts=1, store=InMemorySummaryStore())
     store = Store()
     store.add(*messages)
     async_to_sync(engine.build_context)(
-        session_key=key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent"
+        ContextRequest(memory_key=key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent")
     )
     again = async_to_sync(engine.build_context)(
-        session_key=key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent"
+        ContextRequest(memory_key=key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent")
     )
     assert all(event["kind"] in ("no_progress", "overflow") for event in again.events)

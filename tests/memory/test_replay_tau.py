@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from asgiref.sync import async_to_sync
 
-from memory.engine import AgentMemoryMiddleware
+from memory.engine import AgentMemoryMiddleware, ContextRequest
 from memory.extractive import ExtractiveSummarizer
+from memory.store import InMemorySummaryStore
 from tests.memory.builders import COUNTER, Store
 from tests.memory.conftest import make_engine
 from tests.memory.invariants import check_context
@@ -19,7 +20,7 @@ from tests.memory.invariants import check_context
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "tau-bench-airline" / "trajectories.json"
 WIRE = ("role", "content", "tool_calls", "tool_call_id", "name")
 
-pytestmark = [pytest.mark.django_db, pytest.mark.replay]
+pytestmark = pytest.mark.replay
 
 
 @pytest.fixture(scope="module")
@@ -32,23 +33,26 @@ def trajectories():
 @pytest.mark.parametrize("window", [2048, 4096, 8192])
 def test_all_tau_bench_transcripts_keep_the_invariants(trajectories, window):
     assert len(trajectories) == 100
-    engine = make_engine(window, ExtractiveSummarizer(COUNTER), attempts=1, summarizer_context_window=8192)
+    engine = make_engine(
+        window, ExtractiveSummarizer(COUNTER), attempts=1, summarizer_context_window=8192, store=InMemorySummaryStore()
+    )
     calls = compressions = 0
     for number, item in enumerate(trajectories):
         traj = item["traj"]
         system_prompt = traj[0]["content"]
         assert traj[0]["role"] == "system"
         store = Store()
-        middleware = AgentMemoryMiddleware(
-            engine,
-            session_key=f"tau-{window}-{number}",
+        middleware = AgentMemoryMiddleware(engine)
+        request = ContextRequest(
+            memory_key=f"tau-{window}-{number}",
             system_prompt=system_prompt,
             load_increment=store.load_increment,
+            mode="agent",
         )
         for message in traj[1:]:
             if message["role"] == "assistant" and store.rows:
                 snapshot = store.snapshot()
-                context = async_to_sync(middleware.before_model)()
+                context = async_to_sync(middleware.before_model)(request)
                 assert store.rows == snapshot
                 check_context(context, stored=store.rows, system_prompt=system_prompt, counter=COUNTER)
                 assert context.tokens <= window or context.overflow

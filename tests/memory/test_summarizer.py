@@ -6,12 +6,16 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from asgiref.sync import async_to_sync
 
+from memory.budget import MemoryBudget
 from memory.extractive import ExtractiveSummarizer, extractive_summary
 from memory.planner import summary_output_tokens
 from memory.prompts import build_summary_prompt, chunk_messages, split_summary_prompt, transcript_budget
+from memory.store import InMemorySummaryStore, Summary
 from memory.summarizer import SummarizerChain, SummaryRequest
 from tests.memory.builders import COUNTER, ScriptedSummarizer, asst, tool, user
+from tests.memory.conftest import make_engine
 
 
 def request(previous: str = "", transcript: str = "- User: hi") -> SummaryRequest:
@@ -64,10 +68,23 @@ def test_prompt_round_trips_for_the_offline_engine():
 
 
 def test_thirty_percent_rule_and_hard_cap():
-    assert summary_output_tokens(previous_summary_tokens=0, transcript_tokens=1000, cap=2000) == 300
-    assert summary_output_tokens(previous_summary_tokens=100, transcript_tokens=1000, cap=2000) == 400
-    assert summary_output_tokens(previous_summary_tokens=100, transcript_tokens=10_000, cap=500) == 500
-    assert summary_output_tokens(previous_summary_tokens=0, transcript_tokens=10, cap=500) == 48
+    rule = MemoryBudget(context_window=4096).summary_ratio
+    assert rule == 0.3
+    assert summary_output_tokens(previous_summary_tokens=0, transcript_tokens=1000, cap=2000, ratio=rule) == 300
+    assert summary_output_tokens(previous_summary_tokens=100, transcript_tokens=1000, cap=2000, ratio=rule) == 400
+    assert summary_output_tokens(previous_summary_tokens=100, transcript_tokens=10_000, cap=500, ratio=rule) == 500
+    assert summary_output_tokens(previous_summary_tokens=0, transcript_tokens=10, cap=500, ratio=rule) == 48
+
+
+def test_the_summary_ratio_is_read_from_the_budget(memory_key):
+    """``summary_ratio`` reaches the summarizer's output limit (it was once ignored)."""
+    seen = {}
+    for ratio in (0.3, 0.1):
+        summarizer = ScriptedSummarizer(default="facts")
+        engine = make_engine(window=8192, primary=summarizer, summary_ratio=ratio, store=InMemorySummaryStore())
+        async_to_sync(engine.summarize)(Summary(), [{"id": 1, **user("x " * 2000)}])
+        seen[ratio] = summarizer.requests[0].max_tokens
+    assert seen[0.1] < seen[0.3]
 
 
 def test_chunks_cover_every_message_in_order():

@@ -1,4 +1,4 @@
-"""Token estimation (SPEC.md section 5; FAULTS F-19 .. F-22)."""
+"""Token estimation (docs/memory.md §5; docs/memory.md F-19 .. F-22)."""
 
 from __future__ import annotations
 

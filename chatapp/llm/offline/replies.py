@@ -2,7 +2,7 @@
 
 No randomness, no clock, no I/O. The engine can only use what is in the request, so it answers
 from the visible context (system prompt, summary block, earlier user messages, tool results): a
-fact that memory compression dropped is visibly forgotten (SPEC.md section 6).
+fact that memory compression dropped is visibly forgotten (docs/memory.md §6).
 
 Decision order for one request:
 
@@ -37,8 +37,7 @@ from chatapp.llm.offline.evidence import (
     word_list,
 )
 from chatapp.llm.offline.intents import search_query, tool_call_for, tool_names
-from memory.extractive import extractive_summary
-from memory.prompts import split_summary_prompt
+from memory.api import extractive_summary, split_summary_prompt
 
 Message = dict[str, Any]
 

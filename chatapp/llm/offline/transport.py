@@ -1,6 +1,6 @@
 """The offline engine: an in-process OpenAI-compatible server, as an ``httpx2`` transport.
 
-Used when no endpoint is configured (SPEC.md section 6). ``openai.AsyncOpenAI`` talks to it exactly
+Used when no endpoint is configured (docs/memory.md §6). ``openai.AsyncOpenAI`` talks to it exactly
 as to a remote server, so the app's whole SDK code path runs offline. Routes:
 
 - ``POST .../chat/completions``: JSON or, with ``"stream": true``, server-sent events; both carry
@@ -27,7 +27,7 @@ import tiktoken
 from django.conf import settings
 
 from chatapp.llm.offline.replies import OfflineReply, offline_reply, summary_prompt_parts
-from memory.tokens import TokenCounter
+from memory.api import TokenCounter
 
 OFFLINE_MODEL = "offline-engine"
 # ".invalid" can never resolve (RFC 6761): nothing is ever sent to this host.

@@ -1,6 +1,6 @@
 """``python manage.py replay PATH --format tau-bench|locomo [--limit N] [--context-window TOKENS]
 [--mode agent|quick-answer] --out FILE.jsonl``: replay recorded conversations through the live
-memory path and write one JSON line per model call (contract in the README)."""
+memory path and write one JSON line per model call (contract in docs/replay.md)."""
 
 from __future__ import annotations
 
@@ -31,14 +31,14 @@ class Command(BaseCommand):
 
     def handle(
         self,
-        *args,
+        *args: object,
         path: Path,
         fmt: str,
         limit: int | None,
         context_window: int | None,
         mode: str,
         out: Path,
-        **options,
+        **options: object,
     ) -> None:
         if limit is not None and limit < 1:
             raise CommandError("--limit must be at least 1")
@@ -69,6 +69,6 @@ class Command(BaseCommand):
         seconds = time.perf_counter() - started
         print(
             f"replayed {conversations} conversations: {calls} model calls, {compressions} compressions, "
-            f"largest request {largest} tokens (window {engine.config.context_window}), {seconds:.1f} s",
+            f"largest request {largest} tokens (window {engine.budget.context_window}), {seconds:.1f} s",
             file=sys.stderr,
         )

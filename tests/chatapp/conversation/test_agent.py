@@ -12,6 +12,7 @@ from asgiref.sync import sync_to_async
 
 from chatapp.conversation import agent
 from chatapp.conversation.runner import chat_turn_run, chat_turn_stop
+from chatapp.conversation.tools import tool_call_execute
 from chatapp.models import ChatSession, Message, ModelCall
 from tests.chatapp.conftest import chat_session_make, message_make
 
@@ -21,6 +22,8 @@ pytestmark = [
 ]
 
 Script = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], dict[str, Any]]
+# The ``model`` fixture: install a script, get the list of requests it will receive.
+Model = Callable[[Script], list[dict[str, Any]]]
 
 
 def call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
@@ -28,7 +31,7 @@ def call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def model(monkeypatch) -> Callable[[Script], list[dict[str, Any]]]:
+def model(monkeypatch) -> Model:
     """Replace the chat model by ``script(messages, tools) -> {"text"?, "tool_calls"?}``; returns
     the list of requests it received (``{"messages", "tools"}``)."""
     requests: list[dict[str, Any]] = []
@@ -60,7 +63,7 @@ async def replies(user: Message) -> list[Message]:
     return [m async for m in Message.objects.filter(reply_to=user).order_by("id")]
 
 
-async def test_step_limit_ends_with_a_final_answer_offered_no_tools(alice, model, settings):
+async def test_step_limit_ends_with_a_final_answer_offered_no_tools(alice, model: Model, settings):
     settings.AGENT_MAX_STEPS = 3
     counter = iter(range(100))
     requests = model(
@@ -91,7 +94,9 @@ async def test_step_limit_ends_with_a_final_answer_offered_no_tools(alice, model
     assert calls[0].prompt_tokens == 100
 
 
-async def test_model_still_calling_tools_at_the_limit_is_an_error_without_a_dangling_call(alice, model, settings):
+async def test_model_still_calling_tools_at_the_limit_is_an_error_without_a_dangling_call(
+    alice, model: Model, settings
+):
     settings.AGENT_MAX_STEPS = 2
     model(
         lambda messages, tools: {
@@ -104,7 +109,8 @@ async def test_model_still_calling_tools_at_the_limit_is_an_error_without_a_dang
     final = await chat_turn_run(session_id=session.pk, user_message_id=user.pk)
 
     assert final.status == Message.Status.ERROR and final.tool_calls is None
-    assert final.content.startswith("let me check") and "no final answer within 2 model calls" in final.content
+    assert final.content is not None and final.content.startswith("let me check")
+    assert "no final answer within 2 model calls" in final.content
     stored = await replies(user)
     assert [(m.role, bool(m.tool_calls)) for m in stored] == [
         ("assistant", True),
@@ -113,7 +119,7 @@ async def test_model_still_calling_tools_at_the_limit_is_an_error_without_a_dang
     ]
 
 
-async def test_tool_errors_become_results_and_parallel_calls_each_get_one(alice, model):
+async def test_tool_errors_become_results_and_parallel_calls_each_get_one(alice, model: Model):
     batch = [
         call("a", "calculator", json.dumps({"expression": "__import__('os').system('echo hi')"})),
         call("b", "calculator", json.dumps({"expression": "2 ** 10"})),
@@ -129,7 +135,7 @@ async def test_tool_errors_become_results_and_parallel_calls_each_get_one(alice,
 
     assert final.status == Message.Status.COMPLETE and final.content == "done"
     stored = await replies(user)
-    results = {m.tool_call_id: m.content for m in stored if m.role == "tool"}
+    results = {m.tool_call_id: m.content or "" for m in stored if m.role == "tool"}
     assert list(results) == ["a", "b", "c", "d", "e", "f"]
     assert results["a"].startswith("error: Call is not allowed")
     assert results["b"] == "1024"
@@ -139,7 +145,7 @@ async def test_tool_errors_become_results_and_parallel_calls_each_get_one(alice,
     assert "conflicted copy" in results["f"]
 
 
-async def test_memory_runs_before_every_model_call_and_sees_the_previous_steps(alice, model):
+async def test_memory_runs_before_every_model_call_and_sees_the_previous_steps(alice, model: Model):
     requests = model(
         lambda messages, tools: (
             {"tool_calls": [call("k1", "kb_search", '{"query": "trash retention"}')]}
@@ -159,7 +165,7 @@ async def test_memory_runs_before_every_model_call_and_sees_the_previous_steps(a
     assert [s["kind"] for s in calls[1].context["sources"]] == ["system", "current", "current", "current"]
 
 
-async def test_stop_during_tool_execution_keeps_the_tool_group_complete(alice, model, monkeypatch):
+async def test_stop_during_tool_execution_keeps_the_tool_group_complete(alice, model: Model, monkeypatch):
     model(
         lambda messages, tools: {
             "tool_calls": [
@@ -169,7 +175,7 @@ async def test_stop_during_tool_execution_keeps_the_tool_group_complete(alice, m
         }
     )
     session, user = await start_turn(alice, "two sums please")
-    real_execute = agent.tool_call_execute
+    real_execute = tool_call_execute
 
     async def execute_then_stop(tool_call, **kwargs):
         chat_turn_stop(session_id=session.pk)

@@ -36,7 +36,7 @@ def replay(tmp_path: Path, *args: str) -> list[dict]:
 
 
 def check_record(record: dict) -> None:
-    """The contract of one line, and exact coverage (SPEC.md I4) from the line alone."""
+    """The contract of one line, and exact coverage (docs/memory.md I4) from the line alone."""
     assert set(record) == KEYS
     assert len(record["messages"]) == len(record["sources"])
     assert record["sources"][0]["kind"] == "system" and record["messages"][0]["role"] == "system"

@@ -1,4 +1,4 @@
-"""Concurrent turns in one session (FAULTS F-26), compression inside a turn, and the loader the
+"""Concurrent turns in one session (docs/memory.md F-26), compression inside a turn, and the loader the
 memory engine reads through."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from chatapp.conversation.leases import (
 )
 from chatapp.conversation.runner import chat_turn_run, chat_turn_stop
 from chatapp.models import ChatSession, Message, ModelCall
-from memory import services as memory_services
+from memory.api import session_summary_get
 from memory.engine import MemoryEngine
 from memory.models import CompressionEvent
 from tests.chatapp.conftest import (
@@ -71,8 +71,9 @@ async def test_two_tabs_sending_at_once_both_get_their_own_reply(ws, alice, sett
         events_a, events_b = await asyncio.gather(both_done(tab_a), both_done(tab_b))
 
     users = [m async for m in Message.objects.filter(session=session, role="user").order_by("id")]
-    assert sorted(m.client_message_id for m in users) == ["tab-a", "tab-b"]
+    assert sorted(m.client_message_id or "" for m in users) == ["tab-a", "tab-b"]
     for user in users:
+        assert user.client_message_id is not None
         answer = await Message.objects.aget(reply_to=user)
         assert answer.status == Message.Status.COMPLETE
         # Each turn's model request ended with its own question, not the other tab's.
@@ -80,8 +81,8 @@ async def test_two_tabs_sending_at_once_both_get_their_own_reply(ws, alice, sett
         assert call.context["messages"][-1] == {"role": "user", "content": questions[user.client_message_id]}
     assert {e["turn_id"] for e in of_type(events_a, "chat.done")} == {u.pk for u in users}
     assert {e["turn_id"] for e in of_type(events_b, "chat.done")} == {u.pk for u in users}
-    assert "50 GB" in (await Message.objects.aget(reply_to__client_message_id="tab-a")).content
-    assert "KS-207" in (await Message.objects.aget(reply_to__client_message_id="tab-b")).content
+    assert "50 GB" in ((await Message.objects.aget(reply_to__client_message_id="tab-a")).content or "")
+    assert "KS-207" in ((await Message.objects.aget(reply_to__client_message_id="tab-b")).content or "")
 
 
 async def test_concurrent_turns_compressing_at_once_keep_both_replies_and_a_forward_boundary(alice, settings):
@@ -98,14 +99,19 @@ async def test_concurrent_turns_compressing_at_once_keep_both_replies_and_a_forw
 
     assert [f.status for f in finals] == [Message.Status.COMPLETE, Message.Status.COMPLETE]
     assert [f.reply_to_id for f in finals] == [first.pk, second.pk]
-    assert "600 requests per minute" in finals[0].content and "36000" in finals[1].content
-    state = await sync_to_async(memory_services.session_summary_get)(session_key=str(session.pk))
-    assert state.summary_type in ("llm", "raw") and history[0].pk <= state.last_message_id < first.pk
+    assert "600 requests per minute" in (finals[0].content or "") and "36000" in (finals[1].content or "")
+    state = await sync_to_async(session_summary_get)(memory_key=ChatSession.memory_key_for(session.pk))
+    assert state.summary_type in ("llm", "raw") and state.last_message_id is not None
+    assert history[0].pk <= state.last_message_id < first.pk
     events = [
-        e async for e in CompressionEvent.objects.filter(session_key=str(session.pk), kind="compression").order_by("id")
+        e
+        async for e in CompressionEvent.objects.filter(
+            memory_key=ChatSession.memory_key_for(session.pk), kind="compression"
+        ).order_by("id")
     ]
-    assert events and all(e.boundary_after > (e.boundary_before or 0) for e in events)
-    boundaries = [e.boundary_after for e in events]
+    boundaries = [e.boundary_after for e in events if e.boundary_after is not None]
+    assert events and len(boundaries) == len(events)
+    assert all(after > (e.boundary_before or 0) for after, e in zip(boundaries, events, strict=True))
     assert boundaries == sorted(boundaries) and boundaries[-1] == state.last_message_id
 
 
@@ -166,8 +172,8 @@ async def test_a_stop_while_the_context_is_built_never_calls_the_model(alice, mo
     user = await sync_to_async(message_make)(session, "user", "How large can a file be?")
     build_context = MemoryEngine.build_context
 
-    async def build_then_stop(self, **kwargs):
-        context = await build_context(self, **kwargs)
+    async def build_then_stop(self, request):
+        context = await build_context(self, request)
         chat_turn_stop(session_id=session.pk)
         return context
 
@@ -201,15 +207,16 @@ async def test_a_newer_turn_never_summarizes_the_question_of_an_older_turn_in_fl
 
     newer_final = await chat_turn_run(session_id=session.pk, user_message_id=newer.pk)
 
-    state = await sync_to_async(memory_services.session_summary_get)(session_key=str(session.pk))
+    state = await sync_to_async(session_summary_get)(memory_key=ChatSession.memory_key_for(session.pk))
     assert newer_final.status == Message.Status.COMPLETE
     assert state.last_message_id is not None and state.last_message_id < older.pk  # compressed, but not A's question
     older_final = await chat_turn_run(session_id=session.pk, user_message_id=older.pk)
     first_call = await ModelCall.objects.filter(reply_to=older).order_by("step").afirst()
+    assert first_call is not None
     context = first_call.context
     current = [m for m, s in zip(context["messages"], context["sources"], strict=True) if s["kind"] == "current"]
     assert current[0] == {"role": "user", "content": older.content}
-    assert older_final.status == Message.Status.COMPLETE and "30 days" in older_final.content
+    assert older_final.status == Message.Status.COMPLETE and "30 days" in (older_final.content or "")
 
 
 async def test_a_turn_interrupted_by_a_restart_pins_nothing_and_is_closed(alice, settings):
@@ -225,8 +232,8 @@ async def test_a_turn_interrupted_by_a_restart_pins_nothing_and_is_closed(alice,
     assert await sync_to_async(turn_in_flight_first_id)(session_id=session.pk) is None
     final = await chat_turn_run(session_id=session.pk, user_message_id=question.pk)
 
-    assert final.status == Message.Status.COMPLETE and "1011" in final.content
-    state = await sync_to_async(memory_services.session_summary_get)(session_key=str(session.pk))
+    assert final.status == Message.Status.COMPLETE and "1011" in (final.content or "")
+    state = await sync_to_async(session_summary_get)(memory_key=ChatSession.memory_key_for(session.pk))
     assert state.last_message_id is not None and state.last_message_id > dead.pk  # compressed past it
     closed = await Message.objects.aget(reply_to=dead)
     assert closed.status == Message.Status.ERROR and closed.content == INTERRUPTED_TEXT

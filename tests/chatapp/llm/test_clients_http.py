@@ -12,19 +12,7 @@ from chatapp.llm.clients import ChatEvent, Endpoint, LLMError, chat_stream, fail
 from chatapp.llm.summarizer import OpenAISummarizer, build_summarizer_chain
 from memory.prompts import build_summary_prompt
 from memory.summarizer import SummarizerChain, SummaryRequest
-from tests.fake_openai import (  # noqa: F401  (fixtures)
-    MALFORMED_JSON,
-    FakeOpenAI,
-    Reply,
-    chunk,
-    completion,
-    error,
-    fake_openai,
-    fake_openai_failover,
-    refused_base_url,
-    slow,
-    stream,
-)
+from tests.fake_openai import MALFORMED_JSON, FakeOpenAI, Reply, chunk, completion, error, slow, stream
 
 MESSAGES = [
     {"role": "system", "content": "You are terse.", "id": 1, "token_count": 5},
@@ -47,6 +35,12 @@ def endpoint_for(server: FakeOpenAI | str, *, model: str = "fake-model", timeout
 
 async def collect(endpoint: Endpoint, **kwargs: Any) -> list[ChatEvent]:
     return [event async for event in chat_stream(MESSAGES, endpoint=endpoint, **kwargs)]
+
+
+async def collect_into(received: list[ChatEvent], endpoint: Endpoint) -> None:
+    """Append each event to ``received`` as it arrives (kept if the stream fails later)."""
+    async for event in chat_stream(MESSAGES, endpoint=endpoint):
+        received.append(event)
 
 
 async def stream_error(endpoint: Endpoint) -> LLMError:
@@ -231,8 +225,7 @@ async def test_malformed_json_in_a_stream_after_text(fake_openai: FakeOpenAI) ->
     received: list[ChatEvent] = []
 
     with pytest.raises(LLMError) as caught:
-        async for event in chat_stream(MESSAGES, endpoint=endpoint_for(fake_openai)):
-            received.append(event)
+        await collect_into(received, endpoint_for(fake_openai))
 
     assert caught.value.kind == "malformed"
     assert "not valid JSON" in str(caught.value)

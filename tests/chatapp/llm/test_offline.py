@@ -1,4 +1,4 @@
-"""The offline engine through the real ``openai.AsyncOpenAI`` client (SPEC.md section 6)."""
+"""The offline engine through the real ``openai.AsyncOpenAI`` client (docs/memory.md §6)."""
 
 from __future__ import annotations
 

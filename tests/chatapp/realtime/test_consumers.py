@@ -1,6 +1,8 @@
-"""The chat WebSocket against the real ASGI application (origin check, session, auth, router),
-with the offline engine: protocol, streaming in both modes, idempotent resends, reconnects
-(FAULTS F-27), bounded and validated input, and who may open a socket."""
+"""The chat WebSocket (the JSON route, ``/ws/chat/<id>/``; the page route is tested in
+tests/chatapp/ui/test_page_feed.py) against the real ASGI application (origin check, session,
+auth, router), with the offline engine: protocol (docs/protocol.md), streaming in both modes,
+idempotent resends, reconnects (docs/memory.md F-27), bounded and validated input, turns
+interrupted by a restart, and who may open a socket."""
 
 from __future__ import annotations
 
@@ -39,6 +41,11 @@ async def rows(session: ChatSession) -> list[Message]:
 
 def send(client_message_id: str, text: str) -> dict[str, Any]:
     return {"type": "chat.send", "client_message_id": client_message_id, "text": text}
+
+
+def content_of(message: Message) -> str:
+    """The message's content (``""`` for one without text, such as a tool call)."""
+    return message.content or ""
 
 
 async def assert_closed_not_found(communicator: Any) -> None:
@@ -127,6 +134,8 @@ async def test_a_trusted_origin_connects_through_a_proxy_that_rewrites_host(ws, 
         "/ws/chat/abc/",
         "/ws/chat/",
         "/ws/chat/1/extra/",
+        "/ws/chat/1/page/extra/",
+        "/ws/chat/abc/page/",
         "/ws/other/",
         "/",
         "/ws/chat/" + "9" * 30 + "/",  # a number, but too large for a database key
@@ -173,10 +182,10 @@ async def test_agent_turn_streams_tool_calls_results_and_answer(ws, alice):
     ]
     user, call, result, answer = stored
     assert all(m.reply_to_id == user.pk for m in (call, result, answer))
-    assert call.tool_calls[0]["function"]["name"] == "kb_search"
+    assert call.tool_calls is not None and call.tool_calls[0]["function"]["name"] == "kb_search"
     assert result.tool_call_id == call.tool_calls[0]["id"] and result.name == "kb_search"
-    assert "12 euros per user per month" in result.content
-    assert answer.status == Message.Status.COMPLETE and "12 euros" in answer.content
+    assert "12 euros per user per month" in content_of(result)
+    assert answer.status == Message.Status.COMPLETE and "12 euros" in content_of(answer)
     assert all(m.token_count > 0 for m in stored)
     # The streamed text is exactly the stored answer, and every stored row was announced.
     assert "".join(d["text"] for d in of_type(events, "chat.delta") if d["step"] == 2) == answer.content
@@ -205,7 +214,7 @@ async def test_quick_answer_retrieves_then_answers_once(ws, anon):
     stored = await rows(session)
     assert [m.role for m in stored] == ["user", "assistant"]
     answer = stored[1]
-    assert "12 euros per user per month" in answer.content
+    assert "12 euros per user per month" in content_of(answer)
     assert "".join(d["text"] for d in of_type(events, "chat.delta")) == answer.content
     call = await ModelCall.objects.aget(session=session)
     assert call.mode == "quick-answer" and "Team plan price: 12 euros" in call.context["messages"][0]["content"]
@@ -227,7 +236,7 @@ async def test_model_failure_ends_turn_with_error_and_keeps_history(ws, alice, s
     stored = await rows(session)
     assert [m.content for m in stored[:3]] == ["My order number is 4711.", "Noted: 4711.", "What is my order number?"]
     assert stored[3].role == "assistant" and stored[3].status == Message.Status.ERROR
-    assert "could not answer" in stored[3].content
+    assert "could not answer" in content_of(stored[3])
 
 
 async def test_stop_ends_a_slow_reply_as_stopped(ws, alice, settings):
@@ -245,7 +254,7 @@ async def test_stop_ends_a_slow_reply_as_stopped(ws, alice, settings):
     assert answer.status == Message.Status.STOPPED and answer.content == "[stopped by the user]"
 
 
-# --- resends and reconnects (FAULTS F-27) --------------------------------------------------
+# --- resends and reconnects (docs/memory.md F-27) -------------------------------------------
 
 
 async def test_resend_of_a_finished_message_stores_nothing_and_replays_the_reply(ws, alice):
@@ -469,7 +478,7 @@ async def test_a_burst_of_sends_stores_only_the_allowed_turns_and_answers_each(w
     assert [m.client_message_id for m in stored if m.role == "user"] == ["b0", "b1", "b2"]
     finals = [m for m in stored if m.role == "assistant"]
     assert [m.reply_to_id for m in finals] == [a["message_id"] for a in acks]
-    assert all(m.status == Message.Status.COMPLETE and "12 euros" in m.content for m in finals)
+    assert all(m.status == Message.Status.COMPLETE and "12 euros" in content_of(m) for m in finals)
     # One after another: each turn starts only after the previous one is done.
     order = [(e["type"], e["turn_id"]) for e in events if e["type"] in ("chat.turn", "chat.done")]
     assert order == [(kind, a["message_id"]) for a in acks for kind in ("chat.turn", "chat.done")]
@@ -510,7 +519,7 @@ async def test_a_turn_interrupted_by_a_restart_is_closed_when_a_tab_reconnects(w
         events = await receive_until(communicator, is_done)
 
     closed = await Message.objects.aget(reply_to=dead)
-    assert closed.status == Message.Status.ERROR and closed.content.startswith("[Interrupted: the server stopped")
+    assert closed.status == Message.Status.ERROR and content_of(closed).startswith("[Interrupted: the server stopped")
     assert history["pending"] == [] and [m["id"] for m in history["messages"]] == [closed.pk]
     assert events[-1]["status"] == "complete"
     assert await Message.objects.filter(reply_to=dead).acount() == 1
@@ -596,7 +605,7 @@ async def test_an_open_tab_learns_that_a_turn_was_interrupted_when_its_lease_run
             received.append(await communicator.receive_from(timeout=TIMEOUT))
 
     closed = await Message.objects.aget(reply_to=turn)
-    assert closed.status == Message.Status.ERROR and closed.content.startswith("[Interrupted")
+    assert closed.status == Message.Status.ERROR and content_of(closed).startswith("[Interrupted")
     if path_suffix:
         snapshot, *frames = received
         assert f'id="stream-{turn.pk}"' in snapshot  # "Thinking…" on connect
@@ -606,6 +615,29 @@ async def test_an_open_tab_learns_that_a_turn_was_interrupted_when_its_lease_run
         events = [json.loads(frame) for frame in received]
         assert [e["type"] for e in events] == ["chat.message", "chat.done"]
         assert events[1] == {"type": "chat.done", "turn_id": turn.pk, "status": "error", "message_id": closed.pk}
+
+
+async def test_the_interrupted_turn_sweep_runs_once_on_connect_and_once_per_new_turn(ws, alice, monkeypatch):
+    sweeps: list[int] = []
+    sweep = leases.turns_interrupted_close
+
+    def counted(*, session_id: int, **options: Any) -> list[Message]:
+        sweeps.append(session_id)
+        return sweep(session_id=session_id, **options)
+
+    monkeypatch.setattr(leases, "turns_interrupted_close", counted)
+    session = await make_session(alice, mode=ChatSession.Mode.QUICK_ANSWER)
+    async with ws(f"/ws/chat/{session.pk}/", cookie=alice.cookie) as communicator:
+        await communicator.connect(timeout=TIMEOUT)
+        assert len(sweeps) == 1  # on connect
+        await communicator.send_json_to(send("o1", "How large can a file be?"))
+        await receive_until(communicator, is_done)
+        assert len(sweeps) == 2  # the turn closes the interrupted turns before it starts; the socket does not
+        await communicator.send_json_to({"type": "chat.sync", "after_message_id": 0})
+        await receive_until(communicator, lambda e: e["type"] == "chat.history")
+        await communicator.send_json_to(send("o1", "How large can a file be?"))  # a finished turn's resend
+        await receive_until(communicator, is_done)
+    assert sweeps == [session.pk, session.pk]  # no lease ran out: nothing else swept
 
 
 async def test_stop_closes_a_turn_no_worker_runs_any_more(ws, alice, settings):

@@ -28,7 +28,7 @@ def test_the_last_request_is_shown_exactly_as_recorded(alice: Visitor):
     session = chat_session_make(alice.owner, mode=ChatSession.Mode.AGENT)
     question = message_make(session, "user", "search the knowledge base for Team plan price")
     async_to_sync(chat_turn_run)(session_id=session.pk, user_message_id=question.pk)
-    call = ModelCall.objects.filter(session=session).order_by("-id").first()
+    call = ModelCall.objects.filter(session=session).latest("id")
     request = inspector_state_get(session_id=session.pk).request
 
     assert request is not None and request.model_call_id == call.pk and request.step == 2
@@ -41,7 +41,7 @@ def test_the_last_request_is_shown_exactly_as_recorded(alice: Visitor):
     assert sections["overhead"].tokens == 3 and sections["free"].tokens == 2048 - call.estimated_tokens
     assert sections["current"].text == messages_text(call.context["messages"][1:])
     assert '"name": "kb_search"' in sections["tools"].text  # the schemas stored with the call
-    assert request.prompt_tokens == call.prompt_tokens is not None
+    assert call.prompt_tokens is not None and request.prompt_tokens == call.prompt_tokens
     assert request.prompt_tokens_difference == call.prompt_tokens - call.estimated_tokens
     replies = list(question.replies.order_by("id"))  # tool call, tool result, final answer
     assert request.current_ids == {question.pk, replies[0].pk, replies[1].pk} and request.history_ids == set()
@@ -79,6 +79,7 @@ def test_each_summary_version_says_what_it_folded_in_and_how_the_summary_grew(al
 
     assert (newer.version, older.version) == (2, 1)
     assert older.previous_chars == 0 and newer.previous_chars == len(older.content) > 0
+    assert older.boundary_after is not None and newer.boundary_after is not None
     assert newer.boundary_before == older.boundary_after < newer.boundary_after
     for version in (older, newer):
         folded = session.messages.filter(id__gt=version.boundary_before or 0, id__lte=version.boundary_after)

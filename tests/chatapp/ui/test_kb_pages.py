@@ -15,13 +15,13 @@ from tests.chatapp.conftest import Visitor
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("offline_engine")]
 
-HTMX = {"HTTP_HX_REQUEST": "true"}
+HTMX = {"HX-Request": "true"}
 GUIDE = "# Glacier mode\n\nGlacier mode keeps cold files in archive storage for 0.5 euros per TB.\n"
 
 
 def upload(client: Client, name: str, body: bytes, *, title: str = "", htmx: bool = True):
     headers = HTMX if htmx else {}
-    return client.post("/kb/upload/", {"file": SimpleUploadedFile(name, body), "title": title}, **headers)
+    return client.post("/kb/upload/", {"file": SimpleUploadedFile(name, body), "title": title}, headers=headers)
 
 
 def test_the_page_lists_documents_and_htmx_gets_the_list_only(anon: Visitor):
@@ -29,7 +29,7 @@ def test_the_page_lists_documents_and_htmx_gets_the_list_only(anon: Visitor):
     page = anon.client.get("/kb/")
     assert page.status_code == 200 and b"<html" in page.content and b"Pricing guide" in page.content
     assert b'id="kb-upload"' in page.content
-    partial = anon.client.get("/kb/", **HTMX).content.decode()
+    partial = anon.client.get("/kb/", headers=HTMX).content.decode()
     assert partial.strip().startswith('<div id="kb-documents"') and "<html" not in partial
     assert "Pricing guide" in partial
     assert 'hx-trigger="kb-changed from:body"' in partial
@@ -84,10 +84,10 @@ def test_a_plain_upload_redirects_to_the_page(anon: Visitor):
 def test_delete_removes_the_document_and_its_passages(anon: Visitor):
     upload(anon.client, "glacier.md", GUIDE.encode())
     document = Document.objects.get()
-    response = anon.client.post(f"/kb/{document.pk}/delete/", **HTMX)
+    response = anon.client.post(f"/kb/{document.pk}/delete/", headers=HTMX)
     assert response.status_code == 200 and response.content.decode().strip().startswith('<div id="kb-documents"')
     assert not Document.objects.exists() and not Chunk.objects.exists() and kb_search("glacier") == []
-    assert anon.client.post(f"/kb/{document.pk}/delete/", **HTMX).status_code == 404
+    assert anon.client.post(f"/kb/{document.pk}/delete/", headers=HTMX).status_code == 404
     assert anon.client.get(f"/kb/{document.pk}/delete/").status_code == 405
 
 
@@ -98,7 +98,7 @@ def test_with_staff_only_editing_others_can_read_but_not_change_the_knowledge_ba
     assert page.status_code == 200 and b"Pricing guide" in page.content
     assert b'id="kb-upload"' not in page.content and b"/delete/" not in page.content
     assert upload(anon.client, "glacier.md", GUIDE.encode()).status_code == 403
-    assert anon.client.post(f"/kb/{document.pk}/delete/", **HTMX).status_code == 403
+    assert anon.client.post(f"/kb/{document.pk}/delete/", headers=HTMX).status_code == 403
     assert list(Document.objects.values_list("slug", flat=True)) == ["d"]
 
 
@@ -109,5 +109,5 @@ def test_with_staff_only_editing_staff_can_upload_and_delete(settings):
     assert upload(staff, "glacier.md", GUIDE.encode()).status_code == 200
     document = Document.objects.get(slug="upload-glacier")
     assert b'id="kb-upload"' in staff.get("/kb/").content
-    assert staff.post(f"/kb/{document.pk}/delete/", **HTMX).status_code == 200
+    assert staff.post(f"/kb/{document.pk}/delete/", headers=HTMX).status_code == 200
     assert not Document.objects.exists()

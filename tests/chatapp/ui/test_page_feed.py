@@ -1,6 +1,7 @@
-"""The chat page's socket (``?ui=html``): server-rendered out-of-band HTML instead of JSON, against
-the real ASGI application with the offline engine; and the JSON events added for the page
-(``memory.summary`` after "compress now", 4404 when a session is deleted)."""
+"""The chat page's socket (``/ws/chat/<id>/page/``, and its alias ``?ui=html``): server-rendered
+out-of-band HTML instead of JSON, against the real ASGI application with the offline engine; the
+feed rendering from the events themselves (no query for most of them); and the JSON events added
+for the page (``memory.summary`` after "compress now", 4404 when a session is deleted)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,23 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from chatapp.chats.services import chat_session_delete
 from chatapp.conversation.compress import session_memory_compress
 from chatapp.models import ChatSession, Message
-from chatapp.ui.page_feed import PageFeed
+from chatapp.realtime.protocol import (
+    ChatDeltaEvent,
+    ChatDoneEvent,
+    ChatMessageEvent,
+    ErrorEvent,
+    MemoryContextEvent,
+    MemorySummaryEvent,
+)
+from chatapp.ui.page_feed import PageFeed, partial_render
 from memory import services as memory_services
+from memory.api import Summary
 from tests.chatapp.conftest import (
     TIMEOUT,
     Visitor,
@@ -30,14 +42,14 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 
 
 def page_path(session: ChatSession) -> str:
-    return f"/ws/chat/{session.pk}/?ui=html"
+    return f"/ws/chat/{session.pk}/page/"
 
 
-async def frames_until(communicator: WebsocketCommunicator, needle: str, timeout: float = TIMEOUT) -> list[str]:
+async def frames_until(communicator: WebsocketCommunicator, needle: str) -> list[str]:
     """Every HTML frame received up to and including the first that contains ``needle``."""
     frames: list[str] = []
     while True:
-        frame = await communicator.receive_from(timeout=timeout)
+        frame = await communicator.receive_from(timeout=TIMEOUT)
         assert frame.lstrip().startswith("<"), f"not HTML: {frame[:80]!r}"
         frames.append(frame)
         if needle in frame:
@@ -63,10 +75,24 @@ async def test_the_page_socket_gets_a_snapshot_then_html_for_a_whole_turn(ws, al
         assert 'hx-swap-oob="innerHTML:#messages"' in snapshot and 'hx-swap-oob="innerHTML:#live"' in snapshot
         assert '<aside id="inspector"' in snapshot and 'id="turn-status"' in snapshot
         await page.send_json_to(send("c-1", "search the knowledge base for Team plan price"))
-        frames = await frames_until(page, 'id="inspector"', timeout=TIMEOUT)  # memory.context of step 1
+        context_frames = await frames_until(page, 'id="ins-request-panel"')  # memory.context of step 1
+        frames = list(context_frames)
         frames += await frames_until(page, "delete:#stream-")  # the final reply ends the live reply
         frames += await frames_until(page, "Enter sends")  # the turn status after chat.done
         assert await page.receive_nothing(timeout=0.2)
+
+    # memory.context updates the "Last request" panel from the event, not the whole inspector,
+    # which is rebuilt once, at chat.done.
+    assert '<aside id="inspector"' not in context_frames[-1]
+    assert 'data-testid="context-used">' in context_frames[-1] and "shows when the reply ends" in context_frames[-1]
+    assert sum(frame.count('<aside id="inspector"') for frame in frames) == 1
+    assert (
+        sum(
+            frame.count('id="ins-request-panel" class="panel" aria-labelledby="ins-request" hx-swap')
+            for frame in frames
+        )
+        == 2
+    )
 
     user = await Message.objects.aget(session=session, client_message_id="c-1")
     html = "".join(frames)
@@ -95,6 +121,7 @@ async def test_a_compressing_turn_refreshes_the_inspector_and_the_marks(ws, alic
         frames = await frames_until(page, "Enter sends")  # the turn status after chat.done
     html = "".join(frames)
     first = await Message.objects.filter(session=session).order_by("id").afirst()
+    assert first is not None
     assert "Memory compressed:" in html and 'id="announce"' in html
     assert 'data-health="ok"' in html and 'data-summary-version="1"' in html
     # The first message's mark changed to "summarized" without re-sending the message.
@@ -111,7 +138,7 @@ async def test_a_resend_after_reconnect_appends_nothing_twice(ws, alice: Visitor
         await page.send_json_to(send("c-1", "What is the largest file on paid plans?"))
         await frames_until(page, "Enter sends")
         await page.send_json_to(send("c-1", "What is the largest file on paid plans?"))  # duplicate
-        frames = await frames_until(page, 'id="inspector"')  # its chat.done refreshes the inspector
+        frames = await frames_until(page, '<aside id="inspector"')  # its chat.done refreshes the inspector
     assert not any('<article id="message-' in frame for frame in frames)
     assert await Message.objects.filter(session=session, role="user").acount() == 1
 
@@ -138,7 +165,7 @@ async def test_strangers_cannot_open_the_page_socket(ws, alice: Visitor, bob: Vi
         assert await page.receive_output(timeout=TIMEOUT) == {"type": "websocket.close", "code": 4404}
 
 
-@pytest.mark.parametrize("path_suffix", ["", "?ui=html"])
+@pytest.mark.parametrize("path_suffix", ["", "page/", "?ui=html"])
 async def test_deleting_a_session_closes_its_sockets_with_4404(ws, alice: Visitor, path_suffix: str):
     session = await sync_to_async(chat_session_make)(alice.owner)
     async with ws(f"/ws/chat/{session.pk}/{path_suffix}", cookie=alice.cookie) as socket:
@@ -174,24 +201,139 @@ async def test_a_json_socket_still_gets_json(ws, alice: Visitor):
     assert events[0]["type"] == "chat.ack" and of_type(events, "memory.context")
 
 
+def summary_move(session: ChatSession, boundary: int, version: int = 0) -> None:
+    """Store a summary covering every message up to ``boundary`` (as a compression would)."""
+    saved = memory_services.session_summary_save(
+        memory_key=ChatSession.memory_key_for(session.pk),
+        expected_version=version,
+        new=Summary(content="s", summary_type="raw", last_message_id=boundary, compressed_count=2),
+        token_count=1,
+    )
+    assert saved
+
+
+def context_event(turn_id: int, **fields: Any) -> MemoryContextEvent:
+    values: dict[str, Any] = {
+        "turn_id": turn_id,
+        "step": 1,
+        "model_call_id": 7,
+        "sources": [],
+        "tokens": 600,
+        "sections": {"system": 100, "summary": 50, "retained": 200, "current": 150, "tools": 40},
+        "context_window": 2048,
+        "trigger_tokens": 1024,
+        "target_tokens": 614,
+        "summary": {"type": "none", "content": "", "last_message_id": None, "compressed_count": 0, "version": 0},
+        "elisions": [],
+        "repairs": [],
+        "overflow": False,
+    }
+    return MemoryContextEvent(**{**values, **fields})
+
+
 def test_the_feed_sends_only_the_marks_that_changed(alice: Visitor):
     session = chat_session_make(alice.owner)
     history_make(session, 2)
     feed = PageFeed(session_id=session.pk)
     feed.snapshot()
-    assert feed.render({"type": "memory.summary", "summary": {}}).count('class="mark"') == 0
+    summary_event = MemorySummaryEvent(turn_id=None, step=0, summary={})
+    assert feed.render(summary_event).count('class="mark"') == 0
     # Move the boundary past the first two messages: exactly their marks are sent.
     ids = list(Message.objects.filter(session=session).order_by("id").values_list("id", flat=True))
-    memory_services.session_summary_save(
-        session_key=str(session.pk),
-        expected_version=0,
-        new=memory_services.SummaryState(content="s", summary_type="raw", last_message_id=ids[1], compressed_count=2),
-        token_count=1,
-    )
-    html = feed.render({"type": "memory.summary", "summary": {}})
+    summary_move(session, ids[1])
+    html = feed.render(summary_event)
     assert re.findall(r'id="mark-(\d+)" class="mark" data-mark="summarized"', html) == [str(ids[0]), str(ids[1])]
     assert 'data-summary-version="1"' in html and "raw archive" in html
-    assert feed.render({"type": "memory.summary", "summary": {}}).count('class="mark"') == 0
+    assert feed.render(summary_event).count('class="mark"') == 0
+
+
+def test_memory_context_renders_the_request_and_the_marks_from_the_event_alone(alice: Visitor):
+    session = chat_session_make(alice.owner)
+    history_make(session, 2)
+    ids = list(Message.objects.filter(session=session).order_by("id").values_list("id", flat=True))
+    question = message_make(session, "user", "And locker 1?")
+    feed = PageFeed(session_id=session.pk)
+    feed.snapshot()
+    event = context_event(
+        question.pk,
+        sources=[
+            {"id": None, "kind": "system"},
+            {"id": None, "kind": "summary"},
+            *({"id": message_id, "kind": "history"} for message_id in ids[2:]),
+            {"id": question.pk, "kind": "current"},
+        ],
+        summary={"type": "llm", "content": "s", "last_message_id": ids[1], "compressed_count": 2, "version": 1},
+        elisions=[{"id": question.pk, "role": "user", "tokens_before": 90, "tokens_after": 40}],
+    )
+    with CaptureQueriesContext(connection) as queries:
+        assert not feed.needs_database(event)
+        html = feed.render(event)
+    assert len(queries) == 0
+    marks = dict(re.findall(r'id="mark-(\d+)" class="mark" data-mark="(\w*)" hx-swap-oob="true"', html))
+    assert marks == {
+        **{str(message_id): "summarized" for message_id in ids[:2]},
+        **{str(message_id): "retained" for message_id in ids[2:]},
+        str(question.pk): "current",
+    }
+    assert '<section id="ins-request-panel" class="panel" aria-labelledby="ins-request" hx-swap-oob="true">' in html
+    assert '<aside id="inspector"' not in html
+    assert 'data-testid="context-used">600 / 2,048</strong>' in html
+    assert 'data-section="overhead"' in html and ">60</td>" in html  # 600 - (100 + 50 + 200 + 150 + 40)
+    assert f"message #{question.pk} (90 → 40 tokens)" in html
+    assert feed.render(event).count('class="mark"') == 0  # nothing changed since
+    # A request that overflowed was not sent: only the boundary moves, the panel stays.
+    overflow = context_event(question.pk, model_call_id=None, overflow=True, summary={"last_message_id": ids[2]})
+    html = feed.render(overflow)
+    assert "ins-request-panel" not in html
+    assert re.findall(r'id="mark-(\d+)" class="mark" data-mark="summarized"', html) == [str(ids[2])]
+
+
+def test_stored_messages_render_from_the_event_like_the_page_renders_the_row(alice: Visitor):
+    session = chat_session_make(alice.owner, mode=ChatSession.Mode.AGENT)
+    user = message_make(session, "user", "What does **Team** cost?", client_message_id="c-1")
+    call = {"id": "call_1", "type": "function", "function": {"name": "kb_search", "arguments": '{"query": "Team"}'}}
+    calling = message_make(session, "assistant", None, reply_to=user, tool_calls=[call])
+    result = message_make(
+        session, "tool", "12 euros <b>per</b> user", reply_to=user, tool_call_id="call_1", name="kb_search"
+    )
+    answer = message_make(session, "assistant", "It costs *12 euros*.", reply_to=user, status=Message.Status.STOPPED)
+    for message in (user, calling, result, answer):
+        from_row = partial_render("message", {"message": message, "mark": "retained"})
+        from_event = partial_render("message", {"message": message.as_dict(), "mark": "retained"})
+        assert from_event == from_row
+        assert f'<article id="message-{message.pk}"' in from_event
+
+
+def test_only_user_messages_and_turn_ends_query_the_database(alice: Visitor):
+    session = chat_session_make(alice.owner)
+    user = message_make(session, "user", "Hello?")
+    feed = PageFeed(session_id=session.pk)
+    feed.snapshot()
+    reply = message_make(session, "assistant", "Hi.", reply_to=user)
+    with CaptureQueriesContext(connection) as queries:
+        frames = [
+            feed.render(ChatDeltaEvent(turn_id=user.pk, step=1, text="Hi")),
+            feed.render(ChatMessageEvent(message=reply.as_dict(), step=1)),
+            feed.render(ErrorEvent(code="bad_field", message="no", client_message_id="c-2")),
+        ]
+    assert len(queries) == 0
+    assert f'<article id="message-{reply.pk}"' in frames[1] and f"delete:#stream-{user.pk}" in frames[1]
+    assert feed.needs_database(ChatMessageEvent(message=user.as_dict()))
+    assert feed.needs_database(ChatDoneEvent(turn_id=user.pk, status="complete", message_id=reply.pk))
+    assert not feed.needs_database(ChatMessageEvent(message=reply.as_dict(), step=1))
+    done = feed.render(ChatDoneEvent(turn_id=user.pk, status="complete", message_id=reply.pk))
+    assert done.count('<aside id="inspector"') == 1
+
+
+async def test_the_json_route_with_ui_html_is_the_page_socket(ws, alice: Visitor):
+    session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.QUICK_ANSWER)
+    async with ws(f"/ws/chat/{session.pk}/?ui=html", cookie=alice.cookie) as page:
+        await page.connect(timeout=TIMEOUT)
+        snapshot = await page.receive_from(timeout=TIMEOUT)
+        assert 'hx-swap-oob="innerHTML:#messages"' in snapshot
+        await page.send_json_to(send("u-1", "How large can a file be?"))
+        frames = await frames_until(page, "Enter sends")
+    assert '<aside id="inspector"' in "".join(frames)
 
 
 async def test_the_first_message_removes_the_empty_state_line_and_later_ones_do_not(ws, alice: Visitor):

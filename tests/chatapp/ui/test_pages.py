@@ -12,18 +12,19 @@ from django.test import Client
 from django.urls import reverse
 
 from chatapp.models import ChatSession, Message, ModelCall
-from memory import services as memory_services
+from memory.api import Summary, session_summary_get
 from memory.models import CompressionEvent, SessionSummary
+from memory.services import session_summary_save
 from tests.chatapp.conftest import Visitor, chat_session_make, message_make
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("offline_engine")]
 
-HTMX = {"HTTP_HX_REQUEST": "true"}
+HTMX = {"HX-Request": "true"}
 
 
 def htmx_from(path: str) -> dict[str, str]:
     """The headers htmx sends from the page at ``path``."""
-    return {**HTMX, "HTTP_HX_CURRENT_URL": f"http://testserver{path}"}
+    return {**HTMX, "HX-Current-URL": f"http://testserver{path}"}
 
 
 def url(name: str, session: ChatSession) -> str:
@@ -70,14 +71,14 @@ def test_every_session_endpoint_is_404_for_strangers(
     history_make(session, 1)
     for stranger in [*others, None]:
         client = stranger.client if stranger else Client()
-        response = getattr(client, method)(url(name, session), POST_DATA.get(name, {}), **headers)
+        response = getattr(client, method)(url(name, session), POST_DATA.get(name, {}), headers=headers)
         assert response.status_code == 404, (name, stranger)
         assert b"secret plans" not in response.content
     session.refresh_from_db()
     assert session.title == "secret plans" and session.mode == ChatSession.Mode.AGENT
     assert not SessionSummary.objects.exists()
     # ... and the owner gets through.
-    response = getattr(owner.client, method)(url(name, session), POST_DATA.get(name, {}), **headers)
+    response = getattr(owner.client, method)(url(name, session), POST_DATA.get(name, {}), headers=headers)
     assert response.status_code in (200, 302), name
 
 
@@ -86,7 +87,7 @@ def test_actions_need_the_csrf_token(alice: Visitor, name: str):
     session = chat_session_make(alice.owner)
     client = Client(enforce_csrf_checks=True)
     client.cookies = alice.client.cookies
-    assert client.post(url(name, session), POST_DATA.get(name, {}), **HTMX).status_code == 403
+    assert client.post(url(name, session), POST_DATA.get(name, {}), headers=HTMX).status_code == 403
     assert ChatSession.objects.filter(pk=session.pk).exists()
 
 
@@ -97,7 +98,7 @@ def test_the_chat_page_has_the_socket_the_inspector_and_the_marks(alice: Visitor
     session = chat_session_make(alice.owner, title="Plans")
     history_make(session, 1)
     content = alice.client.get(url("session-detail", session)).content.decode()
-    assert f'ws-connect="/ws/chat/{session.pk}/?ui=html"' in content and 'hx-ext="ws"' in content
+    assert f'ws-connect="/ws/chat/{session.pk}/page/"' in content and 'hx-ext="ws"' in content
     assert 'id="inspector"' in content and "No request yet" in content
     assert "/static/django_htmx/htmx-2.min.js" in content and "/static/django_htmx/ext/hx-ws-2.min.js" in content
     assert 'data-testid="offline-banner"' in content
@@ -106,7 +107,7 @@ def test_the_chat_page_has_the_socket_the_inspector_and_the_marks(alice: Visitor
 
 def test_the_inspector_is_a_partial_for_htmx_and_the_page_otherwise(alice: Visitor):
     session = chat_session_make(alice.owner)
-    partial = alice.client.get(url("session-inspector", session), **HTMX)
+    partial = alice.client.get(url("session-inspector", session), headers=HTMX)
     assert partial.status_code == 200
     text = partial.content.decode().strip()
     assert text.startswith('<aside id="inspector"') and "<html" not in text and "hx-swap-oob" not in text
@@ -133,13 +134,13 @@ def test_transcript_marks_follow_the_boundary_and_the_last_request(alice: Visito
     session = chat_session_make(alice.owner)
     made = history_make(session, 3)
     boundary = made[1].pk
-    memory_services.session_summary_save(
-        session_key=str(session.pk),
+    session_summary_save(
+        memory_key=ChatSession.memory_key_for(session.pk),
         expected_version=0,
-        new=memory_services.SummaryState(content="s", summary_type="llm", last_message_id=boundary, compressed_count=2),
+        new=Summary(content="s", summary_type="llm", last_message_id=boundary, compressed_count=2),
         token_count=1,
     )
-    sources = [{"id": None, "kind": "system"}, {"id": None, "kind": "summary"}]
+    sources: list[dict[str, Any]] = [{"id": None, "kind": "system"}, {"id": None, "kind": "summary"}]
     sources += [{"id": m.pk, "kind": "history"} for m in made[2:-1]] + [{"id": made[-1].pk, "kind": "current"}]
     ModelCall.objects.create(
         session=session,
@@ -183,25 +184,25 @@ def context_make(*, sources: list[dict], tokens: int, prompt: str = "You help.")
 
 def test_rename_with_htmx_swaps_the_sidebar_entry_and_the_open_title(alice: Visitor):
     session = chat_session_make(alice.owner, title="Old")
-    form = alice.client.get(url("session-rename", session), **HTMX).content.decode()
+    form = alice.client.get(url("session-rename", session), headers=HTMX).content.decode()
     assert form.strip().startswith(f'<li id="session-item-{session.pk}"') and 'name="title"' in form
     assert "autofocus" in form
     page = url("session-detail", session)
-    response = alice.client.post(url("session-rename", session), {"title": "  New   name "}, **htmx_from(page))
+    response = alice.client.post(url("session-rename", session), {"title": "  New   name "}, headers=htmx_from(page))
     text = response.content.decode()
     session.refresh_from_db()
     assert response.status_code == 200 and session.title == "New name"
     assert text.strip().startswith(f'<li id="session-item-{session.pk}"') and "New name" in text
     assert '<h1 id="chat-title" hx-swap-oob="true">New name</h1>' in text
     # From another page the title of the open chat is not touched.
-    other = alice.client.post(url("session-rename", session), {"title": "Again"}, **htmx_from("/"))
+    other = alice.client.post(url("session-rename", session), {"title": "Again"}, headers=htmx_from("/"))
     assert "chat-title" not in other.content.decode()
 
 
 def test_a_bad_title_is_422_for_htmx_and_400_otherwise(alice: Visitor):
     session = chat_session_make(alice.owner, title="Keep")
     too_long = {"title": "x" * 201}
-    htmx = alice.client.post(url("session-rename", session), too_long, **HTMX)
+    htmx = alice.client.post(url("session-rename", session), too_long, headers=HTMX)
     assert htmx.status_code == 422 and b'aria-invalid="true"' in htmx.content
     assert alice.client.post(url("session-rename", session), too_long).status_code == 400
     session.refresh_from_db()
@@ -217,10 +218,10 @@ def test_plain_rename_redirects_to_the_chat(alice: Visitor):
 def test_delete_removes_messages_and_memory(alice: Visitor):
     session = chat_session_make(alice.owner, title="Doomed")
     history_make(session, 2)
-    key = str(session.pk)
-    SessionSummary.objects.create(session_key=key, content="s", summary_type="llm", last_message_id=1, version=1)
+    key = ChatSession.memory_key_for(session.pk)
+    SessionSummary.objects.create(memory_key=key, content="s", summary_type="llm", last_message_id=1, version=1)
     CompressionEvent.objects.create(
-        session_key=key,
+        memory_key=key,
         kind="compression",
         mode="agent",
         context_window=1,
@@ -230,20 +231,20 @@ def test_delete_removes_messages_and_memory(alice: Visitor):
         tokens_after=1,
     )
     keep = chat_session_make(alice.owner, title="Keeper")
-    response = alice.client.post(url("session-delete", session), **htmx_from(url("session-detail", keep)))
+    response = alice.client.post(url("session-delete", session), headers=htmx_from(url("session-detail", keep)))
     text = response.content.decode()
     assert response.status_code == 200 and text.strip().startswith('<ul class="sessions" id="session-list">')
     assert "Keeper" in text and "Doomed" not in text
     assert f'<li id="session-item-{keep.pk}" class="session-item current"' in text  # still the open chat
     assert not ChatSession.objects.filter(pk=session.pk).exists()
     assert not Message.objects.filter(session_id=session.pk).exists()
-    assert not SessionSummary.objects.filter(session_key=key).exists()
-    assert not CompressionEvent.objects.filter(session_key=key).exists()
+    assert not SessionSummary.objects.filter(memory_key=key).exists()
+    assert not CompressionEvent.objects.filter(memory_key=key).exists()
 
 
 def test_deleting_the_open_chat_redirects_the_client(alice: Visitor):
     session = chat_session_make(alice.owner)
-    response = alice.client.post(url("session-delete", session), **htmx_from(url("session-detail", session)))
+    response = alice.client.post(url("session-delete", session), headers=htmx_from(url("session-detail", session)))
     assert response.status_code == 200 and response["HX-Redirect"] == "/"
 
 
@@ -259,14 +260,14 @@ def test_delete_without_javascript_confirms_first(alice: Visitor):
 
 def test_mode_switch_returns_the_switch_the_sidebar_entry_and_an_announcement(alice: Visitor):
     session = chat_session_make(alice.owner)
-    response = alice.client.post(url("session-mode", session), {"mode": "quick-answer"}, **HTMX)
+    response = alice.client.post(url("session-mode", session), {"mode": "quick-answer"}, headers=HTMX)
     text = response.content.decode()
     session.refresh_from_db()
     assert response.status_code == 200 and session.mode == ChatSession.Mode.QUICK_ANSWER
     assert text.strip().startswith('<form id="mode-form"') and 'value="quick-answer" checked' in text
     assert f'<li id="session-item-{session.pk}" class="session-item current" hx-swap-oob="true">' in text
     assert 'id="announce"' in text and "Quick answer" in text
-    bad = alice.client.post(url("session-mode", session), {"mode": "chaos"}, **HTMX)
+    bad = alice.client.post(url("session-mode", session), {"mode": "chaos"}, headers=HTMX)
     assert bad.status_code == 422
     assert alice.client.post(url("session-mode", session), {"mode": "agent"}).status_code == 302
 
@@ -279,15 +280,15 @@ def test_mode_switch_returns_the_switch_the_sidebar_entry_and_an_announcement(al
 def test_compress_now_folds_history_and_returns_the_inspector(alice: Visitor):
     session = chat_session_make(alice.owner)
     made = history_make(session, 3)
-    response = alice.client.post(url("session-compress", session), **HTMX)
+    response = alice.client.post(url("session-compress", session), headers=HTMX)
     text = response.content.decode()
-    state = memory_services.session_summary_get(session_key=str(session.pk))
+    state = session_summary_get(memory_key=ChatSession.memory_key_for(session.pk))
     assert response.status_code == 200 and text.strip().startswith('<aside id="inspector"')
     assert state.version == 1 and state.last_message_id == made[-2].pk and state.compressed_count == 6
     assert 'data-summary-version="1"' in text and "<strong>v1</strong>" in text
     announcement = json.loads(response["HX-Trigger-After-Swap"])["chat:announce"]["text"]
     assert "6 messages folded into the summary" in announcement and 'id="announce"' not in text
-    event = CompressionEvent.objects.get(session_key=str(session.pk))
+    event = CompressionEvent.objects.get(memory_key=ChatSession.memory_key_for(session.pk))
     assert any("requested by the user" in note for note in event.notes)
 
 
@@ -295,7 +296,7 @@ def test_compress_now_folds_history_and_returns_the_inspector(alice: Visitor):
 @pytest.mark.usefixtures("db_connections_closed")
 def test_compress_now_without_a_question_does_nothing(alice: Visitor):
     session = chat_session_make(alice.owner)
-    response = alice.client.post(url("session-compress", session), **HTMX)
+    response = alice.client.post(url("session-compress", session), headers=HTMX)
     assert response.status_code == 200 and "Nothing to compress yet" in response["HX-Trigger-After-Swap"]
     assert not SessionSummary.objects.exists()
     plain = alice.client.post(url("session-compress", session))

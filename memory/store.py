@@ -1,0 +1,139 @@
+"""Where the engine keeps its state: the summary of a conversation and the record of every
+compression, behind a small storage port (docs/architecture.md, "memory engine").
+
+:class:`SummaryStore` is the port: read the summary, write a new one with compare-and-set, record a
+compression. :class:`memory.services.OrmSummaryStore` keeps them in the database;
+:class:`InMemorySummaryStore` in a dict, for tests and tools that need no database. This module is
+pure: no ORM, no I/O. The two shapes
+that cross the port, :class:`Summary` and :class:`CompressionRecord`, are plain frozen values: no
+ORM object ever reaches the engine.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any, Literal, Protocol
+
+SummaryType = Literal["none", "llm", "raw"]
+EventKind = Literal["compression", "superseded", "no_progress", "overflow"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Summary:
+    """A conversation's summary as read or about to be written.
+
+    ``content``: the summary text (``""`` before the first compression); ``summary_type``:
+    ``none``, ``llm`` (a summarizer wrote it; the extractive offline one included) or ``raw``
+    (the raw archive, docs/memory.md §4); ``last_message_id``: the boundary, the id of the last
+    message it covers (None before the first compression); ``compressed_count``: how many messages
+    it covers; ``version``: the compare-and-set token (0 when nothing is stored).
+    """
+
+    content: str = ""
+    summary_type: SummaryType = "none"
+    last_message_id: int | None = None
+    compressed_count: int = 0
+    version: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form kept in model-call snapshots and sent to the inspector: ``type``,
+        ``content``, ``last_message_id``, ``compressed_count``, ``version``."""
+        return {
+            "type": self.summary_type,
+            "content": self.content,
+            "last_message_id": self.last_message_id,
+            "compressed_count": self.compressed_count,
+            "version": self.version,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompressionRecord:
+    """One compression event, as the engine reports it (docs/memory.md §3 and §4).
+
+    ``kind``: ``compression`` (a summary was written), ``superseded`` (a concurrent request moved
+    the boundary first; nothing written), ``no_progress`` (over the trigger but nothing could be
+    summarized) or ``overflow`` (content of the current turn was elided, or the request is still
+    over the context window). Token figures are estimates of the model-facing request (tokens);
+    ``attempts`` lists every summarizer try ``{"model", "phase", "number", "latency_ms", "ok",
+    "error"}``; ``duration_ms`` in milliseconds; ``notes`` plain sentences saying why;
+    ``elisions`` one ``{"id", "role", "tokens_before", "tokens_after"}`` per shortened message.
+    """
+
+    kind: EventKind
+    mode: str
+    context_window: int
+    trigger_tokens: int
+    target_tokens: int
+    tokens_before: int
+    tokens_after: int
+    messages_summarized: int = 0
+    boundary_before: int | None = None
+    boundary_after: int | None = None
+    result_type: SummaryType = "none"
+    degraded: bool = False
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    duration_ms: int = 0
+    summary_content: str = ""
+    summary_version: int | None = None
+    notes: list[str] = field(default_factory=list)
+    elisions: list[dict[str, Any]] = field(default_factory=list)
+
+    def fields(self) -> dict[str, Any]:
+        """The record's fields as a dict (the columns of :class:`memory.models.CompressionEvent`)."""
+        return asdict(self)
+
+
+class SummaryStore(Protocol):
+    """The engine's storage port. ``memory_key`` names one conversation (an opaque string).
+
+    ``compare_and_set`` writes ``new`` only if the stored version still equals
+    ``expected_version`` and the boundary moves strictly forward (docs/memory.md §3 step 6);
+    it returns whether it wrote. ``record`` stores a compression event and returns its JSON form
+    (the record's fields plus ``id`` and ``created_at``, ISO 8601). Storage errors propagate.
+    """
+
+    async def get(self, memory_key: str) -> Summary: ...
+
+    async def compare_and_set(
+        self, memory_key: str, *, expected_version: int, new: Summary, token_count: int
+    ) -> bool: ...
+
+    async def record(self, memory_key: str, record: CompressionRecord) -> dict[str, Any]: ...
+
+
+class InMemorySummaryStore:
+    """:class:`SummaryStore` in a dict, with the same compare-and-set rule as the database.
+
+    ``summaries`` maps a memory key to its stored :class:`Summary`; ``events`` to the JSON forms
+    of its recorded compression events, oldest first. Not shared between processes.
+    """
+
+    def __init__(self) -> None:
+        self.summaries: dict[str, Summary] = {}
+        self.events: dict[str, list[dict[str, Any]]] = {}
+        self._ids = itertools.count(1)
+
+    async def get(self, memory_key: str) -> Summary:
+        return self.summaries.get(memory_key, Summary())
+
+    async def compare_and_set(self, memory_key: str, *, expected_version: int, new: Summary, token_count: int) -> bool:
+        stored = self.summaries.get(memory_key, Summary())
+        if stored.version != expected_version:
+            return False
+        moves_forward = (
+            stored.last_message_id is None
+            or new.last_message_id is None
+            or new.last_message_id > stored.last_message_id
+        )
+        if not moves_forward:
+            return False
+        self.summaries[memory_key] = replace(new, version=expected_version + 1)
+        return True
+
+    async def record(self, memory_key: str, record: CompressionRecord) -> dict[str, Any]:
+        event = {"id": next(self._ids), **record.fields(), "created_at": datetime.now(UTC).isoformat()}
+        self.events.setdefault(memory_key, []).append(event)
+        return event

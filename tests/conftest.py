@@ -1,0 +1,38 @@
+"""Fixtures shared by every test: the scripted OpenAI-compatible servers of
+:mod:`tests.fake_openai` and a base URL where connections are refused."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from tests.fake_openai import FakeOpenAI
+
+
+@pytest.fixture
+def fake_openai() -> Iterator[FakeOpenAI]:
+    """A started fake server, stopped after the test."""
+    server = FakeOpenAI()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fake_openai_failover() -> Iterator[FakeOpenAI]:
+    """A second, independent fake server (for the failover summarizer)."""
+    server = FakeOpenAI()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def refused_base_url() -> Iterator[str]:
+    """A base URL whose port is bound but not listening, so connections are refused (holding the
+    port means no other process can start listening on it during the test)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
