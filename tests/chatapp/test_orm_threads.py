@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -80,14 +81,20 @@ async def test_a_connection_the_database_dropped_is_replaced_not_used():
             cursor.execute("SELECT pg_backend_pid()")
             return int(cursor.fetchone()[0])
 
-    def terminate(pid: int) -> None:
+    def terminate(pid: int) -> bool:
+        """End backend ``pid`` and wait (10 s at most) until PostgreSQL no longer lists it."""
         with connection.cursor() as cursor:
-            # With a timeout (milliseconds) it returns once the backend has ended, not when signalled.
-            cursor.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+            for _ in range(200):
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
+                if not cursor.fetchone()[0]:
+                    return True
+                time.sleep(0.05)
+        return False
 
     try:
         dropped = await on_executor(executor, backend_pid)()
-        await sync_to_async(terminate)(dropped)
+        assert await sync_to_async(terminate)(dropped)
         # The health check on reuse notices the dead connection and opens a new one.
         assert await on_executor(executor, backend_pid)() != dropped
     finally:
