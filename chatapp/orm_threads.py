@@ -22,7 +22,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar, cast
 
-from channels.db import DatabaseSyncToAsync
+from asgiref.sync import SyncToAsync
+from django import db
 from django.conf import settings
 from django.db import connections
 
@@ -78,6 +79,20 @@ class OrmExecutor(concurrent.futures.Executor):
             thread.shutdown(wait=wait, cancel_futures=cancel_futures)
 
 
+class _OrmSyncToAsync(SyncToAsync[P, R]):
+    """``SyncToAsync`` closing obsolete or broken connections of its thread before and after the
+    call, as channels' ``DatabaseSyncToAsync`` does; it calls Django's function itself, which
+    channels' test communicators never replace (they swap channels' reference for a no-op while
+    they wait, and concurrent waits can leave the no-op behind for the rest of a test run)."""
+
+    def thread_handler(self, loop: Any, *args: Any, **kwargs: Any) -> Any:
+        db.close_old_connections()
+        try:
+            return super().thread_handler(loop, *args, **kwargs)
+        finally:
+            db.close_old_connections()
+
+
 _executor: OrmExecutor | None = None
 _executor_lock = threading.Lock()
 
@@ -92,13 +107,13 @@ def orm_executor() -> OrmExecutor:
     return _executor
 
 
-def orm_async(func: Callable[P, R]) -> Callable[P, Awaitable[R]]:
-    """``func`` (synchronous ORM code) as a coroutine function that runs it on the ORM executor,
-    closing obsolete or broken connections before and after, like channels'
-    ``database_sync_to_async``. Exceptions of ``func`` propagate; cancelling the caller waits
-    for ``func`` to finish (a thread cannot be interrupted)."""
-    wrapped = DatabaseSyncToAsync(func, thread_sensitive=False, executor=cast(Any, orm_executor()))
-    return cast(Callable[P, Awaitable[R]], wrapped)
+def orm_async(func: Callable[P, R], *, executor: OrmExecutor | None = None) -> Callable[P, Awaitable[R]]:
+    """``func`` (synchronous ORM code) as a coroutine function that runs it on ``executor``
+    (default: the process's, :func:`orm_executor`), closing obsolete or broken connections
+    before and after, like channels' ``database_sync_to_async``. Exceptions of ``func``
+    propagate; cancelling the caller waits for ``func`` to finish (a thread cannot be
+    interrupted)."""
+    return _OrmSyncToAsync(func, thread_sensitive=False, executor=cast(Any, executor or orm_executor()))
 
 
 def orm_connections_close() -> None:

@@ -10,7 +10,6 @@ import time
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.db import DatabaseSyncToAsync
 from django.db import connection, connections
 
 from chatapp.orm_threads import OrmExecutor, orm_async, orm_connections_close
@@ -19,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("db_connections_closed")
 
 
 def on_executor(executor: OrmExecutor, func):
-    return DatabaseSyncToAsync(func, thread_sensitive=False, executor=executor)
+    return orm_async(func, executor=executor)
 
 
 async def test_orm_work_runs_on_the_orm_threads():
