@@ -51,27 +51,13 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parents[1]
-# Variables that would point the servers away from the shape being measured.
-FOREIGN_VARIABLES = (
-    "DATABASE_URL",
-    "REDIS_URL",
-    "SQLITE_PATH",
-    "LLM_BASE_URL",
-    "SUMMARY_BASE_URL",
-    "FAILOVER_BASE_URL",
-    "FAILOVER_MODEL",
-    "LLM_MODEL",
-    "SUMMARY_MODEL",
-    "LLM_CONTEXT_WINDOW",
-    "OFFLINE_DELAY",
-    "OFFLINE_FAIL_SUMMARY",
-    "OFFLINE_FAIL_CHAT",
-    "CHANNEL_LAYER_PREFIX",
-)
+if str(ROOT) not in sys.path:  # run as a script: the repository's packages (tests.daphne_process)
+    sys.path.insert(0, str(ROOT))
+
+from tests.daphne_process import FOREIGN_VARIABLES, DaphneServer, daphne_start, server_environment  # noqa: E402
+
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-LISTENING = re.compile(r"Listening on TCP address 127\.0\.0\.1:(\d+)")
-STARTUP_SECONDS = 60
 # Questions the demo knowledge base answers (quick-answer mode retrieves passages for them).
 QUESTIONS = (
     "What is the largest file on paid plans?",
@@ -86,55 +72,13 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # --- servers --------------------------------------------------------------------------------------
 
 
-@dataclass
-class Server:
-    """A Daphne subprocess: ``port`` it listens on, ``log`` its output (drained by a thread)."""
-
-    process: subprocess.Popen[str]
-    port: int = 0
-    log: list[str] = field(default_factory=list)
-
-    def stop(self) -> None:
-        """Terminate (then kill after 10 s) and wait for the process."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+Server = DaphneServer  # a Daphne subprocess: ``port``, ``process``, ``log``, ``stop()``
 
 
 def server_start(app: str, env: dict[str, str]) -> Server:
-    """Start ``daphne app`` on a free 127.0.0.1 port; returns once it listens. Raises
-    RuntimeError (with the server's output) when it does not within ``STARTUP_SECONDS``."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", "0", app],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    server = Server(process=process)
-    listening = threading.Event()
-
-    def drain() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            if len(server.log) < 2000:
-                server.log.append(line)
-            match = LISTENING.search(line)
-            if match and not listening.is_set():
-                server.port = int(match.group(1))
-                listening.set()
-        listening.set()
-
-    threading.Thread(target=drain, daemon=True).start()
-    if not listening.wait(timeout=STARTUP_SECONDS) or not server.port:
-        server.stop()
-        raise RuntimeError(f"Daphne ({app}) did not start:\n" + "".join(server.log))
-    return server
+    """Start ``daphne app`` on a free 127.0.0.1 port (:func:`tests.daphne_process.daphne_start`,
+    the last 2,000 lines of output kept); returns once it listens."""
+    return daphne_start(env, app, log_limit=2000)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -199,7 +143,6 @@ def django_setup(env: dict[str, str]) -> None:
     for name in FOREIGN_VARIABLES:
         os.environ.pop(name, None)
     os.environ.update(env)
-    sys.path.insert(0, str(ROOT))
     import django
 
     django.setup()
@@ -600,13 +543,7 @@ def profile_top(directory: Path, limit: int = 25) -> None:
 
 def environments(args: argparse.Namespace, scratch: Path) -> tuple[dict[str, str], str | None, str | None]:
     """The servers' environment, plus (production) the bench database's DSN and name."""
-    base = {key: value for key, value in os.environ.items() if key not in FOREIGN_VARIABLES}
-    base.update(
-        DJANGO_SETTINGS_MODULE="chatapp.settings",
-        DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost",
-        DJANGO_DEBUG="false",
-        PYTHONUNBUFFERED="1",
-    )
+    base = server_environment({})
     if not args.production:
         base["SQLITE_PATH"] = str(scratch / "bench.sqlite3")
         return base, None, None

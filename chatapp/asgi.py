@@ -25,6 +25,11 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 
 from chatapp.realtime.origin import SameOriginValidator  # noqa: E402
 from chatapp.routing import websocket_urlpatterns  # noqa: E402
+from memory.api import get_counter  # noqa: E402
+
+# Load the chat model's token encoding now (a few hundred milliseconds of CPU holding the GIL)
+# rather than in the first turn, where it stalled every socket of the worker.
+get_counter(settings.LLM_CHAT_MODEL)
 
 application = ProtocolTypeRouter(
     {

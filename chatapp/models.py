@@ -51,6 +51,12 @@ class ChatSession(models.Model):
         one place the chat app names a conversation to the ``memory`` app."""
         return str(session_id)
 
+    @staticmethod
+    def session_id_for(memory_key: str) -> int:
+        """The chat session id that :meth:`memory_key_for` named ``memory_key``; ValueError for a
+        key it never makes."""
+        return int(memory_key)
+
 
 class Message(models.Model):
     """One wire message of a session.
@@ -59,7 +65,11 @@ class Message(models.Model):
     every assistant and tool message to the user message that opened its turn, so concurrent
     turns of one session (two tabs, docs/memory.md F-26) stay apart. ``client_message_id`` is the browser's
     id of a user message and makes a resend idempotent (docs/memory.md F-27). ``status`` tells how an
-    assistant reply ended.
+    assistant reply ended. ``origin`` tells who wrote the row: ``app`` for a note the app stored in
+    place of a model reply (an error, a "too large" refusal, an interrupted turn, a stop before any
+    text), shown to the user but never sent to the model nor summarized (docs/memory.md F-37);
+    ``model`` for everything else (the user's messages, the model's replies and tool calls, tool
+    results).
     """
 
     class Role(models.TextChoices):
@@ -73,6 +83,10 @@ class Message(models.Model):
         STOPPED = "stopped"
         ERROR = "error"
 
+    class Origin(models.TextChoices):
+        MODEL = "model"
+        APP = "app"
+
     session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="messages")
     role = models.CharField(max_length=16, choices=Role.choices)
     # NULL, not "": an assistant message with tool_calls has content null on the wire.
@@ -85,6 +99,7 @@ class Message(models.Model):
     client_message_id = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
     reply_to = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="replies")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.COMPLETE)
+    origin = models.CharField(max_length=8, choices=Origin.choices, default=Origin.MODEL)
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -108,8 +123,8 @@ class Message(models.Model):
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON-safe form sent to browsers: ``id``, ``role``, ``content``, ``tool_calls``,
-        ``tool_call_id``, ``name``, ``status``, ``reply_to`` (the turn's user message id),
-        ``client_message_id``, ``token_count`` (tokens) and ``created`` (ISO 8601)."""
+        ``tool_call_id``, ``name``, ``status``, ``origin`` (model/app), ``reply_to`` (the turn's user
+        message id), ``client_message_id``, ``token_count`` (tokens) and ``created`` (ISO 8601)."""
         return {
             "id": self.pk,
             "role": self.role,
@@ -118,6 +133,7 @@ class Message(models.Model):
             "tool_call_id": self.tool_call_id,
             "name": self.name,
             "status": self.status,
+            "origin": self.origin,
             "reply_to": self.reply_to_id,
             "client_message_id": self.client_message_id,
             "token_count": self.token_count,

@@ -311,6 +311,8 @@ LLM_SUMMARY_MODEL = env_str("SUMMARY_MODEL", LLM_CHAT_MODEL)
 LLM_SUMMARY_CONTEXT_WINDOW = env_int("SUMMARY_CONTEXT_WINDOW", LLM_CHAT_CONTEXT_WINDOW, minimum=256)
 LLM_SUMMARY_TEMPERATURE = env_float("SUMMARY_TEMPERATURE", 0.3, minimum=0.0, maximum=2.0)
 LLM_SUMMARY_TIMEOUT = env_float("SUMMARY_TIMEOUT", 60.0, minimum=0.1)
+# Ask the summarizer (and the failover) for streamed replies, for servers that only stream.
+LLM_SUMMARY_STREAM = env_bool("SUMMARY_STREAM", False)
 
 LLM_FAILOVER_BASE_URL = env_url("FAILOVER_BASE_URL", schemes=_HTTP)
 LLM_FAILOVER_API_KEY = env_str("FAILOVER_API_KEY", LLM_SUMMARY_API_KEY)
@@ -319,6 +321,7 @@ LLM_FAILOVER_CONTEXT_WINDOW = env_int("FAILOVER_CONTEXT_WINDOW", LLM_SUMMARY_CON
 
 # Offline engine switches for demos of degradation (docs/memory.md §6).
 OFFLINE_DELAY_SECONDS = env_float("OFFLINE_DELAY", 0.0, minimum=0.0, maximum=120.0)
+OFFLINE_SUMMARY_DELAY_SECONDS = env_float("OFFLINE_SUMMARY_DELAY", 0.0, minimum=0.0, maximum=120.0)
 OFFLINE_FAIL_SUMMARY = env_bool("OFFLINE_FAIL_SUMMARY", False)
 OFFLINE_FAIL_CHAT = env_bool("OFFLINE_FAIL_CHAT", False)
 
@@ -328,7 +331,23 @@ MEMORY_TARGET_RATIO = env_float("MEMORY_TARGET_RATIO", 0.6, minimum=0.1, maximum
 MEMORY_PRESERVE_TURNS = env_int("MEMORY_PRESERVE_TURNS", 5, minimum=0, maximum=100)
 MEMORY_SUMMARY_MAX_TOKENS = env_int("MEMORY_SUMMARY_MAX_TOKENS", 2000, minimum=32)
 MEMORY_SUMMARY_ROLE = env_choice("MEMORY_SUMMARY_ROLE", "system", ("system", "user"))
+# Chat templates that reject two user or two assistant messages in a row: merge such neighbours
+# in the model-facing copy only (docs/memory.md F-38).
+LLM_STRICT_ALTERNATION = env_bool("LLM_STRICT_ALTERNATION", False)
 MEMORY_SUMMARY_ATTEMPTS = env_int("MEMORY_SUMMARY_ATTEMPTS", 3, minimum=1, maximum=10)
+# Memory jobs (docs/memory.md §10): "background" compresses after each reply, off the request
+# path (pre-compression), and a request over the trigger waits at most MEMORY_SYNC_WAIT_MS for a
+# compression already running, then goes on with the degraded context; "sync" compresses inside
+# the request, before the first token, as earlier versions did.
+MEMORY_COMPRESSION = env_choice("MEMORY_COMPRESSION", "background", ("sync", "background"))
+MEMORY_SYNC_WAIT_MS = env_int("MEMORY_SYNC_WAIT_MS", 250, minimum=0, maximum=60_000)
+# A memory job starts this long (milliseconds) after the reply that scheduled it; replies within it
+# make one job.
+MEMORY_JOB_DEBOUNCE_MS = env_int("MEMORY_JOB_DEBOUNCE_MS", 200, minimum=0, maximum=60_000)
+# A job's lease on its conversation (seconds without renewal; renewed every third of it).
+MEMORY_JOB_LEASE_SECONDS = env_int("MEMORY_JOB_LEASE_SECONDS", 120, minimum=5, maximum=3600)
+# Pre-compression plans the next request as if a user message of this many tokens arrived.
+MEMORY_PRECOMPRESS_TOKENS = env_int("MEMORY_PRECOMPRESS_TOKENS", 200, minimum=0, maximum=100_000)
 
 # --- Input bounds (characters).
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 8000, minimum=1)

@@ -8,6 +8,8 @@ from typing import Literal
 SummaryRole = Literal["system", "user"]
 # The summary block's header and message overhead take about 25 tokens; leave room for text too.
 MIN_SUMMARY_RESERVE = 64
+# Default room left for the model's reply (tokens): an eighth of the window, at most this much.
+MAX_DEFAULT_REPLY_RESERVE = 4096
 Mode = Literal["agent", "quick-answer"]
 
 
@@ -27,7 +29,14 @@ class MemoryBudget:
     ``summarizer_context_window``: bounds one summarizer request (input plus output).
     ``summary_role="user"`` is for providers that accept one leading system message only: the
     summary block and any later system message of the history are then sent as user messages.
-    Raises ``ValueError`` for a window under 64 tokens, ratios outside (0, 1] or an unknown role.
+    ``strict_alternation``: for chat templates that reject two user or two assistant messages in
+    a row, neighbours of the same role are merged in the model-facing copy (docs/memory.md F-38).
+    ``reply_reserve_tokens``: room kept free for the model's reply; when the current turn alone is
+    over the target, its content is elided (or its older steps folded) only down to
+    ``request_limit_tokens = context_window - reply_reserve_tokens`` (docs/memory.md I5). None
+    means an eighth of the window, at most 4,096.
+    Raises ``ValueError`` for a window under 64 tokens, ratios outside (0, 1], an unknown role or
+    a reply reserve that is negative or leaves no room under the window.
     """
 
     context_window: int
@@ -38,6 +47,8 @@ class MemoryBudget:
     preserve_turns: int = 5
     summarizer_context_window: int | None = None
     summary_ratio: float = 0.3
+    strict_alternation: bool = False
+    reply_reserve_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.context_window < 64:
@@ -46,6 +57,8 @@ class MemoryBudget:
             raise ValueError("trigger_ratio, target_ratio and summary_ratio must be in (0, 1]")
         if self.summary_role not in ("system", "user"):
             raise ValueError(f"summary_role must be 'system' or 'user', got {self.summary_role!r}")
+        if self.reply_reserve_tokens is not None and not 0 <= self.reply_reserve_tokens < self.context_window:
+            raise ValueError(f"reply_reserve_tokens must be in [0, context_window), got {self.reply_reserve_tokens}")
 
     @property
     def trigger_tokens(self) -> int:
@@ -62,3 +75,17 @@ class MemoryBudget:
     @property
     def summarizer_window(self) -> int:
         return self.summarizer_context_window or self.context_window
+
+    @property
+    def reply_reserve(self) -> int:
+        """Tokens kept free for the reply (see ``reply_reserve_tokens``)."""
+        if self.reply_reserve_tokens is not None:
+            return self.reply_reserve_tokens
+        return min(MAX_DEFAULT_REPLY_RESERVE, self.context_window // 8)
+
+    @property
+    def request_limit_tokens(self) -> int:
+        """The most a request whose current turn alone is over the target may take (tokens):
+        the window minus the reply reserve. Elision and in-turn folding aim here, not at the
+        target (docs/memory.md I5)."""
+        return self.context_window - self.reply_reserve

@@ -27,6 +27,14 @@ SYSTEM_NOTICE = "[System message]"
 # Line lengths (characters) tried in turn when the archive is over its token cap.
 ARCHIVE_LINE_STEPS = (RAW_ARCHIVE_LINE_CHARS, 200, 80)
 ELISION_MARKER = "[… {tokens} tokens elided to fit the context window; the stored message is intact]"
+SUMMARY_TRIMMED = "[… earlier summary trimmed to fit the summary cap]"
+STEPS_NOTE_HEADER = "[Steps so far in this turn - {count} earlier messages folded to fit the context window]"
+STEPS_NOTE_RAW_HEADER = (
+    "[Steps so far in this turn - {count} earlier messages archived to fit the context window "
+    "(LLM summarization unavailable)]"
+)
+# Joins the contents of two same-role neighbours merged for strict alternation (F-38).
+MERGE_SEPARATOR = "\n\n"
 
 
 def to_wire(message: Message) -> Message:
@@ -164,6 +172,23 @@ def back_scan(units: list[Unit], budget: int) -> tuple[list[Unit], list[Unit]]:
     return units[:cut], units[cut:]
 
 
+def snap_to_turn_start(
+    to_summarize: list[Unit], retained: list[Unit], *, pinned_from: int | None = None
+) -> tuple[list[Unit], list[Unit]]:
+    """Move the units at the head of ``retained`` that do not open a turn (an answer, a tool
+    group, a later system message) over to ``to_summarize``, so the retained window after the
+    summary block starts with a user message and no turn is split between summary and window
+    (docs/memory.md F-38). Moving the cut forward only retains less, so the budget still holds.
+    A unit holding a message with id ``pinned_from`` or above (a turn still in flight, F-26)
+    is never moved. Returns the new ``(to summarize, retained)``."""
+    cut = 0
+    while cut < len(retained) and not retained[cut].starts_turn:
+        if pinned_from is not None and any((m.get("id") or 0) >= pinned_from for m in retained[cut].members):
+            break
+        cut += 1
+    return [*to_summarize, *retained[:cut]], retained[cut:]
+
+
 def count_turns(units: Iterable[Unit]) -> int:
     """Number of turns that start in ``units`` (a turn starts at a user message)."""
     return sum(1 for unit in units if unit.starts_turn)
@@ -181,6 +206,35 @@ def summary_block(*, content: str, summary_type: str, compressed_count: int, rol
     ``user`` (for providers that accept a single leading system message, F-10)."""
     header = summary_header(summary_type=summary_type, compressed_count=compressed_count)
     return {"role": role, "content": f"{header}\n{content}"}
+
+
+def steps_note(*, content: str, summary_type: str, count: int) -> Message:
+    """The "steps so far" note standing, in the model-facing copy only, for ``count`` older
+    messages of the current turn folded to fit the context window (docs/memory.md I5, in-turn
+    compaction). An assistant message: it takes the place of the assistant's own earlier steps;
+    ``summary_type`` ``raw`` marks a raw archive (no summarizer)."""
+    header = (STEPS_NOTE_RAW_HEADER if summary_type == "raw" else STEPS_NOTE_HEADER).format(count=count)
+    return {"role": "assistant", "content": f"{header}\n{content}"}
+
+
+def trim_summary(content: str, max_tokens: int, counter: TokenCounter) -> str:
+    """``content`` (a stored summary) brought to at most ``max_tokens`` tokens without any LLM,
+    for a summary over the current cap when no summarizer can shrink it (docs/memory.md F-40).
+
+    A raw archive section is bounded as in :func:`raw_archive_merge` (lines shortened, then the
+    oldest counted as omitted); a plain summary keeps its head, the earliest facts (I7), and ends
+    with a visible ``[… earlier summary trimmed …]`` marker. Text already within the cap is
+    returned unchanged."""
+    if counter.count_text(content) <= max_tokens:
+        return content
+    _, lines, omitted = _split_archive(content)
+    if lines or omitted:
+        return raw_archive_merge(content, [], max_tokens=max_tokens, counter=counter)
+    # +2: the joining newline may not merge with either side's tokens.
+    room = max_tokens - counter.count_text(SUMMARY_TRIMMED) - 2
+    if room <= 0:
+        return counter.truncate_text(content, max_tokens)
+    return f"{counter.truncate_text(content, room).rstrip()}\n{SUMMARY_TRIMMED}"
 
 
 def raw_archive_line(message: Message) -> str:
@@ -280,19 +334,22 @@ def _split_archive(summary: str) -> tuple[str, list[str], int]:
 
 
 def elide_current_turn(
-    current: list[Message], excess: int, counter: TokenCounter
+    current: list[Message], excess: int, counter: TokenCounter, *, first: Iterable[int] = ()
 ) -> tuple[list[Message], list[dict[str, Any]]]:
-    """Shrink oversized content inside the current turn by about ``excess`` tokens.
+    """Shrink oversized content inside the current turn by about ``excess`` tokens, and no more.
 
-    Tool results go first, oldest first, then assistant text; the user's messages are never
-    touched (docs/memory.md I5, docs/memory.md F-07). Each shortened content keeps its head and ends
-    with a visible marker. Returns the new model-facing list and one record per elision
-    ``{"id", "role", "tokens_before", "tokens_after"}``. Input dicts are not modified.
+    The messages at the indexes ``first`` go first (a "steps so far" note, which stands for the
+    oldest material), then tool results, oldest first, then assistant text; the user's messages
+    are never touched (docs/memory.md I5, docs/memory.md F-07). Only what is needed is cut, so a
+    newer result stays whole when cutting older ones is enough. Each shortened content keeps its
+    head and ends with a visible marker. Returns the new model-facing list and one record per
+    elision ``{"id", "role", "tokens_before", "tokens_after"}``. Input dicts are not modified.
     """
     result = list(current)
     records: list[dict[str, Any]] = []
-    order = [i for i, m in enumerate(current) if m.get("role") == "tool"]
-    order += [i for i, m in enumerate(current) if m.get("role") == "assistant" and m.get("content")]
+    order = [i for i in first if 0 <= i < len(current) and current[i].get("role") != "user"]
+    order += [i for i, m in enumerate(current) if m.get("role") == "tool" and i not in order]
+    order += [i for i, m in enumerate(current) if m.get("role") == "assistant" and m.get("content") and i not in order]
     for index in order:
         if excess <= 0:
             break
@@ -338,13 +395,20 @@ def assemble(
     current: list[Message],
     tools: list[dict[str, Any]] | None,
     counter: TokenCounter,
+    strict_alternation: bool = False,
 ) -> Assembly:
     """``[system] + [summary block] + retained window + current turn`` (docs/memory.md §3 step 5).
 
-    Internal keys (``id``, ``token_count``) never reach the wire; ``sources`` keeps the ids.
+    Internal keys (``id``, ``token_count``) never reach the wire; ``sources`` keeps the ids. A
+    message carrying the internal key ``folded_ids`` (a "steps so far" note) gets a source
+    ``{"id": None, "kind": "current", "folded": [ids]}``. With ``strict_alternation`` two user or
+    two assistant messages in a row are merged into one (docs/memory.md F-38, see
+    :func:`merge_same_role_neighbours`); the merged message's source is the first part's with
+    ``"merged": [sources of the later parts]``, and its tokens count in the first part's section.
     """
     messages: list[Message] = []
     sources: list[dict[str, Any]] = []
+    owners: list[str] = []
     sections = {"system": 0, "summary": 0, "retained": 0, "current": 0, "tools": counter.count_tools(tools)}
     parts: list[tuple[str, SourceKind, list[Message]]] = [
         ("system", "system", [system] if system else []),
@@ -355,10 +419,89 @@ def assemble(
     for section, kind, items in parts:
         for message in items:
             messages.append(to_wire(message))
-            sources.append({"id": message.get("id") if kind in ("history", "current") else None, "kind": kind})
+            source: dict[str, Any] = {"id": message.get("id") if kind in ("history", "current") else None, "kind": kind}
+            if message.get("folded_ids"):
+                source["folded"] = list(message["folded_ids"])
+            sources.append(source)
+            owners.append(section)
             sections[section] += _message_tokens(message, counter)
+    if strict_alternation:
+        messages, sources = merge_same_role_neighbours(
+            messages, sources, owners=owners, sections=sections, counter=counter
+        )
     tokens = sum(sections.values()) + REPLY_PRIMING_TOKENS
     return Assembly(messages=messages, sources=sources, sections=sections, tokens=tokens)
+
+
+def mergeable(first: Message, second: Message) -> bool:
+    """Whether ``second`` may be merged into ``first`` for strict alternation: both ``user``, or
+    both ``assistant`` with no ``tool_calls`` on ``first`` (its results must follow it directly,
+    so nothing is appended after a call). System and tool messages are never merged."""
+    return (
+        first.get("role") == second.get("role")
+        and first.get("role") in ("user", "assistant")
+        and not first.get("tool_calls")
+    )
+
+
+def merge_messages(first: Message, second: Message) -> Message:
+    """One wire message saying what ``first`` then ``second`` said: contents joined by a blank
+    line (text parts concatenated when either content is a list), ``second``'s ``tool_calls``
+    kept (an assistant's text followed by its calls is one legal message). A ``name`` survives
+    only when both carry the same. Neither input is modified."""
+    merged = {key: value for key, value in second.items() if key != "name"}
+    if first.get("name") and first.get("name") == second.get("name"):
+        merged["name"] = first["name"]
+    a, b = first.get("content"), second.get("content")
+    if isinstance(a, list) or isinstance(b, list):
+        merged["content"] = [*_as_parts(a), {"type": "text", "text": MERGE_SEPARATOR}, *_as_parts(b)]
+    else:
+        texts = [text for text in (a, b) if text]
+        merged["content"] = MERGE_SEPARATOR.join(texts) if texts else (None if merged.get("tool_calls") else "")
+    return merged
+
+
+def _as_parts(content: Any) -> list[dict[str, Any]]:
+    if isinstance(content, list):
+        return list(content)
+    return [{"type": "text", "text": content}] if content else []
+
+
+def merge_same_role_neighbours(
+    messages: list[Message],
+    sources: list[dict[str, Any]],
+    *,
+    owners: list[str],
+    sections: dict[str, int],
+    counter: TokenCounter,
+) -> tuple[list[Message], list[dict[str, Any]]]:
+    """Strict alternation (docs/memory.md F-38): merge every run of same-role ``user`` or
+    ``assistant`` wire messages (see :func:`mergeable`) into one, in the model-facing copy only.
+
+    ``sources`` are aligned with ``messages``; ``owners`` names each message's section, whose
+    entry in ``sections`` (tokens) is corrected in place by what a merge saves. Tool pairing is
+    untouched: a tool message is never merged and nothing is put between a call and its results.
+    Returns the new aligned ``(messages, sources)``; inputs are not modified.
+    """
+    out: list[Message] = []
+    out_sources: list[dict[str, Any]] = []
+    out_owners: list[str] = []
+    for message, source, owner in zip(messages, sources, owners, strict=True):
+        if out and mergeable(out[-1], message):
+            merged = merge_messages(out[-1], message)
+            sections[out_owners[-1]] += counter.count_message(merged) - counter.count_message(out[-1])
+            sections[owner] -= counter.count_message(message)
+            later = {key: value for key, value in source.items() if key != "merged"}
+            out[-1] = merged
+            out_sources[-1] = {
+                **out_sources[-1],
+                "merged": [*out_sources[-1].get("merged", []), later, *source.get("merged", [])],
+            }
+            continue
+        out.append(message)
+        out_sources.append(source)
+        out_owners.append(owner)
+    return out, out_sources
 
 
 def flatten(units: Iterable[Unit], *, wire: bool) -> list[Message]:

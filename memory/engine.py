@@ -9,13 +9,25 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from functools import partial
+from typing import Any, Literal, Protocol
 
 from memory.budget import MemoryBudget, Mode
-from memory.core import Message, raw_archive_merge, summary_block
-from memory.planner import Plan, Request, build_request, plan_request, summary_output_tokens
+from memory.core import Message, raw_archive_merge, summary_block, trim_summary
+from memory.planner import (
+    MIN_SUMMARY_TOKENS,
+    Plan,
+    Request,
+    StepsNote,
+    build_request,
+    foldable_steps,
+    plan_request,
+    steps_note_room,
+    summary_output_tokens,
+)
 from memory.prompts import build_summary_prompt, chunk_messages, fit_transcript, render_transcript, transcript_budget
 from memory.store import CompressionRecord, EventKind, Summary, SummaryStore
 from memory.summarizer import Attempt, SummarizerChain, SummaryRequest
@@ -31,6 +43,33 @@ optionally ``token_count``. Never a page: compaction must not read through a lim
 
 # Compare-and-set rounds before a request gives up writing and uses the newest stored state.
 CAS_ROUNDS = 3
+# How long a request in background mode waits, by default, for a compression already running for
+# its conversation (seconds; MEMORY_SYNC_WAIT_MS, docs/memory.md §10 "fast first token").
+SYNC_WAIT_SECONDS = 0.25
+
+Compression = Literal["sync", "background"]
+Origin = Literal["request", "job"]
+ContextPath = Literal["under_trigger", "no_progress", "compressed", "waited", "deferred", "degraded"]
+
+
+class CompressionJobs(Protocol):
+    """Where a request in background mode hands its compression (docs/memory.md §10): the
+    conversation's memory job (:class:`memory.jobs.MemoryJobRunner` has this shape).
+
+    ``await wait(memory_key, timeout_seconds)`` returns once no job of the conversation is
+    pending or running, or at the deadline (False); ``schedule(memory_key)`` queues one and
+    returns at once.
+    """
+
+    async def wait(self, memory_key: str, timeout_seconds: float) -> bool: ...
+
+    def schedule(self, memory_key: str) -> None: ...
+
+
+# "Steps so far" notes kept per engine for incremental in-turn folding (one per turn).
+STEPS_CACHE_SIZE = 64
+# The transcript sent when a stored summary over the cap is shrunk with no new messages (F-40).
+SHRINK_TRANSCRIPT = "(no new messages: rewrite the previous summary shorter, keeping every fact that still matters)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +82,10 @@ class ContextRequest:
     ``summarize_below``: the first message id that must not be summarized (another turn of the
     conversation still in flight, docs/memory.md F-26). ``force``: compress now, whatever the
     size: every history message before the current turn is folded into the summary.
+    ``compression``: ``sync`` compresses inside this call when over the trigger; ``background``
+    only reads and leaves compressing to the conversation's memory job (docs/memory.md §10, see
+    :meth:`MemoryEngine.build_context`). ``origin``: who asks, recorded with every compression
+    event: ``request`` (a model call, or "compress now") or ``job`` (pre-compression).
     The agent loop builds a new request per step (``dataclasses.replace``) rather than mutating one.
     """
 
@@ -53,6 +96,8 @@ class ContextRequest:
     tools: list[dict[str, Any]] | None = None
     summarize_below: int | None = None
     force: bool = False
+    compression: Compression = "sync"
+    origin: Origin = "request"
 
     @property
     def system(self) -> Message | None:
@@ -65,13 +110,21 @@ class MemoryContext:
     """What one model call is sent, and why.
 
     ``messages``: the exact wire list; ``sources``: aligned ``{"id", "kind"}`` with kind
-    ``system``/``summary``/``history``/``current``; ``tokens``: estimated request size (tokens);
+    ``system``/``summary``/``history``/``current``, plus ``"merged": [sources]`` on a message
+    that merges same-role neighbours (strict alternation, docs/memory.md F-38) and
+    ``"folded": [ids]`` on a "steps so far" note (docs/memory.md I5); ``tokens``: estimated request size (tokens);
     ``sections``: tokens per section (``system``, ``summary``, ``retained``, ``current``,
     ``tools``); ``summary``: the summary the request was built with; ``events``: compression
     events recorded by this call (their JSON form); ``elisions``: messages of the current turn
     shortened in the model-facing copy; ``repairs``: what was dropped to keep tool calls paired,
     and why a degraded context was used; ``overflow``: still over the context window (the caller
-    must not send it).
+    must not send it). ``path``: how memory met the request (docs/memory.md §10):
+    ``under_trigger`` (nothing to do), ``no_progress`` (over the trigger, but nothing before the
+    current turn may be summarized: only elision and folding of the current turn apply),
+    ``compressed`` (compressed inside this call),
+    ``waited`` (waited ``waited_ms`` milliseconds for the memory job, then under the trigger),
+    ``deferred`` (still over the trigger: degraded context, compression left to the memory job)
+    or ``degraded`` (the summarizer path could not be used: degraded context, nothing written).
     """
 
     messages: list[Message]
@@ -86,6 +139,8 @@ class MemoryContext:
     elisions: list[dict[str, Any]] = field(default_factory=list)
     repairs: list[str] = field(default_factory=list)
     overflow: bool = False
+    path: ContextPath = "under_trigger"
+    waited_ms: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form stored with each model call and sent to the inspector."""
@@ -102,6 +157,8 @@ class MemoryContext:
             "elisions": self.elisions,
             "repairs": self.repairs,
             "overflow": self.overflow,
+            "path": self.path,
+            "waited_ms": self.waited_ms,
         }
 
 
@@ -121,16 +178,30 @@ class MemoryEngine:
 
     ``budget``: the token budget; ``chain``: the summarizer degradation chain (layers 1-2; the
     raw archive is layer 3, built here); ``counter``: the token counter of the chat model;
-    ``store``: where summaries and compression events are kept.
+    ``store``: where summaries and compression events are kept. The engine remembers the
+    "steps so far" notes of recent turns (in memory, at most 64) so that in-turn compaction
+    folds only the steps added since the previous model call. ``jobs``: where requests in
+    background mode hand their compression (None: they only read); ``sync_wait_seconds``: how
+    long such a request waits for a compression already running (seconds).
     """
 
     def __init__(
-        self, *, budget: MemoryBudget, chain: SummarizerChain, counter: TokenCounter, store: SummaryStore
+        self,
+        *,
+        budget: MemoryBudget,
+        chain: SummarizerChain,
+        counter: TokenCounter,
+        store: SummaryStore,
+        jobs: CompressionJobs | None = None,
+        sync_wait_seconds: float = SYNC_WAIT_SECONDS,
     ) -> None:
         self.budget = budget
         self.chain = chain
         self.counter = counter
         self.store = store
+        self.jobs = jobs
+        self.sync_wait_seconds = sync_wait_seconds
+        self._steps: OrderedDict[tuple[str, int | None], StepsNote] = OrderedDict()
 
     async def build_context(self, request: ContextRequest) -> MemoryContext:
         """Load the summary and the increment, compress when over the trigger (or forced), write
@@ -138,17 +209,33 @@ class MemoryEngine:
 
         A failing summarizer never raises here: it degrades to the raw archive (docs/memory.md
         §4). After :data:`CAS_ROUNDS` lost compare-and-set rounds the context is built degraded,
-        with nothing written. Storage errors propagate.
+        with nothing written. A stored summary over the cap is rewritten within it (F-40); a
+        current turn too big for the window has its older steps folded before any refusal (I5).
+        With ``request.compression == "background"`` (and no ``force``) see :meth:`read_context`.
+        Storage errors propagate.
         """
+        if request.compression == "background" and not request.force:
+            return await self.read_context(request)
         events: list[dict[str, Any]] = []
         for _ in range(CAS_ROUNDS):
             before = await self.store.get(request.memory_key)
             plan = await self._plan(request, before)
             if not plan.needs_compression:
-                return self._context(plan, before, events)
-            if not plan.to_summarize:
+                return await self._context(request, plan, before, events)
+            summary_tokens = self.counter.count_text(before.content)
+            oversized = summary_tokens > self.summary_cap
+            if not plan.to_summarize and not oversized:
                 events.append(await self._record(request, plan, kind="no_progress", before=before))
-                return await self._finish(request, plan, before, events)
+                context = await self._finish(request, plan, before, events)
+                context.path = "no_progress"
+                return context
+            if oversized:
+                # docs/memory.md F-40: a summary over the cap (the window was lowered) is shrunk
+                # now, with or without new messages, instead of blocking every request.
+                plan.notes.append(
+                    f"the stored summary ({summary_tokens} tokens) is over the summary cap of {self.summary_cap} "
+                    "tokens: it is rewritten within the cap"
+                )
             started = time.perf_counter()
             outcome = await self.summarize(before, plan.summarized_messages)
             duration_ms = int((time.perf_counter() - started) * 1000)
@@ -157,6 +244,7 @@ class MemoryEngine:
                 expected_version=before.version,
                 new=outcome.summary,
                 token_count=self.counter.count_text(outcome.summary.content),
+                same_boundary=not plan.to_summarize,
             )
             if not saved:
                 events.append(
@@ -166,7 +254,7 @@ class MemoryEngine:
                 )
                 continue
             after = replace(outcome.summary, version=before.version + 1)
-            built = self._build(plan, after)
+            built = await self._build(request, plan, after)
             events.append(
                 await self._record(
                     request,
@@ -179,12 +267,81 @@ class MemoryEngine:
                     tokens_after=built.assembly.tokens,
                 )
             )
-            return await self._finish(request, plan, after, events, built)
+            context = await self._finish(request, plan, after, events, built)
+            context.path = "compressed"
+            return context
         context = await self.degraded_context(
             request, reason=f"{CAS_ROUNDS} concurrent compressions won the race: degraded context, nothing written"
         )
         context.events[:0] = events
         return context
+
+    async def read_context(self, request: ContextRequest) -> MemoryContext:
+        """The context of a request that makes no summarizer call for the conversation's history
+        and writes no summary (docs/memory.md §10, "fast first token").
+
+        Under the trigger: the stored summary and the increment, as usual. Over it, with
+        something to summarize: wait at most ``sync_wait_seconds`` for the conversation's memory
+        job; if that moved the summary and the request is now under the trigger, use it
+        (``waited``); otherwise queue the job and send the degraded context, the stored summary
+        plus a raw archive of what does not fit, built in memory only (``deferred``). When only
+        the current turn is too big (nothing older to summarize) the request is built as in
+        sync mode (elision, then folding of its older steps, docs/memory.md I5). Storage errors
+        propagate.
+        """
+        before = await self.store.get(request.memory_key)
+        plan = await self._plan(request, before)
+        if not plan.needs_compression:
+            return await self._context(request, plan, before, [])
+        if not plan.to_summarize and self.counter.count_text(before.content) <= self.summary_cap:
+            context = await self._finish(request, plan, before, [])
+            context.path = "no_progress"
+            return context
+        waited_ms = 0
+        if self.jobs is not None:
+            started = time.perf_counter()
+            await self.jobs.wait(request.memory_key, self.sync_wait_seconds)
+            waited_ms = int((time.perf_counter() - started) * 1000)
+            after = await self.store.get(request.memory_key)
+            if after.version != before.version:
+                plan = await self._plan(request, after)
+                if not plan.needs_compression:
+                    context = await self._context(request, plan, after, [])
+                    context.path, context.waited_ms = "waited", waited_ms
+                    return context
+            self.jobs.schedule(request.memory_key)
+        context = await self.degraded_context(
+            request,
+            reason="over the trigger: compression left to the memory job; stored summary plus a raw archive "
+            "of the overflow, nothing written",
+        )
+        context.path, context.waited_ms = "deferred", waited_ms
+        return context
+
+    async def precompress(self, request: ContextRequest, *, next_message_tokens: int) -> MemoryContext | None:
+        """Pre-compression (docs/memory.md §10): plan the conversation's next request as if a
+        user message of ``next_message_tokens`` tokens arrived after everything
+        ``request.load_increment`` returns, and when that request would cross the trigger (with
+        something to summarize, or a summary over its cap), compress now exactly as a request in
+        sync mode would (summarizer chain, compare-and-set, compression events recorded with
+        ``origin="job"``). Returns that context, or None when nothing needed doing. The imagined
+        message is never stored, sent or summarized: it is the current turn of the plan.
+        Storage errors propagate.
+        """
+
+        async def with_next_message(boundary: int | None) -> list[Message]:
+            messages = await request.load_increment(boundary)
+            last_id = max((int(message["id"]) for message in messages), default=boundary or 0)
+            imagined = {"role": "user", "content": "", "id": last_id + 1, "token_count": next_message_tokens}
+            return [*messages, imagined]
+
+        planned = replace(request, load_increment=with_next_message, compression="sync", origin="job")
+        before = await self.store.get(request.memory_key)
+        plan = await self._plan(planned, before)
+        oversized = self.counter.count_text(before.content) > self.summary_cap
+        if not plan.needs_compression or not (plan.to_summarize or oversized):
+            return None
+        return await self.build_context(planned)
 
     async def degraded_context(self, request: ContextRequest, *, reason: str) -> MemoryContext:
         """A context built with no summarizer and no write: the stored summary plus, when the
@@ -201,25 +358,36 @@ class MemoryEngine:
                 compressed_count=summary.compressed_count + len(messages),
                 version=summary.version,
             )
-        context = self._context(plan, summary, [])
+        elif plan.needs_compression:
+            summary = replace(summary, content=trim_summary(summary.content, self.summary_cap, self.counter))
+        context = await self._context(request, plan, summary, [], degraded=True)
         context.repairs.append(reason)
+        context.path = "degraded"
         return context
 
-    async def summarize(self, summary: Summary, messages: list[Message]) -> Outcome:
+    async def summarize(self, summary: Summary, messages: list[Message], *, cap: int | None = None) -> Outcome:
         """Fold ``messages`` into ``summary``: chunks that fit the summarizer's window are merged
         one after another (docs/memory.md F-17); when the chain fails for a chunk, that chunk and
         the rest go to the raw archive appended to the summary so far (layer 3). Nothing is
-        written; only the summarizer is called."""
-        cap = self.summary_cap
+        written; only the summarizer is called.
+
+        ``cap``: the result's hard limit in tokens (default :attr:`summary_cap`). With no
+        ``messages`` the summary alone is rewritten within the cap (a summary over the cap after
+        the window was lowered, docs/memory.md F-40); if the chain fails it is trimmed without an
+        LLM (:func:`memory.core.trim_summary`) and the outcome is ``degraded``."""
+        cap = self.summary_cap if cap is None else cap
+        previous_tokens = self.counter.count_text(summary.content)
+        if not messages:
+            return await self._shrink(summary, cap=cap, previous_tokens=previous_tokens)
         transcript_tokens = self.counter.count_text(render_transcript(messages))
         max_tokens = summary_output_tokens(
-            previous_summary_tokens=self.counter.count_text(summary.content),
+            previous_summary_tokens=previous_tokens,
             transcript_tokens=transcript_tokens,
             cap=cap,
             ratio=self.budget.summary_ratio,
         )
         budget = transcript_budget(
-            previous_summary_tokens=cap,
+            previous_summary_tokens=max(cap, previous_tokens),
             max_output_tokens=max_tokens,
             window=self.budget.summarizer_window,
             counter=self.counter,
@@ -246,11 +414,35 @@ class MemoryEngine:
         new = Summary(
             content=content,
             summary_type="raw" if degraded else "llm",
-            last_message_id=max(max(message["id"] for message in messages), summary.last_message_id or 0),
+            last_message_id=max(max(message.get("id") or 0 for message in messages), summary.last_message_id or 0),
             compressed_count=summary.compressed_count + len(messages),
             version=summary.version,
         )
         return Outcome(summary=new, attempts=attempts, degraded=degraded)
+
+    async def _shrink(self, summary: Summary, *, cap: int, previous_tokens: int) -> Outcome:
+        """``summary`` rewritten within ``cap`` tokens by the chain (no new material), or trimmed
+        without an LLM when the chain fails; boundary and count unchanged (docs/memory.md F-40)."""
+        if previous_tokens <= cap:
+            return Outcome(summary=summary, attempts=[], degraded=False)
+        prompt = build_summary_prompt(previous_summary=summary.content, transcript="", max_tokens=cap)
+        prompt[-1] = {**prompt[-1], "content": f"{prompt[-1]['content']}\n{SHRINK_TRANSCRIPT}"}
+        result = await self.chain.run(
+            SummaryRequest(previous_summary=summary.content, messages=[], prompt=prompt, max_tokens=cap)
+        )
+        if result.text is None:
+            content, summary_type, degraded = (
+                trim_summary(summary.content, cap, self.counter),
+                summary.summary_type,
+                True,
+            )
+        else:
+            content, summary_type, degraded = self.counter.truncate_text(result.text, cap), "llm", False
+        return Outcome(
+            summary=replace(summary, content=content, summary_type=summary_type),
+            attempts=result.attempts,
+            degraded=degraded,
+        )
 
     @property
     def summary_cap(self) -> int:
@@ -272,8 +464,13 @@ class MemoryEngine:
             force=request.force,
         )
 
-    def _build(self, plan: Plan, summary: Summary) -> Request:
-        return build_request(
+    async def _build(self, request: ContextRequest, plan: Plan, summary: Summary, *, degraded: bool = False) -> Request:
+        """The request for ``plan`` with ``summary``. When eliding alone cannot fit it under the
+        request limit without cutting into the newest step, the older steps of the current turn
+        are folded into a "steps so far" note first (through the summarizer chain, or the raw
+        archive when ``degraded``) and the request is built again (docs/memory.md I5)."""
+        build = partial(
+            build_request,
             plan=plan,
             summary=summary,
             retained=plan.retained,
@@ -281,12 +478,60 @@ class MemoryEngine:
             counter=self.counter,
             tools=plan.tools,
         )
+        built = build()
+        if not built.fold_wanted:
+            return built
+        room = steps_note_room(plan=plan, summary=summary, budget=self.budget, counter=self.counter, tools=plan.tools)
+        cap = max(MIN_SUMMARY_TOKENS, min(self.summary_cap, room))
+        return build(steps=await self._fold_steps(request.memory_key, plan, cap=cap, degraded=degraded))
 
-    def _context(
-        self, plan: Plan, summary: Summary, events: list[dict[str, Any]], built: Request | None = None
+    async def _fold_steps(self, memory_key: str, plan: Plan, *, cap: int, degraded: bool) -> StepsNote:
+        """The "steps so far" note for the older steps of ``plan``'s current turn, at most
+        ``cap`` tokens. Incremental: a note made for an earlier model call of the same turn is
+        reused and only the steps added since are folded into it. Nothing is written."""
+        units = foldable_steps(plan)
+        members = [message for unit in units for message in unit.members]
+        key = (memory_key, plan.current[0].members[0].get("id"))
+        cached = self._steps.get(key)
+        previous, new = "", members
+        if cached is not None:
+            done = cached.members
+            if [m.get("id") for m in members[: len(done)]] == [m.get("id") for m in done]:
+                previous, new = cached.content, members[len(done) :]
+        if not new and cached is not None:
+            return replace(cached, units=units, attempts=[])
+        if degraded:
+            content = raw_archive_merge(previous, new, max_tokens=cap, counter=self.counter)
+            steps = StepsNote(units=units, content=content, summary_type="raw")
+        else:
+            outcome = await self.summarize(Summary(content=previous), new, cap=cap)
+            steps = StepsNote(
+                units=units,
+                content=outcome.summary.content,
+                summary_type=outcome.summary.summary_type,
+                attempts=[attempt.as_dict() for attempt in outcome.attempts],
+            )
+        self._steps[key] = steps
+        self._steps.move_to_end(key)
+        while len(self._steps) > STEPS_CACHE_SIZE:
+            self._steps.popitem(last=False)
+        return steps
+
+    async def _context(
+        self,
+        request: ContextRequest,
+        plan: Plan,
+        summary: Summary,
+        events: list[dict[str, Any]],
+        built: Request | None = None,
+        *,
+        degraded: bool = False,
     ) -> MemoryContext:
-        built = built or self._build(plan, summary)
+        built = built or await self._build(request, plan, summary, degraded=degraded)
         assembly = built.assembly
+        repairs = [note for unit in [*plan.retained, *plan.current] for note in unit.repairs]
+        if built.steps is not None:
+            repairs.append(_steps_sentence(built.steps))
         return MemoryContext(
             messages=assembly.messages,
             sources=assembly.sources,
@@ -298,7 +543,7 @@ class MemoryEngine:
             summary=summary,
             events=events,
             elisions=built.elisions,
-            repairs=[note for unit in [*plan.retained, *plan.current] for note in unit.repairs],
+            repairs=repairs,
             overflow=built.overflow,
         )
 
@@ -311,10 +556,13 @@ class MemoryEngine:
         built: Request | None = None,
     ) -> MemoryContext:
         """The context of a compressing request, with an ``overflow`` event when its current
-        turn had to be elided or it is still over the context window."""
-        built = built or self._build(plan, summary)
-        if built.elisions or built.overflow:
-            notes = [f"elided {len(built.elisions)} message(s) of the current turn in the model-facing copy"]
+        turn had to be elided or folded, or it is still over the context window."""
+        built = built or await self._build(request, plan, summary)
+        if built.elisions or built.overflow or built.steps is not None:
+            notes = []
+            if built.steps is not None:
+                notes.append(_steps_sentence(built.steps))
+            notes.append(f"elided {len(built.elisions)} message(s) of the current turn in the model-facing copy")
             if built.overflow:
                 notes.append(
                     f"request is {built.assembly.tokens} tokens, over the context window of {self.budget.context_window}"
@@ -328,9 +576,10 @@ class MemoryEngine:
                     tokens_after=built.assembly.tokens,
                     notes=notes,
                     elisions=built.elisions,
+                    attempts=built.steps.attempts if built.steps is not None else None,
                 )
             )
-        return self._context(plan, summary, events, built)
+        return await self._context(request, plan, summary, events, built)
 
     async def _record(
         self,
@@ -345,9 +594,12 @@ class MemoryEngine:
         tokens_after: int | None = None,
         notes: list[str] | None = None,
         elisions: list[dict[str, Any]] | None = None,
+        attempts: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """Record one compression event; ``outcome`` is the summarization it reports (None for
-        ``no_progress`` and ``overflow``), ``after`` the summary written (``compression`` only)."""
+        ``no_progress`` and ``overflow``), ``after`` the summary written (``compression`` only).
+        ``attempts``: summarizer attempts to record when there is no ``outcome`` (the folding
+        of an ``overflow`` event's "steps so far" note)."""
         written = after if kind == "compression" else None
         record = CompressionRecord(
             kind=kind,
@@ -362,12 +614,13 @@ class MemoryEngine:
             boundary_after=written.last_message_id if written else before.last_message_id,
             result_type=outcome.summary.summary_type if outcome else "none",
             degraded=bool(outcome and outcome.degraded),
-            attempts=[attempt.as_dict() for attempt in outcome.attempts] if outcome else [],
+            attempts=[attempt.as_dict() for attempt in outcome.attempts] if outcome else list(attempts or []),
             duration_ms=duration_ms,
             summary_content=outcome.summary.content if outcome else "",
             summary_version=written.version if written else None,
             notes=[*plan.notes, *(notes or [])],
             elisions=elisions or [],
+            origin=request.origin,
         )
         event = await self.store.record(request.memory_key, record)
         if outcome is not None:
@@ -406,3 +659,15 @@ class AgentMemoryMiddleware:
             return await self.engine.degraded_context(
                 request, reason="memory engine failed: degraded context, nothing written"
             )
+
+
+def _steps_sentence(steps: StepsNote) -> str:
+    """The note of an event or repair saying what in-turn compaction folded."""
+    ids = [message["id"] for message in steps.members if message.get("id") is not None]
+    how = "the raw archive" if steps.summary_type == "raw" else "the summarizer"
+    return (
+        f"folded {len(steps.members)} earlier message(s) of the current turn (ids {ids[0]}-{ids[-1]}) into a "
+        f"'steps so far' note by {how}, in the model-facing copy only"
+        if ids
+        else f"folded {len(steps.members)} earlier message(s) of the current turn into a 'steps so far' note by {how}"
+    )

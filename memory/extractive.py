@@ -9,34 +9,59 @@ summary, so it honours the same contract as an LLM summarizer: one flat self-con
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from memory.core import RAW_ARCHIVE_MARKER
 from memory.prompts import split_summary_prompt
-from memory.summarizer import SummaryRequest
+from memory.summarizer import SummaryRequest, is_marker_line
 from memory.tokens import TokenCounter, get_counter
 
 _LINE_RE = re.compile(r"^- (?P<label>[^:\n]{1,80}): ?(?P<text>.*)$")
-_SENTENCE_RE = re.compile(r"(?<=[.!?])\s+")
+# Sentence ends: ASCII .!? before whitespace (so "A-1.5" or "example.com" stay whole), the CJK
+# full stops 。！？ and the full-width semicolon ； (no space follows them in CJK text), each with
+# any closing quotes or brackets, and line breaks (docs/memory.md F-39).
+_SENTENCE_END_RE = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s)|[。！？；]+[」』”’）)]*|\n")
+# Clause breaks inside an over-long sentence: commas, colons, semicolons, ideographic commas.
+_CLAUSE_END_RE = re.compile(r"[,;:](?=\s)|[，、：；]")
+# ASCII look-arounds instead of \b: in "订单号是ZX-88213" the CJK character is a word character, so
+# \b would find no boundary before the identifier.
 _IDENTIFIER_RE = re.compile(
-    r"\b(?=[A-Za-z0-9_-]*\d)(?=[A-Za-z0-9_-]*[A-Za-z])[A-Za-z0-9_-]{4,}\b|\b[A-Z]{2,}[0-9A-Z]{2,}\b|\b\w+_\w+\b"
+    r"(?<![A-Za-z0-9_-])(?=[A-Za-z0-9_-]*\d)(?=[A-Za-z0-9_-]*[A-Za-z])[A-Za-z0-9_-]{4,}(?![A-Za-z0-9_-])"
+    r"|(?<![A-Za-z0-9])[A-Z]{2,}[0-9A-Z]{2,}(?![A-Za-z0-9])|(?<![A-Za-z0-9_])[A-Za-z0-9]+_[A-Za-z0-9_]+"
 )
 _NUMBER_RE = re.compile(r"\d")
 _DATE_RE = re.compile(
     r"\b(\d{4}-\d{2}-\d{2}|jan(uary)?|feb(ruary)?|mar(ch)?|apr(il)?|may|june?|july?|aug(ust)?|sep(tember)?|oct(ober)?|"
-    r"nov(ember)?|dec(ember)?|monday|tuesday|wednesday|thursday|friday|saturday|sunday|today|tomorrow|yesterday)\b",
+    r"nov(ember)?|dec(ember)?|monday|tuesday|wednesday|thursday|friday|saturday|sunday|today|tomorrow|yesterday)\b"
+    r"|[今明昨]天|星期|周[一二三四五六日]|\d+\s*[年月日号]",
     re.IGNORECASE,
 )
 _REQUEST_RE = re.compile(
-    r"\?|\b(please|i want|i need|i'd like|i would like|can you|could you|remember|my name|book|cancel|change|update|refund)\b",
+    r"\?|？|\b(please|i want|i need|i'd like|i would like|can you|could you|remember|my name|book|cancel|change|update|refund)\b"
+    r"|请|帮我|我想|我要|我需要|记住|取消|预订|退款",
     re.IGNORECASE,
 )
+# What the user says about themselves ("I'm allergic to penicillin", "my dog is called …", "我对
+# 青霉素过敏"): facts without digits that must be kept as reliably as numbers (docs/memory.md F-32).
+_SELF_RE = re.compile(r"\b(i|i'm|i am|i've|i have|my|mine|me|we|we're|our)\b|我", re.IGNORECASE)
+# A capitalised word after the first one of a sentence: most likely a name (Biscuit, Lisbon, Ada).
+_NAME_RE = re.compile(r"(?<=[\s,;:(\"“])[A-Z][a-z]+(?:[-'][A-Za-z]+)*\b")
+_CJK_RE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+_CJK_EDGE_RE = re.compile(_CJK_RE.pattern[:-1] + "。！？；，、：「」『』（）]")
+# A sentence longer than this (characters) is kept in pieces of at most PIECE_CHARS, so that the
+# end of a long CJK sentence (often an identifier) is not lost to a cut (docs/memory.md F-39).
 SENTENCE_CHARS = 300
+PIECE_CHARS = 100
+# Characters of a sentence that count towards its rank; longer adds nothing (docs/memory.md F-39).
+RANK_CHARS_CAP = 120
 # Share of a full summary's room reserved for newly summarized material.
 NEW_SHARE = 0.4
 SUMMARY_MODEL = "extractive"
 
 
-def _score(label: str, sentence: str) -> int:
+def _salience(label: str, sentence: str) -> int:
+    """How likely ``sentence`` is to matter later; 0 for small talk. Identifiers, numbers and
+    dates; the user's requests, questions and statements about themselves; names; tool traffic."""
     score = 0
     if _IDENTIFIER_RE.search(sentence):
         score += 3
@@ -44,28 +69,169 @@ def _score(label: str, sentence: str) -> int:
         score += 2
     if _DATE_RE.search(sentence):
         score += 2
+    if _NAME_RE.search(sentence):
+        score += 2
     if label == "User" and _REQUEST_RE.search(sentence):
         score += 3
+    if label == "User" and _SELF_RE.search(sentence):
+        score += 2
     if "[tools:" in label or label.startswith("Tool"):
         score += 1
     return score
 
 
-def _extract_line(line: str) -> str | None:
-    match = _LINE_RE.match(line.strip())
-    if match is None:
-        return line.strip() or None
-    label, text = match.group("label"), " ".join(match.group("text").split())
-    sentences = [s for s in _SENTENCE_RE.split(text) if s.strip()]
-    kept = [s for s in sentences if _score(label, s) > 0]
-    if not kept and label == "User" and sentences:
-        kept = sentences[:1]
-    if "[tools:" in label and not kept:
-        kept = [text]
-    if not kept:
+def _rank(salience: int, sentence: str) -> float:
+    """Salience plus a length bonus of up to 3 (a CJK character weighs as three Latin ones, since
+    it carries about a word): between two sentences the more informative wins, never the shorter."""
+    weighted = len(sentence) + 2 * len(_CJK_RE.findall(sentence))
+    return salience + min(weighted, RANK_CHARS_CAP) / (RANK_CHARS_CAP / 3)
+
+
+def split_sentences(text: str) -> list[str]:
+    """``text`` cut into sentences at ``.!?`` followed by whitespace, at ``。！？；`` and at line
+    breaks (docs/memory.md F-39). Pieces are stripped; empty ones are dropped."""
+    pieces, start = [], 0
+    for match in _SENTENCE_END_RE.finditer(text):
+        pieces.append(text[start : match.end()])
+        start = match.end()
+    pieces.append(text[start:])
+    return [piece.strip() for piece in pieces if piece.strip()]
+
+
+def _split_long(sentence: str, limit: int = PIECE_CHARS) -> list[str]:
+    """``sentence`` whole when it has at most :data:`SENTENCE_CHARS` characters, else in
+    consecutive pieces of at most ``limit`` characters, cut at clause breaks (commas, colons,
+    semicolons, 、，：) where possible, else at the last space, else anywhere. Nothing is lost:
+    the pieces joined again give the sentence back (spaces aside), and each can be kept alone."""
+    if len(sentence) <= SENTENCE_CHARS:
+        return [sentence]
+    clauses, start = [], 0
+    for match in _CLAUSE_END_RE.finditer(sentence):
+        clauses.append(sentence[start : match.end()])
+        start = match.end()
+    clauses.append(sentence[start:])
+    pieces: list[str] = []
+    current = ""
+    for clause in clauses:
+        while len(clause) > limit:  # one clause longer than the limit: cut at a space if any
+            cut = clause.rfind(" ", 0, limit)
+            cut = cut if cut > limit // 2 else limit
+            if current:
+                pieces.append(current)
+                current = ""
+            pieces.append(clause[:cut])
+            clause = clause[cut:]
+        if len(current) + len(clause) > limit:
+            pieces.append(current)
+            current = ""
+        current += clause
+    pieces.append(current)
+    return [piece.strip() for piece in pieces if piece.strip()]
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """A sentence, or a piece of an over-long one (``joined_before``/``joined_after``: the piece
+    continues or is continued by its neighbour in the same sentence)."""
+
+    text: str
+    rank: float
+    joined_before: bool = False
+    joined_after: bool = False
+
+
+@dataclass(frozen=True)
+class _Line:
+    """One transcript line reduced to the units worth keeping, in transcript order."""
+
+    label: str
+    units: tuple[_Unit, ...]
+
+    def render(self, keep: frozenset[int] | None = None) -> str:
+        """The line with the units at the indexes in ``keep`` (all by default); a sentence whose
+        neighbouring piece is left out shows ``…`` at the cut."""
+        parts = []
+        for index, unit in enumerate(self.units):
+            if keep is not None and index not in keep:
+                continue
+            text = unit.text
+            if unit.joined_before and keep is not None and index - 1 not in keep:
+                text = "…" + text
+            if unit.joined_after and keep is not None and index + 1 not in keep:
+                text += "…"
+            parts.append(text)
+        body = _join(parts)
+        return f"- {self.label}: {body}" if self.label else body
+
+    def shortened(self, budget: int, counter: TokenCounter) -> str | None:
+        """The line with its highest-ranked units that fit ``budget`` tokens (kept in order), or
+        None when not even its best unit fits: a long line gives up its least informative
+        sentences instead of vanishing whole (docs/memory.md F-39)."""
+        keep: set[int] = set()
+        best: str | None = None
+        for index in sorted(range(len(self.units)), key=lambda i: (-self.units[i].rank, i)):
+            candidate = self.render(frozenset(keep | {index}))
+            if counter.count_text(candidate) + 1 <= budget:
+                keep.add(index)
+                best = candidate
+        return best
+
+
+def _join(parts: list[str]) -> str:
+    """``parts`` joined by spaces, except next to CJK text, which has no spaces between
+    sentences."""
+    text = ""
+    for part in parts:
+        if text and not (_CJK_EDGE_RE.match(text[-1]) or _CJK_EDGE_RE.match(part[0])):
+            text += " "
+        text += part
+    return text
+
+
+def _extract_line(line: str) -> _Line | None:
+    """The salient units of one transcript line, or None when nothing is worth keeping.
+
+    Units with a salience above 0 are kept. A user line with none keeps its most informative
+    sentence (by :func:`_rank`, so "Hi." never wins over a longer statement). A tool-call line or a
+    line without a ``- Label:`` prefix is kept whole. Marker lines are never kept (F-39)."""
+    stripped = line.strip()
+    if not stripped or is_marker_line(stripped):
         return None
-    body = " ".join(s if len(s) <= SENTENCE_CHARS else s[: SENTENCE_CHARS - 1] + "…" for s in kept)
-    return f"- {label}: {body}"
+    match = _LINE_RE.match(stripped)
+    label, text = (match.group("label"), match.group("text")) if match else ("", stripped)
+    units: list[tuple[_Unit, int]] = []
+    for sentence in split_sentences(text):
+        sentence = " ".join(sentence.split())
+        pieces = _split_long(sentence)
+        for number, piece in enumerate(pieces):
+            salience = _salience(label, piece)
+            unit = _Unit(piece, _rank(salience, piece), number > 0, number < len(pieces) - 1)
+            units.append((unit, salience))
+    if not units:
+        return None
+    kept = [unit for unit, salience in units if salience > 0]
+    if not label or "[tools:" in label:
+        kept = [unit for unit, _ in units]
+    elif not kept and label == "User":
+        kept = [max((unit for unit, _ in units), key=lambda unit: unit.rank)]
+    return _Line(label, _relinked(kept, [unit for unit, _ in units])) if kept else None
+
+
+def _relinked(kept: list[_Unit], units: list[_Unit]) -> tuple[_Unit, ...]:
+    """``kept`` with the ``joined_*`` flags true only towards a kept neighbour piece; a piece
+    whose neighbour was dropped gets ``…`` marks on that side instead (see :meth:`_Line.render`)."""
+    chosen = {id(unit) for unit in kept}
+    result = []
+    for index, unit in enumerate(units):
+        if id(unit) not in chosen:
+            continue
+        before_dropped = unit.joined_before and id(units[index - 1]) not in chosen
+        after_dropped = unit.joined_after and id(units[index + 1]) not in chosen
+        text = ("…" if before_dropped else "") + unit.text + ("…" if after_dropped else "")
+        result.append(
+            _Unit(text, unit.rank, unit.joined_before and not before_dropped, unit.joined_after and not after_dropped)
+        )
+    return tuple(result)
 
 
 def extractive_summary(
@@ -75,23 +241,43 @@ def extractive_summary(
     sentences of ``transcript`` (lines ``- Label: text``) into one flat text of at most
     ``max_tokens`` tokens. When everything does not fit, the new material keeps up to 40 % of
     the room and the previous summary loses its most recent lines first, so the first facts and
-    the newest ones both survive. Deterministic. Returns ``""`` when nothing is worth keeping."""
+    the newest ones both survive; a new line too long for what is left keeps its most informative
+    sentences. Sentences end at ``.!?`` and at ``。！？；`` (docs/memory.md F-39). Marker lines
+    (``[... transcript trimmed ...]``, archive headings) are never kept, so the result is never
+    a bare marker. Deterministic. Returns ``""`` when nothing is worth keeping."""
     counter = counter or get_counter(SUMMARY_MODEL)
     previous_lines = [
         line.strip()
         for line in previous_summary.replace(RAW_ARCHIVE_MARKER, "").splitlines()
-        if line.strip() and not line.strip().endswith("earlier archived messages omitted]")
+        if line.strip() and not is_marker_line(line)
     ]
     new_lines = [extracted for line in transcript.splitlines() if (extracted := _extract_line(line))]
+    if not new_lines and not previous_lines:
+        new_lines = _best_single_unit(transcript)
     old_cost = sum(counter.count_text(line) + 1 for line in previous_lines)
-    new_cost = sum(counter.count_text(line) + 1 for line in new_lines)
+    new_cost = sum(counter.count_text(line.render()) + 1 for line in new_lines)
     # When both do not fit, the new material gets up to NEW_SHARE of the room and the old lines
     # give way from their end: the earliest facts (docs/memory.md I7) and the newest both survive.
     new_budget = min(new_cost, max(int(max_tokens * NEW_SHARE), max_tokens - old_cost))
     kept = _fit(previous_lines, max_tokens - new_budget, counter, set())
     used = sum(counter.count_text(line) + 1 for line in kept)
-    kept += _fit(new_lines, max_tokens - used, counter, set(kept))
+    kept += _fit_new(new_lines, max_tokens - used, counter, set(kept))
     return "\n".join(kept)
+
+
+def _best_single_unit(transcript: str) -> list[_Line]:
+    """For a transcript where no line has anything salient (and no previous summary): its one
+    most informative sentence, so the summary is not empty when the transcript is not."""
+    candidates = []
+    for line in transcript.splitlines():
+        if not line.strip() or is_marker_line(line):
+            continue
+        match = _LINE_RE.match(line.strip())
+        label, text = (match.group("label"), match.group("text")) if match else ("", line.strip())
+        for sentence in split_sentences(text):
+            for piece in _split_long(" ".join(sentence.split())):
+                candidates.append(_Line(label, (_Unit(piece, _rank(0, piece)),)))
+    return [max(candidates, key=lambda line: line.units[0].rank)] if candidates else []
 
 
 def _fit(lines: list[str], budget: int, counter: TokenCounter, seen: set[str]) -> list[str]:
@@ -105,6 +291,31 @@ def _fit(lines: list[str], budget: int, counter: TokenCounter, seen: set[str]) -
         seen.add(line)
         budget -= cost
     return kept
+
+
+def _fit_new(lines: list[_Line], budget: int, counter: TokenCounter, seen: set[str]) -> list[str]:
+    """The new lines within ``budget`` tokens, in order and without repeats: first every line that
+    fits whole (greedy, in order), then each line left out, shortened to its most informative
+    sentences in what room is left (:meth:`_Line.shortened`)."""
+    rendered = [line.render() for line in lines]
+    chosen: dict[int, str] = {}
+    for index, text in enumerate(rendered):
+        cost = counter.count_text(text) + 1
+        if text in seen or cost > budget:
+            continue
+        chosen[index] = text
+        seen.add(text)
+        budget -= cost
+    for index, line in enumerate(lines):
+        if index in chosen or rendered[index] in seen:
+            continue
+        short = line.shortened(budget, counter)
+        if short is None or short in seen:
+            continue
+        chosen[index] = short
+        seen.add(short)
+        budget -= counter.count_text(short) + 1
+    return [chosen[index] for index in sorted(chosen)]
 
 
 class ExtractiveSummarizer:

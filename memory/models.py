@@ -1,5 +1,6 @@
-"""Persisted memory state: one :class:`SessionSummary` per conversation and a
-:class:`CompressionEvent` per compression (docs/memory.md §1, §3, §4).
+"""Persisted memory state: one :class:`SessionSummary` per conversation, a
+:class:`CompressionEvent` per compression (docs/memory.md §1, §3, §4) and one
+:class:`MemoryJobState` per conversation whose memory job has run (docs/memory.md §10).
 
 Conversations are named by an opaque ``memory_key`` string, so this app never depends on the chat
 app's models (the chat app uses its session's primary key).
@@ -12,6 +13,7 @@ from typing import Any
 
 from django.db import models
 
+from memory.jobs import JobState
 from memory.store import CompressionRecord, Summary
 
 
@@ -81,6 +83,7 @@ class CompressionEvent(models.Model):
     summary_version = models.PositiveIntegerField(null=True, blank=True)
     notes = models.JSONField(default=list)
     elisions = models.JSONField(default=list)
+    origin = models.CharField(max_length=8, default="request")
 
     class Meta:
         ordering = ("created_at", "id")
@@ -97,3 +100,36 @@ class CompressionEvent(models.Model):
             "created_at": self.created_at.isoformat() if self.created_at else None,
             **{f.name: getattr(self, f.name) for f in fields(CompressionRecord)},
         }
+
+
+class MemoryJobState(models.Model):
+    """The memory job of one conversation (docs/memory.md §10, "memory job"): its lease, so
+    that at most one worker runs it at a time, the watermark and last attempt of each step, and
+    how the last job ended. The columns are the fields of :class:`memory.jobs.JobState`, which
+    documents them."""
+
+    memory_key = models.CharField(max_length=64, unique=True)
+    status = models.CharField(max_length=8, default="idle")
+    lease_owner = models.CharField(max_length=128, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    watermarks = models.JSONField(default=dict)
+    attempts = models.JSONField(default=dict)
+    last_error = models.TextField(blank=True, default="")
+    runs = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"memory job of {self.memory_key} ({self.status})"
+
+    def as_state(self) -> JobState:
+        """This row as the engine's :class:`memory.jobs.JobState` value."""
+        return JobState(
+            memory_key=self.memory_key,
+            status=self.status,  # type: ignore[arg-type]  # written only from JobStatus values
+            lease_owner=self.lease_owner,
+            lease_expires_at=self.lease_expires_at,
+            watermarks=dict(self.watermarks),
+            attempts=dict(self.attempts),
+            last_error=self.last_error,
+            runs=self.runs,
+        )

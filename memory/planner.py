@@ -18,7 +18,9 @@ from memory.core import (
     elide_current_turn,
     flatten,
     group_units,
+    snap_to_turn_start,
     split_current_turn,
+    steps_note,
     summary_block,
 )
 from memory.store import Summary
@@ -88,6 +90,9 @@ def plan_request(
     concurrent turn still in flight, docs/memory.md F-26); units from there on stay verbatim, unless
     that would put the request over the context window (the window always wins).
     ``force``: compress now whatever the size: all history before the current turn is summarized.
+    The cut is moved forward to a turn start so the retained window after the summary begins
+    with a user message; a boundary stored inside a turn forces that repair even under the
+    trigger (docs/memory.md F-38).
     """
     history, current = split_current_turn(increment)
     single_system = budget.summary_role == "user"
@@ -119,9 +124,19 @@ def plan_request(
         retain_budget=0 if force else retain_budget,
         tools=tools,
     )
+    split_only = False
+    if not plan.needs_compression and summary.content.strip() and history_units and not history_units[0].starts_turn:
+        # A boundary stored inside a turn (by an older version): fold the rest of that turn now,
+        # so the window after the summary starts with a user message (docs/memory.md F-38). The
+        # request is under the trigger: the back-scan keeps everything and the snap folds the rest.
+        plan.needs_compression = split_only = True
+        plan.retain_budget = sum(unit.tokens for unit in history_units)
+        plan.notes.append("the stored boundary splits a turn: its remaining messages are summarized")
     if not plan.needs_compression:
         return plan
     plan.to_summarize, plan.retained = back_scan(history_units, plan.retain_budget)
+    # The in-flight pin also bounds the snap to a turn start below, unless it had to yield.
+    pinned_from = summarize_below
     if summarize_below is not None:
         pinned = next(
             (
@@ -143,10 +158,25 @@ def plan_request(
                 plan.to_summarize = plan.to_summarize[:pinned]
                 plan.notes.append(f"messages from id {summarize_below} on belong to a turn in flight: kept verbatim")
             else:
+                pinned_from = None
                 plan.notes.append(
                     f"messages from id {summarize_below} on belong to a turn in flight, but keeping them verbatim "
                     "would overflow the context window: summarized"
                 )
+    if plan.retained and not plan.retained[0].starts_turn and (plan.to_summarize or summary.content.strip()):
+        moved = len(plan.retained)
+        plan.to_summarize, plan.retained = snap_to_turn_start(plan.to_summarize, plan.retained, pinned_from=pinned_from)
+        if len(plan.retained) < moved:
+            plan.notes.append(
+                f"the cut was moved forward by {moved - len(plan.retained)} unit(s) to the start of a turn: the "
+                "retained window after the summary starts with a user message (docs/memory.md F-38)"
+            )
+    if split_only and not plan.to_summarize:
+        # Only a turn still in flight could have been moved: leave it, quietly, under the trigger.
+        plan.needs_compression = False
+        plan.retained = history_units
+        plan.notes.clear()
+        return plan
     if force:
         plan.notes.append("compression requested by the user: all history before the current turn is summarized")
     elif retain_budget <= 0:
@@ -180,13 +210,72 @@ def summary_output_tokens(*, previous_summary_tokens: int, transcript_tokens: in
     return max(min(MIN_SUMMARY_TOKENS, cap), min(cap, wanted))
 
 
+@dataclass(frozen=True, kw_only=True)
+class StepsNote:
+    """Older steps of the current turn folded into one "steps so far" note (docs/memory.md I5,
+    in-turn compaction), for the model-facing copy only: nothing of it is stored as the summary.
+
+    ``units``: the folded units (whole tool groups, never the user's question nor the newest
+    step); ``content``: the note's text without its header; ``summary_type``: ``llm`` or ``raw``
+    (raw archive, no summarizer); ``attempts``: the summarizer attempts made for it (their JSON
+    form, empty when it came from the cache or the raw archive)."""
+
+    units: list[Unit]
+    content: str
+    summary_type: str
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def members(self) -> list[Message]:
+        """The persisted messages the note stands for."""
+        return flatten(self.units, wire=False)
+
+
 @dataclass(kw_only=True)
 class Request:
-    """The final model-facing request and what was elided to make it fit."""
+    """The final model-facing request and what was done to make it fit.
+
+    ``elisions``: messages of the current turn shortened in the copy; ``overflow``: still over the
+    context window (must not be sent); ``fold_wanted``: eliding alone cannot bring the request
+    under ``budget.request_limit_tokens`` without cutting into the newest step, and the current
+    turn has older steps that could be folded instead (the engine then folds them and builds
+    again with ``steps``); ``steps``: the note used, if any."""
 
     assembly: Assembly
     elisions: list[dict[str, Any]]
     overflow: bool
+    fold_wanted: bool = False
+    steps: StepsNote | None = None
+
+
+def foldable_steps(plan: Plan) -> list[Unit]:
+    """The units of the current turn in-turn compaction may fold: everything between the user's
+    question (the first unit) and the newest step (the last unit). Empty when there is no such
+    middle, so the question and the newest step are never folded."""
+    units = plan.current
+    if len(units) < 3 or not units[0].starts_turn:
+        return []
+    return units[1:-1]
+
+
+def steps_note_room(
+    *, plan: Plan, summary: Summary, budget: MemoryBudget, counter: TokenCounter, tools: list[dict[str, Any]] | None
+) -> int:
+    """Tokens the text of a "steps so far" note may take so that the request fits
+    ``budget.request_limit_tokens``: what is left after the system prompt, the summary block,
+    the user's question, the newest step, the tool schemas and the note's own header. May be
+    zero or negative (the engine then asks for a minimal note and elision does the rest)."""
+    block = summary_message(summary, budget.summary_role)
+    kept = [*plan.current[0].wire, *plan.current[-1].wire] if plan.current else []
+    fixed = (
+        (counter.count_message(plan.system) if plan.system else 0)
+        + (counter.count_message(block) if block else 0)
+        + sum(counter.count_message(message) for message in kept)
+        + counter.count_tools(tools)
+        + REPLY_PRIMING_TOKENS
+    )
+    header = counter.count_message(steps_note(content="", summary_type="raw", count=10**6))
+    return budget.request_limit_tokens - fixed - header
 
 
 def build_request(
@@ -197,25 +286,57 @@ def build_request(
     budget: MemoryBudget,
     counter: TokenCounter,
     tools: list[dict[str, Any]] | None = None,
+    steps: StepsNote | None = None,
 ) -> Request:
-    """Assemble ``[system] + [summary block] + retained + current turn``; if that is over the
-    target with no history left to give up, elide inside the current turn (docs/memory.md I5).
+    """Assemble ``[system] + [summary block] + retained + current turn`` (docs/memory.md §3 step 5).
+
+    When a compressing request with no history left to give up is still over
+    ``budget.request_limit_tokens`` (the window minus the reply reserve; not the target, which
+    the current turn alone may exceed), content inside the current turn is elided, oldest first
+    and only as much as needed (docs/memory.md I5). ``steps``: older steps of the current turn
+    replaced by a "steps so far" note placed right after the user's question (elided first if
+    still needed). With ``budget.strict_alternation`` same-role neighbours are merged (F-38).
     ``overflow`` is True when the request is still over the context window."""
     block = summary_message(summary, budget.summary_role)
-    current = flatten(plan.current, wire=True)
-    assembly = assemble(
-        system=plan.system,
-        summary=block,
-        retained=flatten(retained, wire=True),
-        current=current,
-        tools=tools,
-        counter=counter,
-    )
+    note_index: list[int] = []
+    if steps is not None and plan.current:
+        folded = steps.members
+        note = {
+            **steps_note(content=steps.content, summary_type=steps.summary_type, count=len(folded)),
+            "folded_ids": [message["id"] for message in folded if message.get("id") is not None],
+        }
+        rest = plan.current[1 + len(steps.units) :]
+        current = [*plan.current[0].wire, note, *flatten(rest, wire=True)]
+        note_index = [len(plan.current[0].wire)]
+    else:
+        current = flatten(plan.current, wire=True)
+
+    def build(messages: list[Message]) -> Assembly:
+        return assemble(
+            system=plan.system,
+            summary=block,
+            retained=flatten(retained, wire=True),
+            current=messages,
+            tools=tools,
+            counter=counter,
+            strict_alternation=budget.strict_alternation,
+        )
+
+    assembly = build(current)
     elisions: list[dict[str, Any]] = []
-    if assembly.tokens > budget.target_tokens and not retained and plan.needs_compression:
-        current, elisions = elide_current_turn(current, assembly.tokens - budget.target_tokens, counter)
+    fold_wanted = False
+    limit = budget.request_limit_tokens
+    if assembly.tokens > limit and not retained and plan.needs_compression:
+        current, elisions = elide_current_turn(current, assembly.tokens - limit, counter, first=note_index)
         if elisions:
-            assembly = assemble(
-                system=plan.system, summary=block, retained=[], current=current, tools=tools, counter=counter
-            )
-    return Request(assembly=assembly, elisions=elisions, overflow=assembly.tokens > budget.context_window)
+            assembly = build(current)
+        newest = {m["id"] for m in plan.current[-1].members if m.get("id") is not None} if plan.current else set()
+        cut_newest = any(record["id"] in newest for record in elisions)
+        fold_wanted = steps is None and bool(foldable_steps(plan)) and (cut_newest or assembly.tokens > limit)
+    return Request(
+        assembly=assembly,
+        elisions=elisions,
+        overflow=assembly.tokens > budget.context_window,
+        fold_wanted=fold_wanted,
+        steps=steps,
+    )

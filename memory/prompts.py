@@ -20,10 +20,14 @@ Rules:
 - Merge: carry over every still-relevant fact of the previous summary and add the new material. Never nest or quote the previous summary, never write "previous summary" or a summary of a summary.
 - Keep verbatim: names, identifiers (user ids, order/reservation numbers, codes), numbers, amounts, dates, file names, URLs.
 - Keep the user's intent and requests, decisions made, tool calls with their key results, errors and how they were handled, and open tasks.
+- Write in the language of the conversation (the language the user writes in); never translate it, and keep quotes and names in their original script.
 - Plain text, short factual lines, no preamble, no closing remarks.
 - At most {max_tokens} tokens."""
 
 TRANSCRIPT_LINE_CHARS = 4000
+# Marks where an oversized transcript was cut (F-17). It is never a summary by itself: the chain
+# refuses a reply made only of markers and the extractive summarizer skips it (docs/memory.md F-39).
+TRIM_MARKER = "[... transcript trimmed to fit the summarizer ...]"
 _PREVIOUS_RE = re.compile(r"<previous_summary>\n(.*?)\n</previous_summary>", re.DOTALL)
 _TRANSCRIPT_RE = re.compile(r"<transcript>\n(.*?)\n</transcript>", re.DOTALL)
 
@@ -99,7 +103,4 @@ def fit_transcript(messages: list[Message], *, max_tokens: int, counter: TokenCo
     transcript = render_transcript(messages)
     if counter.count_text(transcript) <= max_tokens:
         return transcript
-    return (
-        counter.truncate_text(transcript, max(1, max_tokens - 16))
-        + "\n[... transcript trimmed to fit the summarizer ...]"
-    )
+    return counter.truncate_text(transcript, max(1, max_tokens - 16)) + "\n" + TRIM_MARKER

@@ -59,7 +59,9 @@ class CompressionRecord:
     over the context window). Token figures are estimates of the model-facing request (tokens);
     ``attempts`` lists every summarizer try ``{"model", "phase", "number", "latency_ms", "ok",
     "error"}``; ``duration_ms`` in milliseconds; ``notes`` plain sentences saying why;
-    ``elisions`` one ``{"id", "role", "tokens_before", "tokens_after"}`` per shortened message.
+    ``elisions`` one ``{"id", "role", "tokens_before", "tokens_after"}`` per shortened message;
+    ``origin``: ``request`` (a model call or "compress now") or ``job`` (pre-compression in the
+    conversation's memory job, docs/memory.md §10).
     """
 
     kind: EventKind
@@ -80,6 +82,7 @@ class CompressionRecord:
     summary_version: int | None = None
     notes: list[str] = field(default_factory=list)
     elisions: list[dict[str, Any]] = field(default_factory=list)
+    origin: str = "request"
 
     def fields(self) -> dict[str, Any]:
         """The record's fields as a dict (the columns of :class:`memory.models.CompressionEvent`)."""
@@ -91,14 +94,15 @@ class SummaryStore(Protocol):
 
     ``compare_and_set`` writes ``new`` only if the stored version still equals
     ``expected_version`` and the boundary moves strictly forward (docs/memory.md §3 step 6);
-    it returns whether it wrote. ``record`` stores a compression event and returns its JSON form
+    with ``same_boundary`` it may also stay where it is (a summary over the cap rewritten in
+    place, docs/memory.md F-40), never move back. It returns whether it wrote. ``record`` stores a compression event and returns its JSON form
     (the record's fields plus ``id`` and ``created_at``, ISO 8601). Storage errors propagate.
     """
 
     async def get(self, memory_key: str) -> Summary: ...
 
     async def compare_and_set(
-        self, memory_key: str, *, expected_version: int, new: Summary, token_count: int
+        self, memory_key: str, *, expected_version: int, new: Summary, token_count: int, same_boundary: bool = False
     ) -> bool: ...
 
     async def record(self, memory_key: str, record: CompressionRecord) -> dict[str, Any]: ...
@@ -119,7 +123,9 @@ class InMemorySummaryStore:
     async def get(self, memory_key: str) -> Summary:
         return self.summaries.get(memory_key, Summary())
 
-    async def compare_and_set(self, memory_key: str, *, expected_version: int, new: Summary, token_count: int) -> bool:
+    async def compare_and_set(
+        self, memory_key: str, *, expected_version: int, new: Summary, token_count: int, same_boundary: bool = False
+    ) -> bool:
         stored = self.summaries.get(memory_key, Summary())
         if stored.version != expected_version:
             return False
@@ -127,6 +133,7 @@ class InMemorySummaryStore:
             stored.last_message_id is None
             or new.last_message_id is None
             or new.last_message_id > stored.last_message_id
+            or (same_boundary and new.last_message_id == stored.last_message_id)
         )
         if not moves_forward:
             return False

@@ -3,13 +3,17 @@
 layer 1: the primary summarizer, up to ``attempts`` tries, each under its own timeout;
 layer 2: the failover summarizer, up to ``attempts`` more (skipped when none is configured);
 layer 3: the raw archive, which needs no LLM and cannot fail (built by the caller from
-``memory.core``). Empty or whitespace-only output counts as a failure. Every try is recorded as an
-:class:`Attempt`. Nothing here writes any state: the caller persists only after this returns.
+``memory.core``). A reply that is empty or whitespace-only, cut off by the provider
+(``finish_reason`` ``length`` or ``content_filter``) or made only of this code base's markers counts
+as a failure (docs/memory.md §4, F-36): :func:`check_reply` decides, for every summarizer alike.
+Every try is recorded as an :class:`Attempt`. Nothing here writes any state: the caller persists
+only after this returns.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -23,6 +27,74 @@ class SummarizerError(Exception):
 
 class EmptySummaryError(SummarizerError):
     """The summarizer returned empty or whitespace-only text (docs/memory.md §4: a failure)."""
+
+
+class TruncatedSummaryError(SummarizerError):
+    """The provider cut the reply off (``finish_reason`` ``length`` or ``content_filter``): the text
+    is incomplete and is never stored (docs/memory.md F-36)."""
+
+
+class MarkerOnlySummaryError(SummarizerError):
+    """The reply holds nothing but markers such as ``[... transcript trimmed to fit the
+    summarizer ...]`` or a raw-archive heading: no fact at all (docs/memory.md F-36, F-39)."""
+
+
+# Finish reasons that mean the reply was stopped before the model finished it (OpenAI
+# Chat Completions; most OpenAI-compatible servers report ``length`` at the output cap).
+INCOMPLETE_FINISH_REASONS = frozenset({"length", "content_filter"})
+
+# Lines this code base writes around summaries and transcripts, never facts: the trimming marker
+# of an oversized transcript (memory.prompts), raw-archive headings and omission counts
+# (memory.core), the summary block header, the elision marker, and bare ellipses.
+_MARKER_LINE_RE = re.compile(
+    r"""^(?:
+        -?\s*\[(?:\.\.\.|…)?\s*transcript\ trimmed[^\]]*\]
+      | \[Raw\ archive\ of\ newly\ added\ messages\]
+      | -?\s*\[\d+\ earlier\ archived\ messages\ omitted\]
+      | \[Memory\ Summary\b[^\]]*\]
+      | \[…\s*\d+\ tokens\ elided[^\]]*\]
+      | (?:\.\.\.|…|-|\s)+
+    )$""",
+    re.VERBOSE | re.IGNORECASE,
+)
+
+
+def is_marker_line(line: str) -> bool:
+    """True when ``line`` (one line of text) is a marker this code base writes, not a fact:
+    ``[... transcript trimmed to fit the summarizer ...]``, ``[Raw archive of newly added
+    messages]``, ``- [N earlier archived messages omitted]``, a ``[Memory Summary - …]`` header,
+    an elision marker, or only dots, ellipses and dashes (docs/memory.md F-39)."""
+    return bool(_MARKER_LINE_RE.match(line.strip()))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SummaryReply:
+    """What a summarizer answered: ``text`` and the provider's ``finish_reason`` (``"stop"``,
+    ``"length"``, …; None when unknown). Summarizers that can tell a cut-off reply from a finished
+    one return this instead of a bare string, so the chain can refuse it (docs/memory.md F-36)."""
+
+    text: str
+    finish_reason: str | None = None
+
+
+def check_reply(reply: str | SummaryReply) -> str:
+    """The stripped summary text of ``reply`` when it is usable (docs/memory.md §4, F-36).
+
+    Raises :class:`TruncatedSummaryError` when the provider cut it off (``finish_reason`` in
+    :data:`INCOMPLETE_FINISH_REASONS`), :class:`EmptySummaryError` when it is not a string or is
+    empty or whitespace-only, :class:`MarkerOnlySummaryError` when every non-blank line is a
+    marker (:func:`is_marker_line`).
+    """
+    finish_reason = reply.finish_reason if isinstance(reply, SummaryReply) else None
+    text = reply.text if isinstance(reply, SummaryReply) else reply
+    if finish_reason in INCOMPLETE_FINISH_REASONS:
+        chars = len(text) if isinstance(text, str) else 0
+        raise TruncatedSummaryError(f"reply cut off by the provider (finish_reason {finish_reason!r}, {chars} chars)")
+    if not isinstance(text, str) or not text.strip():
+        raise EmptySummaryError("summarizer returned empty text")
+    if all(is_marker_line(line) for line in text.splitlines() if line.strip()):
+        raise MarkerOnlySummaryError(f"reply holds only markers: {text.strip()[:120]!r}")
+    return text.strip()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,12 +118,14 @@ class Summarizer(Protocol):
     """Anything that turns a :class:`SummaryRequest` into summary text.
 
     ``model`` names it in attempt records. ``summarize`` returns the new self-contained summary
-    text; it may raise any exception, which the chain records as a failed attempt.
+    text, or a :class:`SummaryReply` that also says whether the provider finished it; it may raise
+    any exception, which the chain records as a failed attempt. The chain judges every reply with
+    :func:`check_reply`.
     """
 
     model: str
 
-    async def summarize(self, request: SummaryRequest) -> str: ...
+    async def summarize(self, request: SummaryRequest) -> str | SummaryReply: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,6 +173,8 @@ class SummarizerChain:
     async def run(self, request: SummaryRequest) -> ChainResult:
         """Try primary then failover; never raises for a summarizer failure.
 
+        A reply refused by :func:`check_reply` (cut off, empty, markers only) is a failed
+        attempt like an exception: recorded with its reason, then the next attempt runs.
         Cancellation of the calling task still propagates (it is not a summarizer failure).
         """
         result = ChainResult(text=None)
@@ -111,9 +187,8 @@ class SummarizerChain:
                     await asyncio.sleep(self.backoff * (number - 1))
                 started = time.perf_counter()
                 try:
-                    text = await asyncio.wait_for(summarizer.summarize(request), timeout=self.timeout)
-                    if not isinstance(text, str) or not text.strip():
-                        raise EmptySummaryError("summarizer returned empty text")
+                    reply = await asyncio.wait_for(summarizer.summarize(request), timeout=self.timeout)
+                    text = check_reply(reply)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # any summarizer failure is recorded and degrades
@@ -133,7 +208,7 @@ class SummarizerChain:
                         model=summarizer.model, phase=phase, number=number, latency_ms=_elapsed_ms(started), ok=True
                     )
                 )
-                result.text = text.strip()
+                result.text = text
                 return result
         return result
 

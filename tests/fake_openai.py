@@ -1,7 +1,8 @@
 """A scripted OpenAI-compatible HTTP server for tests, on 127.0.0.1 with an ephemeral port.
 
 Each test scripts the replies (:meth:`FakeOpenAI.script`): JSON completions, SSE streams (text and
-``tool_calls`` deltas), HTTP errors, slow replies, empty content, malformed bodies. Every request is
+``tool_calls`` deltas), HTTP errors, slow replies, empty content, malformed bodies, and replies
+cut off at the output cap (``finish_reason: "length"``), streamed or not. Every request is
 recorded, so a test can assert exactly how many HTTP requests a client made. It runs in a thread
 (stdlib ``http.server``) and really speaks HTTP, so clients exercise their real network stack.
 
@@ -43,18 +44,24 @@ class Recorded:
 
 
 def completion(
-    content: str | None, *, tool_calls: list[dict[str, Any]] | None = None, model: str = "fake-model"
+    content: str | None,
+    *,
+    tool_calls: list[dict[str, Any]] | None = None,
+    model: str = "fake-model",
+    finish_reason: str | None = None,
 ) -> Reply:
-    """A non-streaming ``chat.completion`` with usage."""
+    """A non-streaming ``chat.completion`` with usage. ``finish_reason`` defaults to ``tool_calls``
+    or ``stop``; pass ``"length"`` for a reply the provider cut off at its output cap."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:
         message["tool_calls"] = tool_calls
+    finish_reason = finish_reason or ("tool_calls" if tool_calls else "stop")
     payload = {
         "id": "chatcmpl-fake",
         "object": "chat.completion",
         "created": 0,
         "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop"}],
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
         "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
     }
     return Reply(body=json.dumps(payload).encode())
@@ -81,6 +88,16 @@ def chunk(
 def stream(*events: str) -> Reply:
     """An SSE reply made of ``events`` (see :func:`chunk`)."""
     return Reply(content_type="text/event-stream", events=list(events))
+
+
+def text_stream(text: str, *, finish_reason: str | None = "stop", pieces: int = 3) -> Reply:
+    """``text`` streamed in about ``pieces`` content deltas, then a chunk carrying
+    ``finish_reason`` (``"length"`` for a cut-off reply; None sends no finish chunk), then usage."""
+    size = max(1, -(-len(text) // pieces))
+    deltas = [chunk({"content": text[start : start + size]}) for start in range(0, len(text), size)]
+    tail = [chunk(finish_reason=finish_reason)] if finish_reason else []
+    usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+    return stream(chunk({"role": "assistant", "content": ""}), *deltas, *tail, chunk(usage=usage))
 
 
 def error(status: int, message: str) -> Reply:

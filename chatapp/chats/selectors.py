@@ -13,6 +13,8 @@ from chatapp.chats.access import Owner, session_queryset_for_owner
 from chatapp.models import ChatSession, Message
 
 SYNC_MAX_MESSAGES = 500
+# Appended to a reply the user stopped, in the model-facing copy only (docs/memory.md F-37).
+STOPPED_REPLY_MARKER = "… [reply stopped by the user]"
 
 
 def session_list_for_owner(*, owner: Owner) -> QuerySet[ChatSession]:
@@ -24,6 +26,11 @@ def chat_session_get(*, session_id: int) -> ChatSession:
     """The chat session ``session_id`` (no access check: for code acting on a stored turn).
     Raises ``ChatSession.DoesNotExist``."""
     return ChatSession.objects.get(pk=session_id)
+
+
+def chat_session_exists(*, session_id: int) -> bool:
+    """Whether chat session ``session_id`` exists (False once it was deleted)."""
+    return ChatSession.objects.filter(pk=session_id).exists()
 
 
 def message_content_get(*, message_id: int) -> str:
@@ -54,13 +61,31 @@ def message_list_for_context(*, session_id: int, boundary: int | None, turn_mess
     user message the current turn. Coverage is unaffected: the engine only summarizes history
     before the current turn, so the boundary never passes ``turn_message_id`` and the left-out
     messages stay in the increment of later requests.
+
+    This is the model-facing copy of the history (docs/memory.md F-37): rows the app wrote in
+    place of a reply (``origin`` ``app``: error notes, "too large" refusals, interrupted turns) are
+    left out, so they are neither sent nor summarized; their turn is then a user message without
+    a reply, which the engine treats as ordinary history (only the last user message opens the
+    current turn). A reply the user stopped ends with :data:`STOPPED_REPLY_MARKER`, its
+    ``token_count`` None so that the engine counts the marked text.
     """
-    rows = Message.objects.filter(session_id=session_id).filter(
-        Q(id__lte=turn_message_id) | Q(reply_to_id=turn_message_id)
+    rows = (
+        Message.objects.filter(session_id=session_id)
+        .filter(Q(id__lte=turn_message_id) | Q(reply_to_id=turn_message_id))
+        .exclude(origin=Message.Origin.APP)
     )
     if boundary is not None:
         rows = rows.filter(id__gt=boundary)
-    return [{"id": row.pk, **row.to_wire(), "token_count": row.token_count} for row in rows.order_by("id")]
+    return [_model_facing(row) for row in rows.order_by("id")]
+
+
+def _model_facing(row: Message) -> dict[str, Any]:
+    """``row`` as the engine reads it: its wire dict plus ``id`` and ``token_count`` (tokens), a
+    stopped reply marked as cut off (docs/memory.md F-37)."""
+    if row.status == Message.Status.STOPPED and row.role == Message.Role.ASSISTANT and not row.tool_calls:
+        content = f"{(row.content or '').rstrip()}{STOPPED_REPLY_MARKER}"
+        return {"id": row.pk, **row.to_wire(), "content": content, "token_count": None}
+    return {"id": row.pk, **row.to_wire(), "token_count": row.token_count}
 
 
 def message_last_user_id(*, session_id: int) -> int | None:
@@ -76,3 +101,13 @@ def message_last_user_id(*, session_id: int) -> int | None:
 def turn_replies_get(*, user_message: Message) -> list[Message]:
     """The stored assistant and tool messages of the turn ``user_message`` opened, in id order."""
     return list(Message.objects.filter(reply_to=user_message).order_by("id"))
+
+
+def memory_job_subject_get(*, session_id: int) -> tuple[str, int] | None:
+    """What a memory job needs to know of session ``session_id`` (docs/memory.md §10): its mode
+    and the id of its newest message, or None when the session is gone or has no message."""
+    session = ChatSession.objects.filter(pk=session_id).values_list("mode", flat=True).first()
+    if session is None:
+        return None
+    last_id = Message.objects.filter(session_id=session_id).order_by("-id").values_list("id", flat=True).first()
+    return None if last_id is None else (session, last_id)

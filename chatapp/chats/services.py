@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from chatapp.chats.access import Owner
@@ -62,12 +62,40 @@ def chat_session_mode_set(*, session: ChatSession, mode: str) -> ChatSession:
 def chat_session_delete(*, session: ChatSession) -> None:
     """Delete ``session`` with its messages and model-call records, and the memory app's state of
     it (summary and compression events), in one transaction. After the commit its sockets stop
-    the session's turns and close with code 4404."""
+    the session's turns and close with code 4404.
+
+    The session row is locked first, so a memory write of a turn or compression still running
+    (guarded by :func:`chat_session_memory_alive`) either commits before and is deleted here, or
+    waits and then sees the session gone: nothing of the chat survives (docs/memory.md F-41)."""
     session_id = session.pk
     with transaction.atomic():
+        _session_lock(session_id)
         session_memory_delete(memory_key=ChatSession.memory_key_for(session_id))
         session.delete()
         session_sockets_close_on_commit(session_id)
+
+
+def _session_lock(session_id: int) -> bool:
+    """Whether session ``session_id`` exists, its row locked until the transaction ends where the
+    database has row locks (SQLite needs none: its transactions begin IMMEDIATE, settings.py,
+    which already serializes writers)."""
+    rows = ChatSession.objects.filter(pk=session_id)
+    if connection.features.has_select_for_update:
+        rows = rows.select_for_update()
+    return rows.exists()
+
+
+def chat_session_memory_alive(memory_key: str) -> bool:
+    """The memory engine's write guard (``OrmSummaryStore(alive=...)``, run inside each memory
+    write's transaction): whether the chat session named by ``memory_key``
+    (:meth:`ChatSession.memory_key_for`) still exists, its row locked so that
+    :func:`chat_session_delete` cannot run between this check and the write (docs/memory.md F-41).
+    A key that names no session (not an integer) is not alive."""
+    try:
+        session_id = ChatSession.session_id_for(memory_key)
+    except ValueError:
+        return False
+    return _session_lock(session_id)
 
 
 def message_token_count(wire: dict[str, Any]) -> int:
@@ -85,6 +113,7 @@ def reply_message_store(
     tool_call_id: str = "",
     name: str = "",
     status: str = Message.Status.COMPLETE,
+    origin: str = Message.Origin.MODEL,
     step: int = 1,
 ) -> Message:
     """Store one assistant or tool message of the turn opened by user message ``reply_to_id``.
@@ -93,6 +122,8 @@ def reply_message_store(
     then be None); ``tool_call_id`` and ``name`` for a tool result. ``token_count`` is computed
     here, once. On commit the sockets get ``chat.message`` with ``step`` (the model call of the
     turn it came from, from 1) so a client can replace the streamed text with the stored row.
+    ``origin`` is ``app`` for a note the app writes in place of a model reply, which is never sent
+    to the model (docs/memory.md F-37).
     The final reply (an assistant message without ``tool_calls``) ends the turn: the turn's lease
     (:class:`chatapp.models.TurnLease`) is deleted in the same transaction.
     """
@@ -115,6 +146,7 @@ def reply_message_store(
             tool_call_id=tool_call_id,
             name=name,
             status=status,
+            origin=origin,
             token_count=message_token_count(wire),
         )
         ChatSession.objects.filter(pk=session_id).update(updated=timezone.now())

@@ -145,9 +145,8 @@ def user_message_submit(
     transaction, under a lock on the session row, so concurrent sends cannot pass the bound
     together). On commit the session's sockets get a ``chat.message`` event.
     """
-    # Ids only: a resend is rare, and loading a whole row for every new message cost CPU.
-    if Message.objects.filter(session=session, client_message_id=client_message_id).values_list("pk")[:1]:
-        return Message.objects.get(session=session, client_message_id=client_message_id), False
+    # A resend is rare: it is found by the unique constraint on (session, client_message_id)
+    # failing the insert (or, at the limit, looked up then), not by a query before every new message.
     wire = {"role": Message.Role.USER, "content": text}
     try:
         with transaction.atomic():
@@ -172,6 +171,11 @@ def user_message_submit(
                 if ChatSession.objects.filter(pk=session.pk, title="").update(title=title):
                     session.title = title
             event_broadcast_on_commit(session.pk, ChatMessageEvent(message=message.as_dict()))
+    except TurnLimitReached:
+        resent = Message.objects.filter(session=session, client_message_id=client_message_id).first()
+        if resent is None:
+            raise
+        return resent, False
     except IntegrityError:
         return Message.objects.get(session=session, client_message_id=client_message_id), False
     return message, True
@@ -192,7 +196,8 @@ def turn_lease_renew(*, user_message_id: int) -> None:
 
 def turns_interrupted_close(*, session_id: int, exclude: Collection[int] = ()) -> list[Message]:
     """Close every interrupted turn of the session (:func:`turn_interrupted_list`) with a final
-    assistant reply, status ``error``, content :data:`INTERRUPTED_TEXT`; returns the replies
+    assistant reply, status ``error``, origin ``app`` (never sent to the model, docs/memory.md
+    F-37), content :data:`INTERRUPTED_TEXT`; returns the replies
     stored, oldest turn first. After the commit the session's sockets get ``chat.message`` and
     ``chat.done {turn_id, status: "error", message_id}``. Turns in ``exclude`` are left alone:
     pass :func:`turns_leased_here` (taken on the event loop), the turns this process runs, which
@@ -217,6 +222,7 @@ def turns_interrupted_close(*, session_id: int, exclude: Collection[int] = ()) -
                 role=Message.Role.ASSISTANT,
                 content=INTERRUPTED_TEXT,
                 status=Message.Status.ERROR,
+                origin=Message.Origin.APP,  # shown, never sent to the model (docs/memory.md F-37)
             )
             event_broadcast_on_commit(
                 session_id,
@@ -226,28 +232,59 @@ def turns_interrupted_close(*, session_id: int, exclude: Collection[int] = ()) -
     return closed
 
 
+def turns_interrupted_close_first_in_flight(*, session_id: int, exclude: Collection[int] = ()) -> int | None:
+    """:func:`turns_interrupted_close` (``exclude`` likewise), then the session's
+    :func:`turn_in_flight_first_id`, reading the session's pending turns once when none was
+    interrupted (the usual case) instead of twice: what a turn needs as it opens."""
+    cutoff = _lease_cutoff()
+    excluded = set(exclude)
+    pending = _pending_turns(session_id)
+    if any(not _alive(heartbeat, cutoff) and message_id not in excluded for message_id, heartbeat in pending):
+        turns_interrupted_close(session_id=session_id, exclude=excluded)
+        cutoff = _lease_cutoff()
+        pending = _pending_turns(session_id)
+    return next((message_id for message_id, heartbeat in pending if _alive(heartbeat, cutoff)), None)
+
+
 # Heartbeats per lease period: two may be missed (a slow database write) before a live turn
 # would look interrupted.
 HEARTBEATS_PER_LEASE = 3
 
 
-# The turns whose lease this process renews, and the queue of each session's started turns.
+# The turns whose lease this process renews, and those started here whose task has not taken
+# the lease over yet (turn_lease_claim).
 _leases_kept: set[int] = set()
+_leases_claimed: set[int] = set()
+
+
+def turn_lease_claim(*, user_message_id: int) -> None:
+    """Count the turn opened by ``user_message_id`` as this process's (:func:`turns_leased_here`)
+    from now on, before the task that will keep its lease (:func:`turn_lease_kept`) has started:
+    call it on the event loop when starting that task. The claim ends when that block exits, or
+    with :func:`turn_lease_unclaim` when the task ends without entering it."""
+    _leases_claimed.add(user_message_id)
+
+
+def turn_lease_unclaim(*, user_message_id: int) -> None:
+    """End the claim of :func:`turn_lease_claim` (nothing when there is none)."""
+    _leases_claimed.discard(user_message_id)
 
 
 @contextlib.asynccontextmanager
-async def turn_lease_kept(*, user_message_id: int) -> AsyncIterator[None]:
+async def turn_lease_kept(*, user_message_id: int, fresh: bool = False) -> AsyncIterator[None]:
     """Keep the lease of the turn opened by ``user_message_id`` fresh for the duration of the
-    block: renewed once on entry, then every ``CHAT_TURN_LEASE_SECONDS / HEARTBEATS_PER_LEASE``
-    seconds by a background task until the block exits. Re-entrant (an inner block for a lease
-    this process already keeps does nothing). A failed renewal is logged and retried on the next
-    beat; it never breaks the turn."""
+    block: renewed once on entry (not with ``fresh``: the lease was stored a moment ago, e.g. by
+    :func:`user_message_submit`, and a write per turn is saved), then every
+    ``CHAT_TURN_LEASE_SECONDS / HEARTBEATS_PER_LEASE`` seconds by a background task until the
+    block exits. Re-entrant (an inner block for a lease this process already keeps does nothing).
+    A failed renewal is logged and retried on the next beat; it never breaks the turn."""
     if user_message_id in _leases_kept:
         yield
         return
     _leases_kept.add(user_message_id)
     try:
-        await _lease_renew(user_message_id)
+        if not fresh:
+            await _lease_renew(user_message_id)
         heartbeat = asyncio.create_task(_heartbeat(user_message_id))
         try:
             yield
@@ -257,6 +294,7 @@ async def turn_lease_kept(*, user_message_id: int) -> AsyncIterator[None]:
                 await heartbeat
     finally:
         _leases_kept.discard(user_message_id)
+        _leases_claimed.discard(user_message_id)
 
 
 async def _heartbeat(user_message_id: int) -> None:
@@ -273,5 +311,12 @@ async def _lease_renew(user_message_id: int) -> None:
 
 
 def turns_leased_here() -> frozenset[int]:
-    """Ids of the turns (their user messages) this process runs or queues and keeps the lease of."""
-    return frozenset(_leases_kept)
+    """Ids of the turns (their user messages) this process runs or queues and keeps (or has
+    claimed, :func:`turn_lease_claim`) the lease of."""
+    return frozenset(_leases_kept | _leases_claimed)
+
+
+def turn_leased_here(user_message_id: int) -> bool:
+    """Whether the turn opened by ``user_message_id`` is one of :func:`turns_leased_here` (without
+    copying the set: asked for every relayed event that opens a turn)."""
+    return user_message_id in _leases_kept or user_message_id in _leases_claimed

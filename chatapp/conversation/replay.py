@@ -4,10 +4,16 @@ Each conversation becomes a fresh chat session. Recorded user messages are store
 recorded assistant and tool messages as recorded (never generated). Before each recorded
 assistant message (each model call) the memory engine runs as in the live app, and one record of
 what the model would have been sent is produced.
+
+With ``MEMORY_COMPRESSION=background`` (the default) the session's memory job runs to completion
+after each stored final reply, and after any model call whose request handed it work, before the
+next model call: the replay is deterministic and shows the memory the live app has once its jobs
+ran (docs/memory.md §10). With ``sync`` the requests compress themselves, as before.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Iterator
@@ -16,14 +22,25 @@ from pathlib import Path
 from typing import Any, Literal
 
 from asgiref.sync import async_to_sync, sync_to_async
+from django.conf import settings
 
 from chatapp.chats import selectors, services
 from chatapp.chats.access import Owner
 from chatapp.conversation import leases
+from chatapp.conversation.memory_jobs import NextRequest, PreCompression
 from chatapp.conversation.turn import memory_engine_build
 from chatapp.llm.clients import chat_endpoint
 from chatapp.models import ChatSession, Message
-from memory.api import AgentMemoryMiddleware, ContextRequest, MemoryContext, MemoryEngine, Mode
+from memory.api import (
+    AgentMemoryMiddleware,
+    Compression,
+    ContextRequest,
+    MemoryContext,
+    MemoryEngine,
+    MemoryJobRunner,
+    Mode,
+    OrmJobStore,
+)
 
 Format = Literal["tau-bench", "locomo"]
 REPLAY_OWNER = Owner(user_id=None, session_key="replay")
@@ -107,18 +124,63 @@ def locomo_conversation(data: Any, name: str) -> Conversation:
     return Conversation(name=name, system_prompt=prompt, messages=messages)
 
 
+class ReplayJobs:
+    """The memory jobs of a replay (:class:`memory.api.CompressionJobs`): a request never waits,
+    and the work it hands over (``schedule``) is done by :meth:`run_if_due` before the next model
+    call, so the replay is deterministic. ``runner`` runs the session's job, whose pipeline is
+    ``step``."""
+
+    def __init__(self, runner: MemoryJobRunner, step: PreCompression) -> None:
+        self.runner = runner
+        self.step = step
+        self.due = False
+
+    async def wait(self, memory_key: str, timeout_seconds: float) -> bool:
+        return True
+
+    def schedule(self, memory_key: str) -> None:
+        self.due = True
+
+    def run_if_due(self, memory_key: str, *, reply_stored: bool) -> list[dict[str, Any]]:
+        """Run the job to completion when a final reply was stored since the last model call or
+        a request asked for it; returns the compression events it recorded."""
+        if not (self.due or reply_stored):
+            return []
+        self.due = False
+        async_to_sync(self.runner.run_now)(memory_key)
+        return self.step.last_events
+
+
 def conversation_replay(
     conversation: Conversation, *, engine: MemoryEngine, mode: Literal["agent", "quick-answer"]
 ) -> Iterator[dict[str, Any]]:
     """Store ``conversation`` message by message in a fresh session; before each assistant
-    message yield the replay record of that model call (see the README's replay contract)."""
+    message yield the replay record of that model call (see the README's replay contract).
+    In background mode the session's memory job runs between model calls (see the module
+    docstring)."""
     session = services.chat_session_create(owner=REPLAY_OWNER, mode=mode, title=conversation.name[:200])
+    memory_key = ChatSession.memory_key_for(session.pk)
+    compression: Compression = "background" if settings.MEMORY_COMPRESSION == "background" else "sync"
+    jobs: ReplayJobs | None = None
+    if compression == "background":
+        engine = copy.copy(engine)
+
+        def recorded_prompt(_mode: str, _engine: MemoryEngine) -> NextRequest:
+            return conversation.system_prompt, None, 0
+
+        step = PreCompression(engine_build=lambda: engine, next_request=recorded_prompt, orm=sync_to_async)
+        runner = MemoryJobRunner(store=OrmJobStore(), steps=[step], owner="replay", debounce_seconds=0)
+        jobs = ReplayJobs(runner, step)
+        engine.jobs = jobs
     turn_message_id: int | None = None
+    reply_stored = False
     call = 0
     for index, message in enumerate(conversation.messages):
         if message["role"] == "assistant":
-            context = _build(engine, session.pk, conversation.system_prompt, turn_message_id, mode)
-            yield _record(conversation.name, call, engine, context, session.pk)
+            job_events = jobs.run_if_due(memory_key, reply_stored=reply_stored) if jobs is not None else []
+            reply_stored = not message.get("tool_calls")
+            context = _build(engine, session.pk, conversation.system_prompt, turn_message_id, mode, compression)
+            yield {**_record(conversation.name, call, engine, context, session.pk), "job_events": job_events}
             call += 1
         if message["role"] == "user":
             stored, _ = leases.user_message_submit(
@@ -138,7 +200,12 @@ def conversation_replay(
 
 
 def _build(
-    engine: MemoryEngine, session_id: int, system_prompt: str, turn_message_id: int | None, mode: Mode
+    engine: MemoryEngine,
+    session_id: int,
+    system_prompt: str,
+    turn_message_id: int | None,
+    mode: Mode,
+    compression: Compression,
 ) -> MemoryContext:
     # Before the first user message (a LoCoMo conversation may open with speaker_b) every stored
     # message belongs to no turn: the whole session is the increment.
@@ -154,6 +221,7 @@ def _build(
         system_prompt=system_prompt,
         load_increment=load_increment,
         mode=mode,
+        compression=compression,
     )
     if mode == "agent":
         return async_to_sync(AgentMemoryMiddleware(engine).before_model)(request)
@@ -179,6 +247,8 @@ def _record(name: str, call: int, engine: MemoryEngine, context: MemoryContext, 
             Message.objects.filter(session_id=session_id).order_by("id").values_list("id", flat=True)
         ),
         "events": context.events,
+        "overflow": context.overflow,
+        "path": context.path,
     }
 
 

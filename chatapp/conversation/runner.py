@@ -31,6 +31,7 @@ from chatapp.chats import selectors
 from chatapp.conversation import leases, stopping
 from chatapp.conversation.agent import agent_turn_run
 from chatapp.conversation.leases import turn_lease_kept
+from chatapp.conversation.memory_jobs import memory_job_runner, memory_job_schedule
 from chatapp.conversation.quick_answer import quick_answer_run
 from chatapp.conversation.turn import Turn
 from chatapp.models import ChatSession, Message
@@ -71,7 +72,9 @@ async def chat_turn_run(*, session_id: int, user_message_id: int) -> Message:
     logged); what was stored before a failure stays. Concurrent turns of one session (on other
     workers, or run directly) are independent (docs/memory.md F-26). The turn's lease is renewed while
     it runs, and the session's interrupted turns are closed before it starts, so its history has
-    no dangling question. Raises only when even the error reply cannot be stored (database
+    no dangling question. Raises :class:`ChatSessionDeleted` when the session was deleted before
+    or while the turn ran (nothing is left to store a reply in; logged at INFO, no traceback,
+    docs/memory.md F-41), and otherwise only when even the error reply cannot be stored (database
     down) and for cancellation of the calling task.
     """
     async with (
@@ -79,43 +82,96 @@ async def chat_turn_run(*, session_id: int, user_message_id: int) -> Message:
         stopping.turn_stop_listening(session_id=session_id, on_stop=_stop_here),
     ):
         # Never this process's own turns: one started a moment ago may not have its lease stored yet.
-        await orm_async(leases.turns_interrupted_close)(session_id=session_id, exclude=leases.turns_leased_here())
-        session = await orm_async(selectors.chat_session_get)(session_id=session_id)
+        try:
+            session, in_flight_first_id = await orm_async(_turn_open)(
+                session_id=session_id, exclude=leases.turns_leased_here()
+            )
+        except ChatSession.DoesNotExist:
+            raise _deleted(session_id, user_message_id) from None
         mode = cast(Mode, session.mode)  # a ChatSession.Mode value, checked by the model's choices
-        turn = Turn(session_id=session_id, user_message_id=user_message_id, mode=mode)
+        turn = Turn(
+            session_id=session_id,
+            user_message_id=user_message_id,
+            mode=mode,
+            in_flight_first_id=in_flight_first_id,
+            jobs=memory_job_runner(),
+        )
         _running[user_message_id] = turn
         try:
             await turn.emit(ChatTurnEvent(turn_id=user_message_id, status="started", mode=session.mode))
             if session.mode == ChatSession.Mode.AGENT:
-                return await agent_turn_run(turn)
-            return await quick_answer_run(turn)
+                reply = await agent_turn_run(turn)
+            else:
+                reply = await quick_answer_run(turn)
+            # Off the request path: pre-compression for the next turn (docs/memory.md §10).
+            memory_job_schedule(session_id=session_id)
+            return reply
         except Exception:
+            # A write of a deleted session's turn fails (a foreign key, a row gone): not a bug.
+            if not await orm_async(selectors.chat_session_exists)(session_id=session_id):
+                raise _deleted(session_id, user_message_id) from None
             logger.exception("chat turn %s of session %s failed", user_message_id, session_id)
-            return await turn.finish(
-                content=INTERNAL_ERROR_TEXT,
-                status=Message.Status.ERROR,
-                step=0,
-                error=(INTERNAL_ERROR, INTERNAL_ERROR_TEXT),
-            )
+            try:
+                return await turn.finish(
+                    content=INTERNAL_ERROR_TEXT,
+                    status=Message.Status.ERROR,
+                    step=0,
+                    error=(INTERNAL_ERROR, INTERNAL_ERROR_TEXT),
+                )
+            except Exception:
+                if not await orm_async(selectors.chat_session_exists)(session_id=session_id):
+                    raise _deleted(session_id, user_message_id) from None
+                raise
         finally:
             _running.pop(user_message_id, None)
 
 
-def chat_turn_start(*, session_id: int, user_message_id: int) -> asyncio.Task[Message]:
+def _turn_open(*, session_id: int, exclude: frozenset[int]) -> tuple[ChatSession, int | None]:
+    """Close the session's interrupted turns but those in ``exclude``, then load the session; also
+    the first turn in flight (``leases.turn_in_flight_first_id``). One trip to the database
+    thread instead of three. Raises ``ChatSession.DoesNotExist``."""
+    first = leases.turns_interrupted_close_first_in_flight(session_id=session_id, exclude=exclude)
+    return selectors.chat_session_get(session_id=session_id), first
+
+
+class ChatSessionDeleted(Exception):
+    """The chat session of a turn was deleted before or while the turn ran: the turn ended
+    without a reply and left nothing behind (docs/memory.md F-41). Its sockets were closed with
+    code 4404 by the delete."""
+
+    def __init__(self, session_id: int, user_message_id: int) -> None:
+        super().__init__(f"chat session {session_id} was deleted during turn {user_message_id}")
+        self.session_id = session_id
+        self.user_message_id = user_message_id
+
+
+def _deleted(session_id: int, user_message_id: int) -> ChatSessionDeleted:
+    logger.info("chat turn %s ended: its session %s was deleted", user_message_id, session_id)
+    return ChatSessionDeleted(session_id, user_message_id)
+
+
+def chat_turn_start(*, session_id: int, user_message_id: int, lease_fresh: bool = False) -> asyncio.Task[Message]:
     """Run :func:`chat_turn_run` as a background task of the running event loop, after the
     session's turns started earlier in this process have ended; returns the task. The turn's
-    lease is renewed while it waits."""
-    task = asyncio.create_task(_chat_turn_queued(session_id=session_id, user_message_id=user_message_id))
+    lease is renewed while it waits; ``lease_fresh``: it was stored a moment ago (by
+    :func:`chatapp.conversation.leases.user_message_submit`), so the first renewal waits a beat.
+    From the call on, the turn counts as this process's (``leases.turns_leased_here``)."""
+    leases.turn_lease_claim(user_message_id=user_message_id)
+    task = asyncio.create_task(
+        _chat_turn_queued(session_id=session_id, user_message_id=user_message_id, lease_fresh=lease_fresh)
+    )
     _tasks.add(task)
     task.add_done_callback(_task_done)
+    # Also when the task is cancelled before it ever ran (its ``finally`` would not run).
+    task.add_done_callback(lambda _: leases.turn_lease_unclaim(user_message_id=user_message_id))
     return task
 
 
-async def _chat_turn_queued(*, session_id: int, user_message_id: int) -> Message:
+async def _chat_turn_queued(*, session_id: int, user_message_id: int, lease_fresh: bool = False) -> Message:
     queue = _session_queues.setdefault(session_id, _SessionQueue())
     queue.waiting += 1
     try:
-        async with turn_lease_kept(user_message_id=user_message_id), queue.lock:
+        async with turn_lease_kept(user_message_id=user_message_id, fresh=lease_fresh), queue.lock:
             return await chat_turn_run(session_id=session_id, user_message_id=user_message_id)
     finally:
         queue.waiting -= 1
@@ -125,7 +181,9 @@ async def _chat_turn_queued(*, session_id: int, user_message_id: int) -> Message
 
 def _task_done(task: asyncio.Task[Message]) -> None:
     _tasks.discard(task)
-    if not task.cancelled() and task.exception() is not None:
+    if task.cancelled() or isinstance(task.exception(), ChatSessionDeleted):  # the latter logged at INFO
+        return
+    if task.exception() is not None:
         logger.error("chat turn task failed", exc_info=task.exception())
 
 

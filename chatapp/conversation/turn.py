@@ -36,6 +36,8 @@ from chatapp.realtime.protocol import (
     llm_error_code,
 )
 from memory.api import (
+    Compression,
+    CompressionJobs,
     ContextRequest,
     MemoryBudget,
     MemoryContext,
@@ -52,6 +54,8 @@ from memory.api import (
 DELTA_FLUSH_SECONDS = 0.1
 # Knowledge-base passages may take this share of the engine's target, so history keeps room.
 PASSAGES_TARGET_SHARE = 1 / 3
+# The stored reply of a turn stopped before the model sent any text (app-written, docs/memory.md F-37).
+STOPPED_PLACEHOLDER = "[stopped by the user]"
 
 
 @dataclass(kw_only=True)
@@ -90,8 +94,10 @@ class ModelCallFailed(Exception):
         return f"{self.partial.text}\n\n{note}" if self.partial.text else note
 
 
-def memory_engine_build(endpoint: Endpoint) -> MemoryEngine:
-    """The memory engine for the chat model at ``endpoint``, its budget from settings."""
+def memory_engine_build(endpoint: Endpoint, *, jobs: CompressionJobs | None = None) -> MemoryEngine:
+    """The memory engine for the chat model at ``endpoint``, its budget from settings. ``jobs``:
+    where its requests in background mode hand their compression (this process's memory jobs,
+    :mod:`chatapp.conversation.memory_jobs`; None: they only read)."""
     return MemoryEngine(
         budget=MemoryBudget(
             context_window=endpoint.context_window,
@@ -101,10 +107,14 @@ def memory_engine_build(endpoint: Endpoint) -> MemoryEngine:
             summary_role=cast(SummaryRole, settings.MEMORY_SUMMARY_ROLE),  # validated by settings
             preserve_turns=settings.MEMORY_PRESERVE_TURNS,
             summarizer_context_window=settings.LLM_SUMMARY_CONTEXT_WINDOW,
+            strict_alternation=settings.LLM_STRICT_ALTERNATION,
         ),
         chain=build_summarizer_chain(),
         counter=get_counter(endpoint.model),
-        store=OrmSummaryStore(),
+        # Never recreates the memory state of a chat deleted mid-compression (docs/memory.md F-41).
+        store=OrmSummaryStore(alive=services.chat_session_memory_alive),
+        jobs=jobs,
+        sync_wait_seconds=settings.MEMORY_SYNC_WAIT_MS / 1000,
     )
 
 
@@ -112,12 +122,22 @@ class Turn:
     """One running turn: its session, the user message that opened it, the chat model and memory
     engine it uses, and whether the user asked it to stop."""
 
-    def __init__(self, *, session_id: int, user_message_id: int, mode: Mode) -> None:
+    def __init__(
+        self,
+        *,
+        session_id: int,
+        user_message_id: int,
+        mode: Mode,
+        in_flight_first_id: int | None = None,
+        jobs: CompressionJobs | None = None,
+    ) -> None:
         self.session_id = session_id
         self.user_message_id = user_message_id
         self.mode = mode
+        # The first in-flight id read when the turn opened (a query saved for the first context).
+        self._in_flight_first_id = in_flight_first_id
         self.endpoint = chat_endpoint()
-        self.engine = memory_engine_build(self.endpoint)
+        self.engine = memory_engine_build(self.endpoint, jobs=jobs)
         self._stop = asyncio.Event()
         self._stream_task: asyncio.Task[None] | None = None
 
@@ -132,6 +152,7 @@ class Turn:
             mode=self.mode,
             tools=tools,
             summarize_below=await self.summarize_below(),
+            compression=cast(Compression, settings.MEMORY_COMPRESSION),  # validated by settings
         )
 
     @property
@@ -160,7 +181,11 @@ class Turn:
         """The memory engine's ``summarize_below`` for the next context: the first user message
         of the session's turns in flight (this one included), so that no concurrent turn's
         question is summarized while it runs (docs/memory.md F-26). Interrupted turns (their lease
-        expired) pin nothing."""
+        expired) pin nothing. The first call returns ``in_flight_first_id`` when the turn was
+        given one (read as it opened: turns in flight since then are newer, so it is never too high)."""
+        if self._in_flight_first_id is not None:
+            first, self._in_flight_first_id = self._in_flight_first_id, None
+            return first
         return await orm_async(leases.turn_in_flight_first_id)(session_id=self.session_id)
 
     async def emit(self, event: ServerEvent) -> None:
@@ -237,6 +262,8 @@ class Turn:
                 elisions=ctx.elisions,
                 repairs=ctx.repairs,
                 overflow=ctx.overflow,
+                path=ctx.path,
+                waited_ms=ctx.waited_ms,
             )
         )
 
@@ -263,20 +290,39 @@ class Turn:
         if pending:
             await self.emit(ChatDeltaEvent(turn_id=self.user_message_id, step=step, text="".join(pending)))
 
-    async def finish(self, *, content: str, status: str, step: int, error: tuple[str, str] | None = None) -> Message:
+    async def finish(
+        self,
+        *,
+        content: str,
+        status: str,
+        step: int,
+        error: tuple[str, str] | None = None,
+        origin: str | None = None,
+    ) -> Message:
         """End the turn: store its final assistant message (``status`` complete/stopped/error),
         emit ``error`` (``error`` is ``(code, message)``, a code of
-        :data:`chatapp.realtime.protocol.ERROR_CODES`) when it failed, then ``chat.done``."""
-        message = await self.store(role=Message.Role.ASSISTANT, content=content, status=status, step=step)
+        :data:`chatapp.realtime.protocol.ERROR_CODES`) when it failed, then ``chat.done``.
+        ``origin`` defaults to ``app`` for an ``error`` reply (the app wrote it; never sent to the
+        model, docs/memory.md F-37) and ``model`` otherwise."""
+        if origin is None:
+            origin = Message.Origin.APP if status == Message.Status.ERROR else Message.Origin.MODEL
+        message = await self.store(
+            role=Message.Role.ASSISTANT, content=content, status=status, step=step, origin=origin
+        )
         if error is not None:
             await self.emit(ErrorEvent(turn_id=self.user_message_id, code=error[0], message=error[1]))
         await self.emit(ChatDoneEvent(turn_id=self.user_message_id, status=status, message_id=message.pk))
         return message
 
     async def stopped(self, partial_text: str, *, step: int) -> Message:
-        """End the turn the user stopped: a ``stopped`` reply with whatever text was streamed."""
+        """End the turn the user stopped: a ``stopped`` reply with whatever text was streamed (the
+        model's, sent later with a cut-off marker), or an app-written placeholder when nothing was
+        (never sent to the model, docs/memory.md F-37)."""
         return await self.finish(
-            content=partial_text or "[stopped by the user]", status=Message.Status.STOPPED, step=step
+            content=partial_text or STOPPED_PLACEHOLDER,
+            status=Message.Status.STOPPED,
+            step=step,
+            origin=Message.Origin.MODEL if partial_text else Message.Origin.APP,
         )
 
     async def fail(self, failure: ModelCallFailed, *, step: int) -> Message:

@@ -232,12 +232,15 @@ async def chat_stream(
     *,
     tools: list[dict[str, Any]] | None = None,
     endpoint: Endpoint | None = None,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
 ) -> AsyncIterator[ChatEvent]:
     """Stream one chat completion as typed events.
 
     ``messages``: OpenAI wire dicts (extra keys are stripped). ``tools``: OpenAI function tool
     schemas, or None. ``endpoint``: defaults to :func:`chat_endpoint`. Output is capped at
-    ``LLM_CHAT_MAX_OUTPUT_TOKENS`` tokens.
+    ``max_tokens`` tokens (default ``LLM_CHAT_MAX_OUTPUT_TOKENS``). ``temperature``: sent only
+    when given (the endpoint's default otherwise).
 
     Yields, in order: ``{"type": "delta", "text"}`` for each text piece as it arrives; then, once
     the stream ends, ``{"type": "tool_calls", "tool_calls": [...]}`` (complete OpenAI-format calls
@@ -256,8 +259,10 @@ async def chat_stream(
         "messages": wire_messages(messages),
         "stream": True,
         "stream_options": {"include_usage": True},
-        "max_tokens": settings.LLM_CHAT_MAX_OUTPUT_TOKENS,
+        "max_tokens": max_tokens or settings.LLM_CHAT_MAX_OUTPUT_TOKENS,
     }
+    if temperature is not None:
+        body["temperature"] = temperature
     if tools:  # some OpenAI-compatible servers reject an empty "tools" list: leave the key out
         body["tools"] = tools
     with translated_errors(endpoint):

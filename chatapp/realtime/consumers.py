@@ -31,6 +31,8 @@ import contextlib
 import logging
 from typing import Any
 
+from channels.consumer import get_handler_name
+from channels.db import aclose_old_connections
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 from django.conf import settings
 from django.http import Http404
@@ -96,6 +98,23 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
 
     # --- the socket's life -------------------------------------------------------------------
 
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Call the handler of ``message``. Channels first hops to the thread-sensitive thread to
+        close its obsolete database connections (``aclose_old_connections``) before every
+        handler; here only before the socket's own messages (connect, a client frame,
+        disconnect), not before the channel-layer messages relayed to it: those do no database
+        work on that thread (the page socket's renders go through
+        :func:`~chatapp.orm_threads.orm_async`, which cleans its own thread), and the hop cost every
+        relayed event a thread round trip (about 5 % of a worker's CPU under
+        ``bench/ws_load.py``). The memory engine's reads on that thread still get a cleaned
+        connection at each ``chat.send``."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        if str(message["type"]).startswith("websocket."):
+            await aclose_old_connections()
+        await handler(message)
+
     async def connect(self) -> None:
         try:
             session = await asession_get_for_owner(self.scope, self.scope["url_route"]["kwargs"]["session_id"])
@@ -107,7 +126,8 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
         self.chat_session = session
         # Before joining the group, so what this closes is not also sent here as events: the
         # page's snapshot shows it, and a JSON client reads it with chat.sync.
-        await orm_async(leases.turns_interrupted_close)(session_id=session.pk)
+        # Never this process's own turns (alive, whether or not their lease is stored yet).
+        await orm_async(leases.turns_interrupted_close)(session_id=session.pk, exclude=leases.turns_leased_here())
         await self.channel_layer.group_add(session_group_name(session.pk), self.channel_name)
         await self.accept()
         await self.opened(session)
@@ -152,7 +172,7 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
             return
         if created:
             await self._ack(event, message, duplicate=False, pending=True)
-            chat_turn_start(session_id=session.pk, user_message_id=message.pk)
+            chat_turn_start(session_id=session.pk, user_message_id=message.pk, lease_fresh=True)
             return
         replies = await orm_async(selectors.turn_replies_get)(user_message=message)
         if not any(reply.is_final_reply for reply in replies):
@@ -192,12 +212,18 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
 
     async def session_event(self, message: dict[str, Any]) -> None:
         """Channel-layer handler: relay a session event to this socket. A turn that starts, or a
-        user message that opens one (maybe on another worker), is watched (:meth:`lease_watch_ensure`)."""
+        user message that opens one, on another worker is watched (:meth:`lease_watch_ensure`);
+        one this process runs or queues (:func:`~chatapp.conversation.leases.turns_leased_here`)
+        is not: it renews its own lease, and the watch would only query to find nothing to watch."""
         payload: dict[str, Any] = message["event"]
         kind = payload.get("type")
-        if kind == ChatTurnEvent.type or (
-            kind == ChatMessageEvent.type and payload.get("message", {}).get("role") == Message.Role.USER
-        ):
+        if kind == ChatTurnEvent.type:
+            turn_id = payload.get("turn_id")
+        elif kind == ChatMessageEvent.type and payload.get("message", {}).get("role") == Message.Role.USER:
+            turn_id = payload["message"].get("id")
+        else:
+            turn_id = None
+        if turn_id is not None and not leases.turn_leased_here(turn_id):
             self.lease_watch_ensure()
         await self.relay(payload)
 

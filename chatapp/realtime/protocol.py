@@ -350,7 +350,9 @@ class ChatMessageEvent(ServerEvent):
     message: dict[str, Any]
     """The stored message: ``id`` (message id), ``role`` (user/assistant/tool), ``content`` (text
     or null), ``tool_calls`` (OpenAI format, or null), ``tool_call_id``, ``name``, ``status``
-    (complete/stopped/error), ``reply_to`` (the turn id of a reply, null for a user message),
+    (complete/stopped/error), ``origin`` (``model``, or ``app`` for a note the app wrote in place
+    of a reply, which is never sent to the model: docs/memory.md F-37), ``reply_to`` (the turn id
+    of a reply, null for a user message),
     ``client_message_id`` (a user message's; ``""`` otherwise), ``token_count`` (tokens) and
     ``created`` (ISO 8601)."""
     step: int | None = None
@@ -498,12 +500,21 @@ class MemoryContextEvent(ServerEvent):
     overflow: bool
     """True when even the elided request is over the context window: it was not sent, and the turn
     ends with ``error`` ``context_overflow``."""
+    path: str = "under_trigger"
+    """How memory met the request (docs/memory.md §10): ``under_trigger`` (no memory work),
+    ``no_progress`` (over the trigger with nothing before the current turn to summarize),
+    ``compressed`` (compressed inside the request, ``MEMORY_COMPRESSION=sync``), ``waited``
+    (waited ``waited_ms`` for the memory job, then under the trigger), ``deferred`` (over the
+    trigger: degraded context, compression left to the memory job) or ``degraded``."""
+    waited_ms: int = 0
+    """Milliseconds the request waited for the session's memory job."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class MemorySummaryEvent(ServerEvent):
-    """To every socket of the session after "compress now" (the inspector's action), after its
-    ``memory.compression`` events: the summary as it is now."""
+    """To every socket of the session after "compress now" (the inspector's action) and after
+    each run of its memory job (docs/memory.md §10), after their ``memory.compression`` events:
+    the summary as it is now."""
 
     type: ClassVar[str] = "memory.summary"
 

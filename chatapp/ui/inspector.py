@@ -17,7 +17,13 @@ from datetime import datetime
 from typing import Any
 
 from chatapp.models import ChatSession, Message, ModelCall
-from memory.api import CompressionEvent, compression_event_list, session_summary_get, summarizer_health_get
+from memory.api import (
+    CompressionEvent,
+    compression_event_list,
+    memory_job_state_get,
+    session_summary_get,
+    summarizer_health_get,
+)
 
 # How many compression events the timeline (and the summary's version history) shows.
 TIMELINE_MAX_EVENTS = 100
@@ -38,13 +44,32 @@ HEALTH_LABELS = {
     "failover": "failover",
     "raw_archive": "raw archive",
 }
+# How memory met a request (MemoryContext.path, docs/memory.md §10), as the request panel says it.
+PATH_LABELS = {
+    "under_trigger": "Under the trigger: no memory work before the first token.",
+    "no_progress": (
+        "Over the trigger, but nothing before the current turn may be summarized: only the current turn "
+        "was elided or folded."
+    ),
+    "compressed": "Compressed inside this request, before the first token (MEMORY_COMPRESSION=sync).",
+    "waited": "Waited {waited_ms} ms for the memory job's compression, then under the trigger.",
+    "deferred": (
+        "Over the trigger: sent the stored summary plus a raw archive of the overflow (nothing written) "
+        "and left the compression to the memory job (waited {waited_ms} ms)."
+    ),
+    "degraded": "Degraded context: the stored summary plus a raw archive of the overflow, nothing written.",
+}
+JOB_STATUS_LABELS = {"idle": "idle", "queued": "queued", "running": "running", "failed": "failed"}
 MARK_SUMMARIZED = "summarized"
 MARK_RETAINED = "retained"
 MARK_CURRENT = "current"
+# A note the app wrote in place of a reply: shown, never sent to the model (docs/memory.md F-37).
+MARK_NOT_SENT = "not-sent"
 MARK_LABELS = {
     MARK_SUMMARIZED: "in summary",
     MARK_RETAINED: "retained window",
     MARK_CURRENT: "current turn",
+    MARK_NOT_SENT: "not sent to the model",
 }
 
 
@@ -116,6 +141,11 @@ class MarkBasis:
             return MARK_CURRENT
         return ""
 
+    def mark_of(self, message_id: int, origin: str) -> str:
+        """:meth:`mark`, except :data:`MARK_NOT_SENT` for a row of ``origin`` ``app``, which no
+        request ever holds nor any summary covers (docs/memory.md F-37)."""
+        return MARK_NOT_SENT if origin == Message.Origin.APP else self.mark(message_id)
+
 
 @dataclass(frozen=True, kw_only=True)
 class RequestSnapshot:
@@ -142,6 +172,14 @@ class RequestSnapshot:
     repairs: list[str]
     history_ids: frozenset[int]
     current_ids: frozenset[int]
+    memory_path: str = ""
+    waited_ms: int = 0
+
+    @property
+    def path_label(self) -> str:
+        """How memory met this request, in words ("" for calls recorded before it was kept)."""
+        label = PATH_LABELS.get(self.memory_path, "")
+        return label.format(waited_ms=self.waited_ms)
 
     @property
     def prompt_tokens_difference(self) -> int | None:
@@ -211,6 +249,7 @@ class TimelineEvent:
     summary_version: int | None
     attempts: list[dict[str, Any]]
     notes: list[str]
+    origin: str = "request"
 
     @property
     def result_label(self) -> str:
@@ -240,6 +279,24 @@ class Health:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MemoryJob:
+    """The session's memory job (docs/memory.md §10): ``status`` idle / queued (a reply newer
+    than its pre-compression watermark waits for it) / running / failed; ``last_error`` of the
+    last job; ``watermarks`` step name → message id; ``attempts`` step name → its last attempt
+    ``{step, at, ok, error, duration_ms, watermark_before, watermark_after}``; ``runs`` so far."""
+
+    status: str
+    last_error: str
+    watermarks: dict[str, Any]
+    attempts: dict[str, dict[str, Any]]
+    runs: int
+
+    @property
+    def label(self) -> str:
+        return JOB_STATUS_LABELS.get(self.status, self.status)
+
+
+@dataclass(frozen=True, kw_only=True)
 class InspectorState:
     """Everything the inspector panel shows for one session."""
 
@@ -248,6 +305,7 @@ class InspectorState:
     summary: CurrentSummary
     timeline: list[TimelineEvent]
     health: Health
+    job: MemoryJob
 
     @property
     def basis(self) -> MarkBasis:
@@ -278,6 +336,11 @@ def inspector_state_get(*, session_id: int) -> InspectorState:
     )
     health = summarizer_health_get(memory_key=memory_key)
     last_call = ModelCall.objects.filter(session_id=session_id).order_by("-id").first()
+    job = memory_job_state_get(memory_key=memory_key)
+    job_status: str = job.status
+    newest_reply = last_call.reply_to_id if last_call is not None else None
+    if job_status == "idle" and newest_reply is not None and (job.watermarks.get("precompress") or 0) < newest_reply:
+        job_status = "queued"
     return InspectorState(
         session_id=session_id,
         request=request_snapshot_build(last_call) if last_call is not None else None,
@@ -289,13 +352,20 @@ def inspector_state_get(*, session_id: int) -> InspectorState:
             attempts=list(health["attempts"]),
             at=datetime.fromisoformat(health["at"]) if health["at"] else None,
         ),
+        job=MemoryJob(
+            status=job_status,
+            last_error=job.last_error,
+            watermarks=dict(job.watermarks),
+            attempts=dict(job.attempts),
+            runs=job.runs,
+        ),
     )
 
 
 def message_marks_get(*, session_id: int, basis: MarkBasis) -> dict[int, str]:
-    """``{message id: mark}`` for every message of the session (see :meth:`MarkBasis.mark`)."""
-    ids = Message.objects.filter(session_id=session_id).order_by("id").values_list("id", flat=True)
-    return {message_id: basis.mark(message_id) for message_id in ids}
+    """``{message id: mark}`` for every message of the session (see :meth:`MarkBasis.mark_of`)."""
+    rows = Message.objects.filter(session_id=session_id).order_by("id").values_list("id", "origin")
+    return {message_id: basis.mark_of(message_id, origin) for message_id, origin in rows}
 
 
 def request_snapshot_build(call: ModelCall) -> RequestSnapshot:
@@ -360,6 +430,8 @@ def request_snapshot_build(call: ModelCall) -> RequestSnapshot:
         finish_reason=call.finish_reason,
         summary=context.get("summary") or {},
         elisions=list(context.get("elisions") or []),
+        memory_path=str(context.get("path") or ""),
+        waited_ms=int(context.get("waited_ms") or 0),
         repairs=[str(repair) for repair in context.get("repairs") or []],
         history_ids=_source_ids(sources, "history"),
         current_ids=_source_ids(sources, "current"),
@@ -389,9 +461,9 @@ def messages_text(messages: Iterable[dict[str, Any]]) -> str:
 
 
 def _source_ids(sources: list[dict[str, Any]], kind: str) -> frozenset[int]:
-    return frozenset(
-        int(source["id"]) for source in sources if source.get("kind") == kind and source.get("id") is not None
-    )
+    # A merged message (strict alternation, docs/memory.md F-38) stands for its "merged" parts too.
+    parts = (part for source in sources for part in (source, *source.get("merged", ())))
+    return frozenset(int(part["id"]) for part in parts if part.get("kind") == kind and part.get("id") is not None)
 
 
 def summary_versions_build(events: list[CompressionEvent]) -> list[SummaryVersion]:
@@ -442,6 +514,7 @@ def _timeline_event(event: CompressionEvent) -> TimelineEvent:
         summary_version=event.summary_version,
         attempts=list(event.attempts or []),
         notes=[_note_text(note) for note in event.notes or []],
+        origin=event.origin,
     )
 
 

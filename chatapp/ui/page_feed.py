@@ -79,7 +79,9 @@ from chatapp.realtime.protocol import (
     ServerEvent,
 )
 from chatapp.ui.inspector import (
+    MARK_NOT_SENT,
     MESSAGE_SECTIONS,
+    PATH_LABELS,
     Gauge,
     InspectorState,
     MarkBasis,
@@ -107,7 +109,10 @@ def chat_page_state_get(*, session: ChatSession) -> ChatPageState:
     basis = inspector.basis
     return ChatPageState(
         session=session,
-        transcript=[(message, basis.mark(message.pk)) for message in selectors.message_list(session_id=session.pk)],
+        transcript=[
+            (message, basis.mark_of(message.pk, message.origin))
+            for message in selectors.message_list(session_id=session.pk)
+        ],
         running=turns_running(session.pk),
         inspector=inspector,
     )
@@ -142,6 +147,13 @@ class LiveRequest:
     model: str = ""
     prompt_tokens: int | None = None
     texts_pending: bool = True
+    memory_path: str = ""
+    waited_ms: int = 0
+
+    @property
+    def path_label(self) -> str:
+        """How memory met this request, in words (as :attr:`RequestSnapshot.path_label`)."""
+        return PATH_LABELS.get(self.memory_path, "").format(waited_ms=self.waited_ms)
 
 
 def live_request_build(event: MemoryContextEvent, *, model_call_id: int, mode: str = "") -> LiveRequest:
@@ -172,6 +184,8 @@ def live_request_build(event: MemoryContextEvent, *, model_call_id: int, mode: s
         sections=sections,
         elisions=list(event.elisions),
         repairs=[str(repair) for repair in event.repairs],
+        memory_path=event.path,
+        waited_ms=event.waited_ms,
     )
 
 
@@ -265,7 +279,7 @@ class PageFeed:
                 # The page's first message: the empty-state line goes (it shows only while the
                 # transcript it was rendered with is empty, so the target exists).
                 parts.append('<div hx-swap-oob="delete:#messages .empty-chat"></div>')
-            mark = self.basis.mark(message_id)
+            mark = self.basis.mark_of(message_id, message.get("origin", Message.Origin.MODEL))
             self.marks[message_id] = mark
             rendered = partial_render("message", {"message": message, "mark": mark})
             parts.append(f'<div hx-swap-oob="beforeend:#messages">{rendered}</div>')
@@ -306,7 +320,8 @@ class PageFeed:
     def _marks_update(self, basis: MarkBasis) -> str:
         """Take ``basis`` for the page's marks; the fragments of the marks that changed."""
         self.basis = basis
-        changed = {message_id: basis.mark(message_id) for message_id in self.marks}
+        # An app-written row keeps its "not sent" mark whatever the request (docs/memory.md F-37).
+        changed = {message_id: basis.mark(message_id) for message_id, was in self.marks.items() if was != MARK_NOT_SENT}
         changed = {message_id: mark for message_id, mark in changed.items() if self.marks[message_id] != mark}
         self.marks.update(changed)
         return "".join(
@@ -378,6 +393,6 @@ def _section(key: str, label: str, tokens: int, window: int, *, message_count: i
 
 
 def _source_ids(sources: list[dict[str, Any]], kind: str) -> frozenset[int]:
-    return frozenset(
-        int(source["id"]) for source in sources if source.get("kind") == kind and source.get("id") is not None
-    )
+    # A merged message (strict alternation, docs/memory.md F-38) stands for its "merged" parts too.
+    parts = (part for source in sources for part in (source, *source.get("merged", ())))
+    return frozenset(int(part["id"]) for part in parts if part.get("kind") == kind and part.get("id") is not None)

@@ -1,7 +1,8 @@
 // The few things the server cannot do for the chat page. Everything else is server-rendered HTML
 // that htmx swaps in: over the page's WebSocket (htmx's ws extension on /ws/chat/<id>/page/, see
 // chatapp/ui/page_feed.py and docs/protocol.md) or by HTTP. This file:
-//   - composer: Enter sends, Shift+Enter adds a line; a sent message shows as a "pending" bubble
+//   - composer: Enter sends (not the Enter that confirms an IME composition), Shift+Enter adds a
+//     line; a sent message shows as a "pending" bubble
 //     in #outbox until the server's rendered copy arrives in #messages;
 //   - after every (re)connect, pending bubbles are sent again (the server ignores duplicates);
 //   - reflects the socket state in data-ws on #chat-page (browser tests wait on it);
@@ -147,9 +148,16 @@
     thread.scrollTop = thread.scrollHeight;
   });
 
+  // An Enter that confirms an IME composition (CJK input) must not send (docs/memory.md F-42):
+  // browsers flag it with isComposing, but Safari sends the confirming keydown with isComposing
+  // false and keyCode 229 ("IME is processing this key").
+  function confirmsComposition(event) {
+    return event.isComposing || event.keyCode === 229;
+  }
+
   document.addEventListener("keydown", (event) => {
     const input = event.target;
-    if (input.id === "composer-text" && event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+    if (input.id === "composer-text" && event.key === "Enter" && !event.shiftKey && !confirmsComposition(event)) {
       event.preventDefault();
       input.form.requestSubmit();
     }

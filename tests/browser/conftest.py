@@ -12,18 +12,17 @@ Without ``/usr/bin/chromium`` (Debian's ``chromium`` package) every browser test
 from __future__ import annotations
 
 import itertools
-import os
-import re
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from tests.daphne_process import REPO, DaphneServer, daphne_start
+from tests.daphne_process import server_environment as daphne_environment
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, BrowserContext
@@ -37,41 +36,14 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-REPO = Path(__file__).resolve().parents[2]
-# Variables that would point the server away from the embedded default.
-FOREIGN_VARIABLES = (
-    "DATABASE_URL",
-    "REDIS_URL",
-    "LLM_BASE_URL",
-    "SUMMARY_BASE_URL",
-    "FAILOVER_BASE_URL",
-    "FAILOVER_MODEL",
-    "LLM_MODEL",
-    "SUMMARY_MODEL",
-    "LLM_CONTEXT_WINDOW",
-    "OFFLINE_DELAY",
-    "OFFLINE_FAIL_SUMMARY",
-    "OFFLINE_FAIL_CHAT",
-)
-STARTUP_SECONDS = 60
 # The longest wait for any page state (milliseconds).
 WAIT_MS = 30_000
-LISTENING = re.compile(r"Listening on TCP address 127\.0\.0\.1:(\d+)")
 _server_numbers = itertools.count(1)
 
 
 def server_environment(database: Path, extra: dict[str, str]) -> dict[str, str]:
     """The environment of a test server: the embedded default on ``database``, plus ``extra``."""
-    env = {key: value for key, value in os.environ.items() if key not in FOREIGN_VARIABLES}
-    env.update(
-        DJANGO_SETTINGS_MODULE="chatapp.settings",
-        SQLITE_PATH=str(database),
-        DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost",
-        DJANGO_DEBUG="false",
-        PYTHONUNBUFFERED="1",
-        **extra,
-    )
-    return env
+    return daphne_environment({"SQLITE_PATH": str(database), **extra})
 
 
 @pytest.fixture(scope="session")
@@ -95,54 +67,15 @@ def migrated_database(chromium_executable: Path, tmp_path_factory: pytest.TempPa
     return database
 
 
-@dataclass
-class Server:
-    """A running Daphne subprocess: ``url`` like ``http://127.0.0.1:PORT``; ``log`` its output."""
-
-    process: subprocess.Popen[str]
-    url: str = ""
-    log: list[str] = field(default_factory=list)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
+# A running server: ``url`` like ``http://127.0.0.1:PORT``, ``log`` its output, ``stop()``.
+Server = DaphneServer
 
 
 def server_start(database: Path, extra: dict[str, str]) -> Server:
-    """Start Daphne on a free port with its own copy of ``database``; returns once it listens.
-    Its output is drained by a thread (so a full pipe never blocks it) and kept in ``log``."""
+    """Start Daphne on a free port with its own copy of ``database``; returns once it listens."""
     own = database.with_name(f"server-{next(_server_numbers)}.sqlite3")
     shutil.copyfile(database, own)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", "0", "chatapp.asgi:application"],
-        cwd=REPO,
-        env=server_environment(own, extra),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    server = Server(process=process)
-    listening = threading.Event()
-
-    def drain() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            server.log.append(line)
-            match = LISTENING.search(line)
-            if match and not listening.is_set():
-                server.url = f"http://127.0.0.1:{match.group(1)}"
-                listening.set()
-        listening.set()  # the process ended: stop waiting
-
-    threading.Thread(target=drain, daemon=True).start()
-    if not listening.wait(timeout=STARTUP_SECONDS) or not server.url:
-        server.stop()
-        raise RuntimeError("Daphne did not start:\n" + "".join(server.log))
-    return server
+    return daphne_start(server_environment(own, extra))
 
 
 @pytest.fixture(scope="session")

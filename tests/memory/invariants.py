@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from memory.engine import MemoryContext
@@ -40,10 +41,32 @@ def check_context(
     tools: list[dict[str, Any]] | None = None,
     dropped_ids: frozenset[int] | set[int] = frozenset(),
     single_system: bool = False,
+    strict_alternation: bool = False,
 ) -> None:
-    """Assert I1-I5 for ``context`` built over the persisted ``stored`` rows."""
+    """Assert I1-I5 and F-38 for ``context`` built over the persisted ``stored`` rows.
+
+    A source with ``merged`` (strict alternation) stands for several stored messages; a source
+    with ``folded`` (a "steps so far" note of in-turn compaction) accounts for the current-turn
+    messages it replaced in the model-facing copy."""
     messages, sources = context.messages, context.sources
     assert len(messages) == len(sources)
+    expanded = [part for source in sources for part in (source, *source.get("merged", []))]
+    folded = [i for source in expanded for i in source.get("folded", [])]
+    # F-38: the window after the summary block starts with a user message (no split turn)
+    kinds = [s["kind"] for s in sources]
+    if "summary" in kinds:
+        k = kinds.index("summary")
+        if sources[k].get("merged"):
+            assert messages[k]["role"] == "user" and sources[k]["merged"][0]["kind"] in ("history", "current")
+        elif k + 1 < len(messages):
+            assert messages[k + 1]["role"] == "user", (
+                f"F-38: the window after the summary starts with {messages[k + 1]}"
+            )
+    if strict_alternation:
+        for before, after in itertools.pairwise(messages):
+            assert not (before["role"] == after["role"] and before["role"] in ("user", "assistant")), (
+                f"F-38: two {before['role']} messages in a row"
+            )
     # I1
     assert messages[0] == {"role": "system", "content": system_prompt}
     assert sources[0]["kind"] == "system" and [s["kind"] for s in sources].count("system") == 1
@@ -56,19 +79,33 @@ def check_context(
     # I2: the current turn is present, its user message verbatim
     last_user = max((row for row in stored if row["role"] == "user"), key=lambda r: r["id"], default=None)
     if last_user is not None:
-        position = next(i for i, s in enumerate(sources) if s["id"] == last_user["id"])
-        assert sources[position]["kind"] == "current"
-        assert messages[position] == {"role": "user", "content": last_user["content"]}
+        position = next(
+            i for i, s in enumerate(sources) if last_user["id"] in [p["id"] for p in (s, *s.get("merged", []))]
+        )
+        part = next(p for p in (sources[position], *sources[position].get("merged", [])) if p["id"] == last_user["id"])
+        assert part["kind"] == "current"
+        if sources[position].get("merged"):
+            assert strict_alternation and messages[position]["role"] == "user"
+            assert messages[position]["content"].endswith(last_user["content"])
+        else:
+            assert messages[position] == {"role": "user", "content": last_user["content"]}
         current_ids = [row["id"] for row in stored if row["id"] >= last_user["id"]]
-        assert [s["id"] for s in sources if s["kind"] == "current"] == [i for i in current_ids if i not in dropped_ids]
+        assert [s["id"] for s in expanded if s["kind"] == "current" and s["id"] is not None] == [
+            i for i in current_ids if i not in dropped_ids and i not in folded
+        ]
+        assert all(i in current_ids for i in folded), "only messages of the current turn may be folded"
     # I3
     assert_no_orphans(messages)
     # I4: exact coverage, no gap, no overlap
     boundary = context.summary.last_message_id or 0
-    present = [s["id"] for s in sources if s["id"] is not None]
+    present = [s["id"] for s in expanded if s["id"] is not None]
     assert len(present) == len(set(present)), "a message appears twice"
+    assert not set(present) & set(folded), "a folded message is also sent verbatim"
     expected = [row["id"] for row in stored if row["id"] > boundary and row["id"] not in dropped_ids]
-    assert present == expected, f"boundary {boundary}: present {present} != expected {expected}"
+    assert present == [i for i in expected if i not in folded], (
+        f"boundary {boundary}: present {present} != expected {expected}"
+    )
+    assert set(expected) <= set(present) | set(folded)
     if boundary:
         assert any(s["kind"] == "summary" for s in sources)
     # the estimate is the one of what is sent

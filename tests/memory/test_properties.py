@@ -114,8 +114,9 @@ def dropped_wire_ids(rows):
     summary_role=st.sampled_from(["system", "user"]),
     script=st.lists(st.sampled_from(["ok", "ok", "ok", "fail", "empty"]), min_size=1, max_size=8),
     with_tools=st.booleans(),
+    strict=st.booleans(),
 )
-def test_invariants_hold_before_every_model_call(messages, window, mode, summary_role, script, with_tools):
+def test_invariants_hold_before_every_model_call(messages, window, mode, summary_role, script, with_tools, strict):
     key = f"property-{next(_keys)}"
     tools = (
         [{"type": "function", "function": {"name": "kb_search", "parameters": {"type": "object"}}}]
@@ -123,7 +124,14 @@ def test_invariants_hold_before_every_model_call(messages, window, mode, summary
         else None
     )
     store_port = InMemorySummaryStore()
-    engine = make_engine(window, FlakySummarizer(script), attempts=1, summary_role=summary_role, store=store_port)
+    engine = make_engine(
+        window,
+        FlakySummarizer(script),
+        attempts=1,
+        summary_role=summary_role,
+        strict_alternation=strict,
+        store=store_port,
+    )
     store = Store()
     boundary = 0
     for message in messages:
@@ -143,6 +151,7 @@ def test_invariants_hold_before_every_model_call(messages, window, mode, summary
                 tools=tools,
                 dropped_ids=dropped_wire_ids(store.rows) - _covered(context),
                 single_system=summary_role == "user",
+                strict_alternation=strict,
             )
             new_boundary = context.summary.last_message_id or 0
             assert new_boundary >= boundary, "I4: the boundary moved backwards"
@@ -176,3 +185,113 @@ def test_i9_a_second_build_without_new_messages_summarizes_nothing(messages, win
         ContextRequest(memory_key=key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent")
     )
     assert all(event["kind"] in ("no_progress", "overflow") for event in again.events)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    messages=conversation(),
+    window=st.sampled_from([256, 512, 1024, 2048]),
+    summary_role=st.sampled_from(["system", "user"]),
+)
+def test_f38_the_window_after_the_summary_never_starts_with_a_non_user_message(messages, window, summary_role):
+    """docs/memory.md F-38, as a property: before every model call of a generated conversation,
+    whatever the summary role, the first message after the summary block is a user message."""
+    key = f"f38-{next(_keys)}"
+    engine = make_engine(
+        window, ExtractiveSummarizer(COUNTER), attempts=1, summary_role=summary_role, store=InMemorySummaryStore()
+    )
+    store = Store()
+    for message in messages:
+        if message["role"] == "assistant" and store.rows:
+            context = async_to_sync(engine.build_context)(
+                ContextRequest(memory_key=key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent")
+            )
+            kinds = [source["kind"] for source in context.sources]
+            if "summary" in kinds and kinds.index("summary") + 1 < len(kinds):
+                after = kinds.index("summary") + 1
+                assert context.messages[after]["role"] == "user", context.messages[after]
+                assert context.sources[after]["kind"] in ("history", "current")
+                stored = next(row for row in store.rows if row["id"] == context.sources[after]["id"])
+                assert stored["role"] == "user", "a turn starts at a user message, never a later system message"
+        store.add(copy.deepcopy(message))
+
+
+class RecordingJobs:
+    """Memory jobs for a property run: a request never waits; what it hands over is noted."""
+
+    def __init__(self) -> None:
+        self.scheduled = 0
+
+    async def wait(self, memory_key: str, timeout_seconds: float) -> bool:
+        return True
+
+    def schedule(self, memory_key: str) -> None:
+        self.scheduled += 1
+
+
+@settings(
+    max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+@given(
+    messages=conversation(),
+    window=st.sampled_from([256, 512, 1024, 2048]),
+    mode=st.sampled_from(["agent", "quick-answer"]),
+    script=st.lists(st.sampled_from(["ok", "ok", "ok", "fail", "empty"]), min_size=1, max_size=8),
+    next_tokens=st.sampled_from([0, 200, 600]),
+)
+def test_pre_compression_and_read_only_requests_keep_the_invariants(messages, window, mode, script, next_tokens):
+    """docs/memory.md §10 with I1-I9: after every stored reply the memory job pre-compresses
+    (an imagined next message of ``next_tokens``), and every request is built in background mode
+    (reads only, never calls the summarizer for history). Every request keeps the invariants,
+    the boundary only moves forward, and no request writes a summary."""
+    key = f"precompress-{next(_keys)}"
+    store_port = InMemorySummaryStore()
+    jobs = RecordingJobs()
+    engine = make_engine(window, FlakySummarizer(script), attempts=1, store=store_port)
+    engine.jobs = jobs
+    store = Store()
+    boundary = 0
+    for message in messages:
+        if message["role"] == "assistant" and store.rows:
+            version = async_to_sync(store_port.get)(key).version
+            snapshot = store.snapshot()
+            context = async_to_sync(engine.build_context)(
+                ContextRequest(
+                    memory_key=key,
+                    system_prompt=SYSTEM,
+                    load_increment=store.load_increment,
+                    mode=mode,
+                    compression="background",
+                )
+            )
+            assert store.rows == snapshot, "I6: memory management modified stored rows"
+            assert async_to_sync(store_port.get)(key).version == version, "a background request wrote a summary"
+            assert not any(e["kind"] == "compression" for e in context.events)
+            check_context(
+                context,
+                stored=store.rows,
+                system_prompt=SYSTEM,
+                counter=COUNTER,
+                tools=None,
+                dropped_ids=dropped_wire_ids(store.rows) - _covered(context),
+            )
+            event(f"path {context.path}")
+        store.add(copy.deepcopy(message))
+        if message["role"] == "assistant" and not message.get("tool_calls"):
+            snapshot = store.snapshot()
+            planned = async_to_sync(engine.precompress)(
+                ContextRequest(
+                    memory_key=key, system_prompt=SYSTEM, load_increment=store.load_increment, mode=mode, origin="job"
+                ),
+                next_message_tokens=next_tokens,
+            )
+            assert store.rows == snapshot, "I6: pre-compression modified stored rows"
+            stored = async_to_sync(store_port.get)(key)
+            new_boundary = stored.last_message_id or 0
+            assert new_boundary >= boundary, "I4: the boundary moved backwards"
+            assert new_boundary <= len(store.rows), "the imagined message was summarized"
+            boundary = new_boundary
+            if stored.summary_type != "none":
+                assert stored.content.strip(), "I8: an empty summary was stored"
+            if planned is not None:
+                assert all(e["origin"] == "job" for e in planned.events)

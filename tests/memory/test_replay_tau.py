@@ -30,13 +30,25 @@ def trajectories():
     return json.loads(DATA.read_text())
 
 
-@pytest.mark.parametrize("window", [2048, 4096, 8192])
-def test_all_tau_bench_transcripts_keep_the_invariants(trajectories, window):
+@pytest.mark.parametrize(
+    ("window", "summary_role", "strict"),
+    [(2048, "system", False), (4096, "system", False), (8192, "system", False), (2048, "user", True)],
+)
+def test_all_tau_bench_transcripts_keep_the_invariants(trajectories, window, summary_role, strict):
+    """Also: no call is refused (docs/memory.md F-44: in-turn compaction), the window after the
+    summary starts with a user message and, with strict alternation, no two user or two
+    assistant messages follow each other (F-38; both asserted by ``check_context``)."""
     assert len(trajectories) == 100
     engine = make_engine(
-        window, ExtractiveSummarizer(COUNTER), attempts=1, summarizer_context_window=8192, store=InMemorySummaryStore()
+        window,
+        ExtractiveSummarizer(COUNTER),
+        attempts=1,
+        summarizer_context_window=8192,
+        summary_role=summary_role,
+        strict_alternation=strict,
+        store=InMemorySummaryStore(),
     )
-    calls = compressions = 0
+    calls = compressions = refused = 0
     for number, item in enumerate(trajectories):
         traj = item["traj"]
         system_prompt = traj[0]["content"]
@@ -54,11 +66,20 @@ def test_all_tau_bench_transcripts_keep_the_invariants(trajectories, window):
                 snapshot = store.snapshot()
                 context = async_to_sync(middleware.before_model)(request)
                 assert store.rows == snapshot
-                check_context(context, stored=store.rows, system_prompt=system_prompt, counter=COUNTER)
+                check_context(
+                    context,
+                    stored=store.rows,
+                    system_prompt=system_prompt,
+                    counter=COUNTER,
+                    single_system=summary_role == "user",
+                    strict_alternation=strict,
+                )
                 assert context.tokens <= window or context.overflow
+                refused += context.overflow
                 calls += 1
                 compressions += sum(event["kind"] == "compression" for event in context.events)
             store.add({key: message[key] for key in WIRE if key in message})
     assert calls > 1000
+    assert refused == 0
     if window <= 4096:
         assert compressions > 0

@@ -15,16 +15,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import signal
-import subprocess
-import sys
-import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -33,27 +26,12 @@ from django.db import connection
 
 from chatapp.llm.offline.transport import OFFLINE_MODEL
 from tests.chatapp.conftest import Visitor, db_connections_closed, visitor_make
+from tests.daphne_process import DaphneServer, daphne_start, server_environment
 
 __all__ = ["db_connections_closed"]  # a fixture of the chat tests, used here too
 
-REPO = Path(__file__).resolve().parents[2]
-STARTUP_SECONDS = 60
-LISTENING = re.compile(r"Listening on TCP address 127\.0\.0\.1:(\d+)")
-# Variables that would point a worker away from the offline engine.
-FOREIGN_VARIABLES = (
-    "LLM_BASE_URL",
-    "SUMMARY_BASE_URL",
-    "FAILOVER_BASE_URL",
-    "FAILOVER_MODEL",
-    "LLM_MODEL",
-    "SUMMARY_MODEL",
-    "LLM_CONTEXT_WINDOW",
-    "OFFLINE_DELAY",
-    "OFFLINE_FAIL_SUMMARY",
-    "OFFLINE_FAIL_CHAT",
-    "SQLITE_PATH",
-    "CHANNEL_LAYER_PREFIX",
-)
+# A live worker (``url`` like ``http://127.0.0.1:PORT``, ``ws_url``, ``log``, ``stop()``, ``kill()``).
+Worker = DaphneServer
 
 
 def redis_url() -> str:
@@ -85,84 +63,23 @@ def database_environment() -> dict[str, str]:
     return {"DATABASE_URL": f"postgres://{credentials}{host}:{port}/{settings['NAME']}"}
 
 
-@dataclass
-class Worker:
-    """A running Daphne worker: ``url`` like ``http://127.0.0.1:PORT``, ``log`` its output."""
-
-    process: subprocess.Popen[str]
-    url: str = ""
-    log: list[str] = field(default_factory=list)
-
-    @property
-    def ws_url(self) -> str:
-        return "ws" + self.url.removeprefix("http")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-
-    def kill(self) -> None:
-        """SIGKILL: the worker dies at once, mid-turn, as in a crash (no cleanup runs)."""
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=10)
-
-
-def worker_start(env: dict[str, str]) -> Worker:
-    """Start a Daphne worker with ``env``; returns once it listens (RuntimeError with its output
-    if it does not within ``STARTUP_SECONDS``). A thread drains its output into ``log``."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", "0", "chatapp.asgi:application"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    worker = Worker(process=process)
-    listening = threading.Event()
-
-    def drain() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            worker.log.append(line)
-            match = LISTENING.search(line)
-            if match and not listening.is_set():
-                worker.url = f"http://127.0.0.1:{match.group(1)}"
-                listening.set()
-        listening.set()
-
-    threading.Thread(target=drain, daemon=True).start()
-    if not listening.wait(timeout=STARTUP_SECONDS) or not worker.url:
-        worker.stop()
-        raise RuntimeError("Daphne did not start:\n" + "".join(worker.log))
-    return worker
-
-
 @pytest.fixture
 def start_worker(transactional_db: None) -> Iterator[Callable[..., Worker]]:
     """``start_worker(**env)``: a new live worker on this test's database and Redis, sharing the
     test's channel-layer prefix with its other workers; all are stopped before the database is
     flushed. Skips without ``REDIS_URL``."""
-    base = {key: value for key, value in os.environ.items() if key not in FOREIGN_VARIABLES}
-    base.update(
-        DJANGO_SETTINGS_MODULE="chatapp.settings",
-        DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost",
-        DJANGO_DEBUG="false",
-        PYTHONUNBUFFERED="1",
-        REDIS_URL=redis_url(),
-        CHANNEL_LAYER_PREFIX=f"test{uuid.uuid4().hex[:12]}",
-        LLM_MODEL=OFFLINE_MODEL,
-        **database_environment(),
+    base = server_environment(
+        {
+            "REDIS_URL": redis_url(),
+            "CHANNEL_LAYER_PREFIX": f"test{uuid.uuid4().hex[:12]}",
+            "LLM_MODEL": OFFLINE_MODEL,
+            **database_environment(),
+        }
     )
     workers: list[Worker] = []
 
     def start(**extra: str) -> Worker:
-        worker = worker_start({**base, **extra})
+        worker = daphne_start({**base, **extra})
         workers.append(worker)
         return worker
 

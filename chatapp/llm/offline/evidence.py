@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Literal
 
 Message = dict[str, Any]
+# System prompts whose passages are remembered (each a few kilobytes).
+PASSAGES_CACHE_ENTRIES = 128
 
 
 def plain_text(content: Any) -> str:
@@ -253,7 +256,13 @@ def context_evidence(context: list[Message]) -> list[Evidence]:
 
 def _passages(text: str) -> list[Evidence]:
     """The knowledge-base passages (``[n] title`` blocks) of ``text``; none when it has no such
-    block. A short line without closing punctuation is a heading: a section, not a sentence."""
+    block. A short line without closing punctuation is a heading: a section, not a sentence.
+    Remembered per text (the same system prompt recurs across turns; evidence is immutable)."""
+    return list(_passages_of(text))
+
+
+@lru_cache(maxsize=PASSAGES_CACHE_ENTRIES)
+def _passages_of(text: str) -> tuple[Evidence, ...]:
     heads = list(_PASSAGE_HEAD_RE.finditer(text))
     passages: list[Evidence] = []
     for number, head in enumerate(heads):
@@ -283,7 +292,7 @@ def _passages(text: str) -> list[Evidence]:
                     topic=frozenset(topic),
                 )
             )
-    return passages
+    return tuple(passages)
 
 
 def _is_heading(paragraph: str) -> bool:

@@ -9,7 +9,9 @@ as to a remote server, so the app's whole SDK code path runs offline. Routes:
 
 Replies are deterministic (no randomness, no clock: ``created`` is 0); what they say is decided in
 :mod:`chatapp.llm.offline.replies`. Demo switches are read from settings at request time:
-``OFFLINE_DELAY_SECONDS`` (sleep before answering), ``OFFLINE_FAIL_SUMMARY`` (summarizer
+``OFFLINE_DELAY_SECONDS`` (sleep before answering), ``OFFLINE_SUMMARY_DELAY_SECONDS`` (a further
+sleep before answering summarizer requests only, to show and measure what background memory jobs
+save, docs/memory.md §10), ``OFFLINE_FAIL_SUMMARY`` (summarizer
 requests get HTTP 500) and ``OFFLINE_FAIL_CHAT`` (all other chat requests get HTTP 500).
 """
 
@@ -68,7 +70,8 @@ async def _chat_completions(request: httpx2.Request, body: dict[str, Any]) -> ht
     messages: list[dict[str, Any]] = [m for m in body["messages"] if isinstance(m, dict)]
     tools = body.get("tools") if isinstance(body.get("tools"), list) else None
     is_summary = summary_prompt_parts(messages) is not None
-    await _delay(request, settings.OFFLINE_DELAY_SECONDS)
+    delay = settings.OFFLINE_DELAY_SECONDS + (settings.OFFLINE_SUMMARY_DELAY_SECONDS if is_summary else 0.0)
+    await _delay(request, delay)
     if is_summary and settings.OFFLINE_FAIL_SUMMARY:
         return _error_response(
             500, "offline engine: summaries are switched to fail (OFFLINE_FAIL_SUMMARY)", "offline_fail_summary"

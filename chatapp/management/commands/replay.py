@@ -56,7 +56,8 @@ class Command(BaseCommand):
                     for record in conversation_replay(conversation, engine=engine, mode=mode):  # type: ignore[arg-type]
                         sink.write(json.dumps(record, ensure_ascii=False) + "\n")
                         calls += 1
-                        compressions += sum(event["kind"] == "compression" for event in record["events"])
+                        events = [*record["job_events"], *record["events"]]
+                        compressions += sum(event["kind"] == "compression" for event in events)
                         largest = max(largest, record["tokens"])
                     print(
                         f"[{conversations}] {conversation.name}: {calls} model calls so far, {compressions} compressions",

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
+from memory.models import MemoryJobState
+
 DATA = Path(__file__).resolve().parents[4] / "shared" / "data"
 TAU = DATA / "tau-bench-airline" / "trajectories.json"
 LOCOMO = DATA / "locomo"
@@ -24,6 +26,9 @@ KEYS = {
     "summary",
     "stored_message_ids",
     "events",
+    "overflow",
+    "path",
+    "job_events",
 }
 
 pytestmark = pytest.mark.django_db
@@ -42,11 +47,15 @@ def check_record(record: dict) -> None:
     assert record["sources"][0]["kind"] == "system" and record["messages"][0]["role"] == "system"
     assert record["trigger_tokens"] == record["context_window"] // 2
     boundary = record["summary"]["last_message_id"] or 0
-    present = [s["id"] for s in record["sources"] if s["id"] is not None]
-    assert present == [i for i in record["stored_message_ids"] if i > boundary]
+    # A source may stand for merged neighbours (strict alternation) or folded steps (docs/replay.md).
+    expanded = [part for s in record["sources"] for part in (s, *s.get("merged", []))]
+    folded = [i for part in expanded for i in part.get("folded", [])]
+    present = [s["id"] for s in expanded if s["id"] is not None]
+    assert present == [i for i in record["stored_message_ids"] if i > boundary and i not in folded]
     assert record["stored_message_ids"] == sorted(record["stored_message_ids"])
+    assert record["overflow"] == (record["tokens"] > record["context_window"])
     assert record["tokens"] <= record["context_window"] or any(e["kind"] == "overflow" for e in record["events"])
-    for event in record["events"]:
+    for event in [*record["events"], *record["job_events"]]:
         assert isinstance(event["attempts"], list)
 
 
@@ -62,7 +71,8 @@ def test_tau_bench_replay_follows_the_contract(tmp_path):
     assert len({r["conversation"] for r in records}) == 5
     for record in records:
         check_record(record)
-    assert any(e["kind"] == "compression" for r in records for e in r["events"])
+    # Background mode (the default): the memory job compresses between model calls.
+    assert any(e["kind"] == "compression" and e["origin"] == "job" for r in records for e in r["job_events"])
     first = records[0]
     assert first["call"] == 0 and first["messages"][0]["content"] == data[0]["traj"][0]["content"]
 
@@ -123,3 +133,19 @@ def test_bad_input_is_a_clear_error(tmp_path, content, fmt, message):
         path.write_text(content)
     with pytest.raises(CommandError, match=message):
         call_command("replay", str(path), "--format", fmt, "--out", str(tmp_path / "o.jsonl"))
+
+
+def test_in_sync_mode_requests_compress_themselves_and_no_job_runs(tmp_path, settings):
+    if not TAU.exists():
+        pytest.skip(f"tau-bench transcripts not found at {TAU} (the shared data folder is absent)")
+    settings.MEMORY_COMPRESSION = "sync"
+    records = replay(
+        tmp_path, str(TAU), "--format", "tau-bench", "--limit", "3", "--context-window", "4096", "--mode", "agent"
+    )
+    for record in records:
+        check_record(record)
+        assert record["job_events"] == []
+        assert record["path"] in ("under_trigger", "no_progress", "compressed", "degraded")
+        assert all(event["origin"] == "request" for event in record["events"])
+    assert any(record["path"] == "compressed" for record in records)
+    assert not MemoryJobState.objects.exists()

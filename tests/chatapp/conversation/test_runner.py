@@ -87,6 +87,7 @@ async def test_two_tabs_sending_at_once_both_get_their_own_reply(ws, alice, sett
 
 async def test_concurrent_turns_compressing_at_once_keep_both_replies_and_a_forward_boundary(alice, settings):
     settings.LLM_CHAT_CONTEXT_WINDOW = 1024
+    settings.MEMORY_COMPRESSION = "sync"  # compression inside the turn (docs/memory.md §10)
     session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.AGENT)
     history = await sync_to_async(history_make)(session, 12)
     first = await sync_to_async(message_make)(session, "user", "search the knowledge base for API rate limits")
@@ -117,6 +118,7 @@ async def test_concurrent_turns_compressing_at_once_keep_both_replies_and_a_forw
 
 async def test_compression_inside_a_turn_is_streamed_as_memory_events(ws, alice, settings):
     settings.LLM_CHAT_CONTEXT_WINDOW = 1024
+    settings.MEMORY_COMPRESSION = "sync"  # compression inside the turn (docs/memory.md §10)
     session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.QUICK_ANSWER)
     await sync_to_async(history_make)(session, 12)
     async with ws(f"/ws/chat/{session.pk}/", cookie=alice.cookie) as communicator:
@@ -187,6 +189,7 @@ async def test_a_stop_while_the_context_is_built_never_calls_the_model(alice, mo
 
 async def test_a_newer_turn_never_summarizes_the_question_of_an_older_turn_in_flight(alice, settings):
     settings.LLM_CHAT_CONTEXT_WINDOW = 1024
+    settings.MEMORY_COMPRESSION = "sync"  # compression inside the turn (docs/memory.md §10)
     session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.AGENT)
     await sync_to_async(history_make)(session, 6)
     # Turn A asked a long question and has run one tool step (on another worker: its lease is
@@ -221,6 +224,7 @@ async def test_a_newer_turn_never_summarizes_the_question_of_an_older_turn_in_fl
 
 async def test_a_turn_interrupted_by_a_restart_pins_nothing_and_is_closed(alice, settings):
     settings.LLM_CHAT_CONTEXT_WINDOW = 1024
+    settings.MEMORY_COMPRESSION = "sync"  # compression inside the turn (docs/memory.md §10)
     session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.QUICK_ANSWER)
     # The server restarted while this question was being answered: no final reply, and its lease
     # was last renewed longer ago than the lease period. A long chat followed on the new server.

@@ -255,11 +255,11 @@ async def test_summarizer_sends_the_prompt_non_streaming(fake_openai: FakeOpenAI
     fake_openai.script(completion("- User: code Q-42."))
     request = summary_request(max_tokens=123)
 
-    text = await OpenAISummarizer(endpoint=endpoint_for(fake_openai, model="sum-model"), temperature=0.3).summarize(
+    reply = await OpenAISummarizer(endpoint=endpoint_for(fake_openai, model="sum-model"), temperature=0.3).summarize(
         request
     )
 
-    assert text == "- User: code Q-42."
+    assert (reply.text, reply.finish_reason) == ("- User: code Q-42.", "stop")
     (sent,) = fake_openai.requests
     assert sent.json["messages"] == request.prompt
     assert sent.json["model"] == "sum-model"
@@ -271,7 +271,7 @@ async def test_summarizer_sends_the_prompt_non_streaming(fake_openai: FakeOpenAI
 async def test_summarizer_returns_empty_text_as_is(fake_openai: FakeOpenAI) -> None:
     fake_openai.script(completion(None))
 
-    assert await OpenAISummarizer(endpoint=endpoint_for(fake_openai)).summarize(summary_request()) == ""
+    assert (await OpenAISummarizer(endpoint=endpoint_for(fake_openai)).summarize(summary_request())).text == ""
 
 
 @pytest.mark.parametrize(

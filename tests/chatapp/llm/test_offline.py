@@ -293,7 +293,7 @@ async def test_summarizer_request_gets_a_non_empty_extractive_summary() -> None:
         "- User: My order A-1234 was for 3 chairs.\n- Assistant: Thanks, noted.\n- User: Please refund it by Friday."
     )
 
-    text = await summarizer.summarize(summary_request("", transcript))
+    text = (await summarizer.summarize(summary_request("", transcript))).text
 
     assert "A-1234" in text and "Friday" in text
     assert "<transcript>" not in text
@@ -302,7 +302,7 @@ async def test_summarizer_request_gets_a_non_empty_extractive_summary() -> None:
 async def test_summary_merges_the_previous_summary() -> None:
     summarizer = OpenAISummarizer(endpoint=chat_endpoint())
 
-    text = await summarizer.summarize(summary_request("- User: My name is Ada.", "- User: My order is B-77."))
+    text = (await summarizer.summarize(summary_request("- User: My name is Ada.", "- User: My order is B-77."))).text
 
     assert text.index("Ada") < text.index("B-77")
 
@@ -322,7 +322,9 @@ async def test_fail_chat_switch_fails_chat_but_not_summaries(settings: Any) -> N
 
     with pytest.raises(LLMError) as caught:
         await collect([SYSTEM, user("Hello")])
-    summary = await OpenAISummarizer(endpoint=chat_endpoint()).summarize(summary_request("", "- User: Code Q-42."))
+    summary = (
+        await OpenAISummarizer(endpoint=chat_endpoint()).summarize(summary_request("", "- User: Code Q-42."))
+    ).text
 
     assert caught.value.kind == "server"
     assert (

@@ -619,13 +619,18 @@ async def test_an_open_tab_learns_that_a_turn_was_interrupted_when_its_lease_run
 
 async def test_the_interrupted_turn_sweep_runs_once_on_connect_and_once_per_new_turn(ws, alice, monkeypatch):
     sweeps: list[int] = []
-    sweep = leases.turns_interrupted_close
+    sweep, opening_sweep = leases.turns_interrupted_close, leases.turns_interrupted_close_first_in_flight
 
     def counted(*, session_id: int, **options: Any) -> list[Message]:
         sweeps.append(session_id)
         return sweep(session_id=session_id, **options)
 
+    def counted_opening(*, session_id: int, **options: Any) -> int | None:
+        sweeps.append(session_id)  # a turn opening sweeps here (calling the other only to close some)
+        return opening_sweep(session_id=session_id, **options)
+
     monkeypatch.setattr(leases, "turns_interrupted_close", counted)
+    monkeypatch.setattr(leases, "turns_interrupted_close_first_in_flight", counted_opening)
     session = await make_session(alice, mode=ChatSession.Mode.QUICK_ANSWER)
     async with ws(f"/ws/chat/{session.pk}/", cookie=alice.cookie) as communicator:
         await communicator.connect(timeout=TIMEOUT)

@@ -124,6 +124,8 @@ WIRE: list[tuple[ServerEvent, dict[str, Any]]] = [
             elisions=[],
             repairs=[],
             overflow=False,
+            path="waited",
+            waited_ms=120,
         ),
         {
             "type": "memory.context",
@@ -140,6 +142,8 @@ WIRE: list[tuple[ServerEvent, dict[str, Any]]] = [
             "elisions": [],
             "repairs": [],
             "overflow": False,
+            "path": "waited",
+            "waited_ms": 120,
         },
     ),
     (

@@ -111,6 +111,7 @@ async def test_the_page_socket_gets_a_snapshot_then_html_for_a_whole_turn(ws, al
 
 async def test_a_compressing_turn_refreshes_the_inspector_and_the_marks(ws, alice: Visitor, settings):
     settings.LLM_CHAT_CONTEXT_WINDOW = 1024
+    settings.MEMORY_COMPRESSION = "sync"  # compression inside the turn (docs/memory.md §10)
     session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.QUICK_ANSWER)
     await sync_to_async(history_make)(session, 12)
     async with ws(page_path(session), cookie=alice.cookie) as page:
@@ -245,6 +246,29 @@ def test_the_feed_sends_only_the_marks_that_changed(alice: Visitor):
     assert re.findall(r'id="mark-(\d+)" class="mark" data-mark="summarized"', html) == [str(ids[0]), str(ids[1])]
     assert 'data-summary-version="1"' in html and "raw archive" in html
     assert feed.render(summary_event).count('class="mark"') == 0
+
+
+def test_f37_an_app_written_reply_is_marked_not_sent_and_keeps_that_mark(alice: Visitor):
+    session = chat_session_make(alice.owner)
+    question = message_make(session, "user", "Hello?")
+    note = message_make(
+        session, "assistant", "[Interrupted]", reply_to=question, status="error", origin=Message.Origin.APP
+    )
+    feed = PageFeed(session_id=session.pk)
+    snapshot = feed.snapshot()
+    assert f'id="mark-{note.pk}" class="mark" data-mark="not-sent"' in snapshot
+    assert "not sent to the model" in snapshot
+    # The boundary passes both rows: the question is in the summary, the note still is not.
+    summary_move(session, note.pk)
+    html = feed.render(MemorySummaryEvent(turn_id=None, step=0, summary={}))
+    assert re.findall(r'id="mark-(\d+)" class="mark" data-mark="(\w[\w-]*)"', html) == [
+        (str(question.pk), "summarized")
+    ]
+    # A note stored while the page is open is marked the same way.
+    later = message_make(session, "user", "Again?")
+    refusal = message_make(session, "assistant", "too large", reply_to=later, status="error", origin="app")
+    html = feed.render(ChatMessageEvent(message=refusal.as_dict()))
+    assert f'id="mark-{refusal.pk}" class="mark" data-mark="not-sent"' in html
 
 
 def test_memory_context_renders_the_request_and_the_marks_from_the_event_alone(alice: Visitor):

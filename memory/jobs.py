@@ -1,0 +1,406 @@
+"""Memory jobs: the work done for one conversation after a reply, off the request path
+(docs/memory.md §10, "memory job").
+
+A job is a small pipeline of :class:`JobStep` objects (pre-compression today; fact extraction and
+indexing for recall plug in the same way). Each step keeps its own **watermark** (the id of the
+newest message it has dealt with) and the record of its last attempt. A step that raises leaves
+its watermark where it was, so the next job, or the next request, does the work again
+(docs/memory.md §10, "no loss on failure").
+
+:class:`MemoryJobRunner` runs jobs in the process that served the turn, as asyncio tasks:
+
+- **debounced and coalescing**: :meth:`MemoryJobRunner.schedule` waits ``debounce_seconds``
+  before starting; a schedule while a job is pending merges into it, and a schedule while one runs
+  makes it run once more when it ends;
+- **single-flight across workers**: a job runs only while it holds the conversation's lease in a
+  :class:`JobStore` (one row per conversation in the database, see
+  :class:`memory.services.OrmJobStore`); the lease is renewed while the job runs, and a job whose
+  worker died simply lets its lease expire. A job that cannot get the lease waits for it (with
+  backoff) for at most ``lease_seconds``, then leaves the work to the holder or the next reply.
+
+This module is pure: no ORM, no I/O. :class:`InMemoryJobStore` keeps the state in a dict, for
+tests and tools that need no database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, Protocol
+
+logger = logging.getLogger(__name__)
+
+JobStatus = Literal["idle", "running", "failed"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepAttempt:
+    """The record of one run of one step.
+
+    ``step``: the step's name; ``at``: when it started (ISO 8601, UTC); ``ok``: it returned
+    without raising; ``error``: the exception as text (``""`` when ok); ``duration_ms``:
+    milliseconds; ``watermark_before``/``watermark_after``: the step's watermark (a message id,
+    None before the first run) before and after; unchanged when the attempt failed.
+    """
+
+    step: str
+    at: str
+    ok: bool
+    error: str
+    duration_ms: int
+    watermark_before: int | None
+    watermark_after: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form kept in the job state and shown in the inspector."""
+        return {
+            "step": self.step,
+            "at": self.at,
+            "ok": self.ok,
+            "error": self.error,
+            "duration_ms": self.duration_ms,
+            "watermark_before": self.watermark_before,
+            "watermark_after": self.watermark_after,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobState:
+    """The stored state of one conversation's memory job.
+
+    ``status``: ``idle`` (no job running; the last one succeeded or none ran), ``running``
+    (a worker holds the lease) or ``failed`` (the last job had a failed step; ``last_error``
+    says which and why). ``lease_owner``: the worker holding the lease (``""`` when none);
+    ``lease_expires_at``: when it runs out (aware datetime, None when none); ``watermarks``: step
+    name → message id; ``attempts``: step name → the JSON form of its last :class:`StepAttempt`;
+    ``runs``: jobs completed so far.
+    """
+
+    memory_key: str
+    status: JobStatus = "idle"
+    lease_owner: str = ""
+    lease_expires_at: datetime | None = None
+    watermarks: dict[str, int | None] = field(default_factory=dict)
+    attempts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    last_error: str = ""
+    runs: int = 0
+
+    def held_by_other(self, owner: str, now: datetime) -> bool:
+        """True when a worker other than ``owner`` holds a lease that has not run out at ``now``."""
+        return bool(
+            self.lease_owner
+            and self.lease_owner != owner
+            and self.lease_expires_at is not None
+            and self.lease_expires_at > now
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form sent to the inspector (``lease_expires_at`` as ISO 8601 or None)."""
+        return {
+            "status": self.status,
+            "lease_owner": self.lease_owner,
+            "lease_expires_at": self.lease_expires_at.isoformat() if self.lease_expires_at else None,
+            "watermarks": dict(self.watermarks),
+            "attempts": dict(self.attempts),
+            "last_error": self.last_error,
+            "runs": self.runs,
+        }
+
+
+class JobStore(Protocol):
+    """Where job state lives, shared by every worker. ``memory_key`` names one conversation.
+
+    ``acquire`` takes the lease for ``owner`` for ``lease_seconds`` unless another owner holds
+    one that has not run out; it returns the state as acquired (status ``running``) or None.
+    ``renew`` extends a lease ``owner`` still holds (False when it lost it). ``step_done`` stores
+    one step's attempt and, when it succeeded, its new watermark, only while ``owner`` holds the
+    lease (False otherwise: the result is dropped). ``release`` ends the lease with the job's
+    final status and error and counts the run. Storage errors propagate.
+    """
+
+    async def get(self, memory_key: str) -> JobState: ...
+
+    async def acquire(self, memory_key: str, *, owner: str, lease_seconds: float) -> JobState | None: ...
+
+    async def renew(self, memory_key: str, *, owner: str, lease_seconds: float) -> bool: ...
+
+    async def step_done(self, memory_key: str, *, owner: str, attempt: StepAttempt) -> bool: ...
+
+    async def release(self, memory_key: str, *, owner: str, status: JobStatus, error: str) -> None: ...
+
+
+class JobStep(Protocol):
+    """One step of the pipeline. ``name`` keys its watermark and attempt record.
+
+    ``await step.run(memory_key, watermark)`` does the step's work for every message after
+    ``watermark`` (all of them when None) and returns its new watermark (the newest message id it
+    dealt with; the same value when there was nothing to do). It raises on failure; the runner
+    records the error and keeps the old watermark.
+    """
+
+    name: str
+
+    async def run(self, memory_key: str, watermark: int | None) -> int | None: ...
+
+
+class InMemoryJobStore:
+    """:class:`JobStore` in a dict, with the same lease rules as the database store.
+
+    ``clock`` returns the current aware datetime (tests move it to let leases run out).
+    Shared by the runners of one process only.
+    """
+
+    def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
+        self.states: dict[str, JobState] = {}
+        self._clock = clock or (lambda: datetime.now(UTC))
+
+    async def get(self, memory_key: str) -> JobState:
+        return self.states.get(memory_key, JobState(memory_key=memory_key))
+
+    async def acquire(self, memory_key: str, *, owner: str, lease_seconds: float) -> JobState | None:
+        now = self._clock()
+        state = await self.get(memory_key)
+        if state.held_by_other(owner, now):
+            return None
+        state = replace(
+            state, status="running", lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease_seconds)
+        )
+        self.states[memory_key] = state
+        return state
+
+    async def renew(self, memory_key: str, *, owner: str, lease_seconds: float) -> bool:
+        state = await self.get(memory_key)
+        if state.lease_owner != owner:
+            return False
+        self.states[memory_key] = replace(state, lease_expires_at=self._clock() + timedelta(seconds=lease_seconds))
+        return True
+
+    async def step_done(self, memory_key: str, *, owner: str, attempt: StepAttempt) -> bool:
+        state = await self.get(memory_key)
+        if state.lease_owner != owner:
+            return False
+        watermarks = dict(state.watermarks)
+        if attempt.ok:
+            watermarks[attempt.step] = attempt.watermark_after
+        attempts = {**state.attempts, attempt.step: attempt.as_dict()}
+        self.states[memory_key] = replace(state, watermarks=watermarks, attempts=attempts)
+        return True
+
+    async def release(self, memory_key: str, *, owner: str, status: JobStatus, error: str) -> None:
+        state = await self.get(memory_key)
+        if state.lease_owner != owner:
+            return
+        self.states[memory_key] = replace(
+            state, status=status, lease_owner="", lease_expires_at=None, last_error=error, runs=state.runs + 1
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobRun:
+    """What one job did: ``attempts`` in step order; ``ok`` when every step succeeded;
+    ``lost_lease`` when the lease ran out mid-way (results after that were dropped)."""
+
+    memory_key: str
+    attempts: tuple[StepAttempt, ...]
+    ok: bool
+    lost_lease: bool = False
+
+
+class MemoryJobRunner:
+    """Runs memory jobs of this process (see the module docstring).
+
+    ``store``: the shared :class:`JobStore`; ``steps``: the pipeline, in order; ``owner``: this
+    worker's name in leases (unique per process); ``debounce_seconds``: how long
+    :meth:`schedule` waits before starting, so replies in quick succession make one job;
+    ``lease_seconds``: how long a lease lasts without renewal (renewed every third of it);
+    ``on_done``: called with each finished :class:`JobRun` (e.g. to tell the inspector).
+    Must be used from one event loop.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        steps: Sequence[JobStep],
+        owner: str,
+        debounce_seconds: float = 0.2,
+        lease_seconds: float = 60.0,
+        on_done: Callable[[JobRun], object] | None = None,
+    ) -> None:
+        self.store = store
+        self.steps = list(steps)
+        self.owner = owner
+        self.debounce_seconds = debounce_seconds
+        self.lease_seconds = lease_seconds
+        self.on_done = on_done
+        self._tasks: dict[str, asyncio.Task[JobRun | None]] = {}
+        self._again: set[str] = set()
+        self._running: set[str] = set()
+
+    # --- scheduling -----------------------------------------------------------------------------
+
+    def schedule(self, memory_key: str) -> None:
+        """Queue a job for the conversation. A pending job absorbs this call; a running one runs
+        once more after it ends. Returns at once (needs a running event loop)."""
+        task = self._tasks.get(memory_key)
+        if task is not None and not task.done():
+            if memory_key in self._running:
+                self._again.add(memory_key)
+            return
+        self._tasks[memory_key] = asyncio.get_running_loop().create_task(
+            self._loop(memory_key, self.debounce_seconds), name=f"memory-job:{memory_key}"
+        )
+
+    async def run_now(self, memory_key: str) -> JobRun | None:
+        """Run the conversation's job to completion now (the replay command's deterministic
+        path): a job of this process still in its debounce pause is replaced by this run, one
+        already running is awaited first. Returns the run, or None when another worker held the
+        lease throughout."""
+        task = self._tasks.get(memory_key)
+        if task is not None and not task.done():
+            self._again.discard(memory_key)
+            if memory_key not in self._running:
+                task.cancel()  # still in its debounce pause: this run replaces it
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await task
+        self._tasks[memory_key] = asyncio.get_running_loop().create_task(
+            self._loop(memory_key, 0.0), name=f"memory-job:{memory_key}"
+        )
+        return await self._tasks[memory_key]
+
+    def busy(self, memory_key: str) -> bool:
+        """True while a job of this process is pending or running for the conversation."""
+        task = self._tasks.get(memory_key)
+        return task is not None and not task.done()
+
+    async def wait(self, memory_key: str, timeout_seconds: float, *, poll_seconds: float = 0.05) -> bool:
+        """Wait at most ``timeout_seconds`` for the conversation's job to end: this process's
+        pending or running one, then one another worker runs (its lease is polled every
+        ``poll_seconds``). True when none is left; False at the deadline. Never raises on the
+        job's own failure; storage errors propagate."""
+        deadline = time.monotonic() + timeout_seconds
+        while (task := self._tasks.get(memory_key)) is not None and not task.done():
+            done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline - time.monotonic()))
+            if not done:
+                return False
+        while (await self.store.get(memory_key)).held_by_other(self.owner, datetime.now(UTC)):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(poll_seconds, left))
+        return True
+
+    async def close(self) -> None:
+        """Cancel every pending or running job of this process (their leases run out)."""
+        tasks = [task for task in self._tasks.values() if not task.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    # --- running ----------------------------------------------------------------------------------
+
+    async def _loop(self, memory_key: str, delay: float) -> JobRun | None:
+        """One job: wait ``delay`` seconds, run it; a schedule that came while it ran queues the
+        next job as a new task (after the debounce), so whoever awaits this one is not held."""
+        if delay:
+            await asyncio.sleep(delay)
+        self._running.add(memory_key)
+        try:
+            run = await self._run_with_lease(memory_key)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # The store itself failed (database down): nothing was recorded; the next reply
+            # schedules the job again.
+            logger.exception("memory job of %s could not run", memory_key)
+            run = None
+        finally:
+            self._running.discard(memory_key)
+        if memory_key in self._again:
+            self._again.discard(memory_key)
+            self._tasks[memory_key] = asyncio.get_running_loop().create_task(
+                self._loop(memory_key, self.debounce_seconds), name=f"memory-job:{memory_key}"
+            )
+        return run
+
+    async def _run_with_lease(self, memory_key: str) -> JobRun | None:
+        state = await self._acquire(memory_key)
+        if state is None:
+            return None
+        renewal = asyncio.get_running_loop().create_task(self._renew(memory_key))
+        attempts: list[StepAttempt] = []
+        lost = False
+        try:
+            for step in self.steps:
+                attempt = await self._run_step(step, memory_key, state.watermarks.get(step.name))
+                attempts.append(attempt)
+                if not await self.store.step_done(memory_key, owner=self.owner, attempt=attempt):
+                    lost = True
+                    break
+        finally:
+            renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewal
+        failed = [attempt for attempt in attempts if not attempt.ok]
+        error = "; ".join(f"{attempt.step}: {attempt.error}" for attempt in failed)
+        if not lost:
+            await self.store.release(memory_key, owner=self.owner, status="failed" if failed else "idle", error=error)
+        run = JobRun(memory_key=memory_key, attempts=tuple(attempts), ok=not failed and not lost, lost_lease=lost)
+        if self.on_done is not None:
+            try:
+                self.on_done(run)
+            except Exception:
+                logger.exception("memory job callback failed for %s", memory_key)
+        return run
+
+    async def _acquire(self, memory_key: str) -> JobState | None:
+        """The lease, waiting with backoff (0.05 s doubling to 1 s) while another worker holds it,
+        for at most ``lease_seconds``."""
+        deadline = time.monotonic() + self.lease_seconds
+        pause = 0.05
+        while True:
+            state = await self.store.acquire(memory_key, owner=self.owner, lease_seconds=self.lease_seconds)
+            if state is not None or time.monotonic() >= deadline:
+                return state
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+    async def _renew(self, memory_key: str) -> None:
+        while True:
+            await asyncio.sleep(self.lease_seconds / 3)
+            if not await self.store.renew(memory_key, owner=self.owner, lease_seconds=self.lease_seconds):
+                return
+
+    async def _run_step(self, step: JobStep, memory_key: str, watermark: int | None) -> StepAttempt:
+        started = time.monotonic()
+        at = datetime.now(UTC).isoformat()
+        try:
+            new_watermark = await step.run(memory_key, watermark)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.warning("memory job step %s of %s failed: %s", step.name, memory_key, exc)
+            return StepAttempt(
+                step=step.name,
+                at=at,
+                ok=False,
+                error=f"{type(exc).__name__}: {exc}"[:500],
+                duration_ms=round((time.monotonic() - started) * 1000),
+                watermark_before=watermark,
+                watermark_after=watermark,
+            )
+        return StepAttempt(
+            step=step.name,
+            at=at,
+            ok=True,
+            error="",
+            duration_ms=round((time.monotonic() - started) * 1000),
+            watermark_before=watermark,
+            watermark_after=new_watermark,
+        )
