@@ -318,6 +318,11 @@ class MemoryEngine:
         context.path, context.waited_ms = "deferred", waited_ms
         return context
 
+    async def precompress_due(self, request: ContextRequest, *, next_message_tokens: int) -> bool:
+        """Whether :meth:`precompress` would compress now (reads only: the summary and the
+        increment). Storage errors propagate."""
+        return await self._precompress_plan(request, next_message_tokens) is not None
+
     async def precompress(self, request: ContextRequest, *, next_message_tokens: int) -> MemoryContext | None:
         """Pre-compression (docs/memory.md §10): plan the conversation's next request as if a
         user message of ``next_message_tokens`` tokens arrived after everything
@@ -328,6 +333,11 @@ class MemoryEngine:
         message is never stored, sent or summarized: it is the current turn of the plan.
         Storage errors propagate.
         """
+        planned = await self._precompress_plan(request, next_message_tokens)
+        return None if planned is None else await self.build_context(planned)
+
+    async def _precompress_plan(self, request: ContextRequest, next_message_tokens: int) -> ContextRequest | None:
+        """The imagined next request of :meth:`precompress`, or None when it needs no compression."""
 
         async def with_next_message(boundary: int | None) -> list[Message]:
             messages = await request.load_increment(boundary)
@@ -341,7 +351,7 @@ class MemoryEngine:
         oversized = self.counter.count_text(before.content) > self.summary_cap
         if not plan.needs_compression or not (plan.to_summarize or oversized):
             return None
-        return await self.build_context(planned)
+        return planned
 
     async def degraded_context(self, request: ContextRequest, *, reason: str) -> MemoryContext:
         """A context built with no summarizer and no write: the stored summary plus, when the

@@ -137,13 +137,17 @@ class JobStore(Protocol):
 class JobStep(Protocol):
     """One step of the pipeline. ``name`` keys its watermark and attempt record.
 
-    ``await step.run(memory_key, watermark)`` does the step's work for every message after
-    ``watermark`` (all of them when None) and returns its new watermark (the newest message id it
-    dealt with; the same value when there was nothing to do). It raises on failure; the runner
-    records the error and keeps the old watermark.
+    ``await step.due(memory_key)`` tells, reading only, whether the step has work now; a job
+    whose steps have none ends without taking the lease or writing anything (most replies need no
+    compression). ``await step.run(memory_key, watermark)`` does the step's work for every
+    message after ``watermark`` (all of them when None) and returns its new watermark (the newest
+    message id it dealt with; the same value when there was nothing to do). It raises on failure;
+    the runner records the error and keeps the old watermark.
     """
 
     name: str
+
+    async def due(self, memory_key: str) -> bool: ...
 
     async def run(self, memory_key: str, watermark: int | None) -> int | None: ...
 
@@ -202,13 +206,15 @@ class InMemoryJobStore:
 
 @dataclass(frozen=True, kw_only=True)
 class JobRun:
-    """What one job did: ``attempts`` in step order; ``ok`` when every step succeeded;
-    ``lost_lease`` when the lease ran out mid-way (results after that were dropped)."""
+    """What one job did: ``attempts`` in step order (only the steps that were due); ``ok`` when
+    every step succeeded; ``lost_lease`` when the lease ran out mid-way (results after that were
+    dropped); ``idle`` when no step was due, so nothing was taken or written."""
 
     memory_key: str
     attempts: tuple[StepAttempt, ...]
     ok: bool
     lost_lease: bool = False
+    idle: bool = False
 
 
 class MemoryJobRunner:
@@ -330,6 +336,11 @@ class MemoryJobRunner:
         return run
 
     async def _run_with_lease(self, memory_key: str) -> JobRun | None:
+        steps = [step for step in self.steps if await step.due(memory_key)]
+        if not steps:
+            run = JobRun(memory_key=memory_key, attempts=(), ok=True, idle=True)
+            self._done(run)
+            return run
         state = await self._acquire(memory_key)
         if state is None:
             return None
@@ -337,7 +348,7 @@ class MemoryJobRunner:
         attempts: list[StepAttempt] = []
         lost = False
         try:
-            for step in self.steps:
+            for step in steps:
                 attempt = await self._run_step(step, memory_key, state.watermarks.get(step.name))
                 attempts.append(attempt)
                 if not await self.store.step_done(memory_key, owner=self.owner, attempt=attempt):
@@ -352,12 +363,22 @@ class MemoryJobRunner:
         if not lost:
             await self.store.release(memory_key, owner=self.owner, status="failed" if failed else "idle", error=error)
         run = JobRun(memory_key=memory_key, attempts=tuple(attempts), ok=not failed and not lost, lost_lease=lost)
+        self._done(run)
+        return run
+
+    def _done(self, run: JobRun) -> None:
         if self.on_done is not None:
             try:
                 self.on_done(run)
             except Exception:
-                logger.exception("memory job callback failed for %s", memory_key)
-        return run
+                logger.exception("memory job callback failed for %s", run.memory_key)
+
+    def status(self, memory_key: str) -> str | None:
+        """``running`` or ``queued`` while a job of this process is running or pending for the
+        conversation, else None (ask the store)."""
+        if memory_key in self._running:
+            return "running"
+        return "queued" if self.busy(memory_key) else None
 
     async def _acquire(self, memory_key: str) -> JobState | None:
         """The lease, waiting with backoff (0.05 s doubling to 1 s) while another worker holds it,

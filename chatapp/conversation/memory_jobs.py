@@ -106,21 +106,46 @@ class PreCompression:
         self.orm = orm
         self.last_events: list[dict[str, Any]] = []
 
+    async def due(self, memory_key: str) -> bool:
+        """Whether the session's next request would cross the trigger now (reads only); never in
+        ``MEMORY_COMPRESSION=sync`` mode, nor for a session that is gone or empty."""
+        planned = await self._next_request(memory_key)
+        if planned is None:
+            return False
+        engine, request, tokens, _ = planned
+        return await engine.precompress_due(request, next_message_tokens=tokens)
+
     async def run(self, memory_key: str, watermark: int | None) -> int | None:
         """Plan the next request of the session named ``memory_key`` and compress when it would
         cross the trigger (through the summarizer chain and compare-and-set, like a request).
-        Returns the newest message id; does nothing in ``MEMORY_COMPRESSION=sync`` mode or when
-        the session is empty. When the session is gone (deleted before or while this ran), its
-        memory state is deleted, job state included, so nothing of it remains (docs/memory.md
-        F-41). Storage errors propagate (the attempt fails)."""
+        Returns the newest message id it planned with. When the session is gone (deleted while
+        this ran), its memory state is deleted, job state included, so nothing of it remains
+        (docs/memory.md F-41). Storage errors propagate (the attempt fails)."""
         self.last_events = []
-        if settings.MEMORY_COMPRESSION != "background":
+        planned = await self._next_request(memory_key)
+        if planned is None:
+            await self.orm(session_memory_delete)(memory_key=memory_key)
             return watermark
+        engine, request, tokens, last_id = planned
+        context = await engine.precompress(request, next_message_tokens=tokens)
+        self.last_events = context.events if context is not None else []
+        session_id = ChatSession.session_id_for(memory_key)
+        if not await self.orm(selectors.chat_session_exists)(session_id=session_id):
+            await self.orm(session_memory_delete)(memory_key=memory_key)
+        elif context is not None:
+            for event in context.events:
+                await event_broadcast(session_id, MemoryCompressionEvent(turn_id=None, step=0, event=event))
+        return last_id
+
+    async def _next_request(self, memory_key: str) -> tuple[MemoryEngine, ContextRequest, int, int] | None:
+        """The engine, the imagined next request, its next-message tokens and the session's
+        newest message id; None in sync mode or when the session is gone or empty."""
+        if settings.MEMORY_COMPRESSION != "background":
+            return None
         session_id = ChatSession.session_id_for(memory_key)
         subject = await self.orm(selectors.memory_job_subject_get)(session_id=session_id)
         if subject is None:
-            await self.orm(session_memory_delete)(memory_key=memory_key)
-            return watermark
+            return None
         mode, last_id = subject
         engine = self.engine_build()
         system_prompt, tools, allowance = self.next_request(mode, engine)
@@ -139,14 +164,7 @@ class PreCompression:
             summarize_below=await self.orm(leases.turn_in_flight_first_id)(session_id=session_id),
             origin="job",
         )
-        context = await engine.precompress(request, next_message_tokens=settings.MEMORY_PRECOMPRESS_TOKENS + allowance)
-        self.last_events = context.events if context is not None else []
-        if not await self.orm(selectors.chat_session_exists)(session_id=session_id):
-            await self.orm(session_memory_delete)(memory_key=memory_key)
-        elif context is not None:
-            for event in context.events:
-                await event_broadcast(session_id, MemoryCompressionEvent(turn_id=None, step=0, event=event))
-        return last_id
+        return engine, request, settings.MEMORY_PRECOMPRESS_TOKENS + allowance, last_id
 
 
 def memory_job_runner() -> MemoryJobRunner:
@@ -181,6 +199,14 @@ async def _job_tell(session_id: int) -> None:
         await event_broadcast(session_id, MemorySummaryEvent(turn_id=None, step=0, summary=summary.as_dict()))
     except Exception:
         logger.exception("could not tell chat session %s that its memory job ended", session_id)
+
+
+def memory_job_local_status(*, session_id: int) -> str | None:
+    """``running`` or ``queued`` while a job of this process is running or pending for session
+    ``session_id`` (any event loop), else None. Safe to call from the database threads."""
+    memory_key = ChatSession.memory_key_for(session_id)
+    statuses = {runner.status(memory_key) for runner in list(_runners.values())} - {None}
+    return "running" if "running" in statuses else next(iter(statuses), None)
 
 
 def memory_job_schedule(*, session_id: int) -> None:

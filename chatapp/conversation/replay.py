@@ -147,6 +147,7 @@ class ReplayJobs:
         if not (self.due or reply_stored):
             return []
         self.due = False
+        self.step.last_events = []
         async_to_sync(self.runner.run_now)(memory_key)
         return self.step.last_events
 

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from django.utils import timezone
+
+from chatapp.conversation.memory_jobs import memory_job_local_status
 from chatapp.models import ChatSession, Message, ModelCall
 from memory.api import (
     CompressionEvent,
@@ -280,10 +283,11 @@ class Health:
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryJob:
-    """The session's memory job (docs/memory.md §10): ``status`` idle / queued (a reply newer
-    than its pre-compression watermark waits for it) / running / failed; ``last_error`` of the
-    last job; ``watermarks`` step name → message id; ``attempts`` step name → its last attempt
-    ``{step, at, ok, error, duration_ms, watermark_before, watermark_after}``; ``runs`` so far."""
+    """The session's memory job (docs/memory.md §10): ``status`` idle / queued (pending in this
+    process) / running (here, or holding its lease on another worker) / failed (the last job had a
+    failed step); ``last_error`` of the last job; ``watermarks`` step name → message id;
+    ``attempts`` step name → its last attempt ``{step, at, ok, error, duration_ms,
+    watermark_before, watermark_after}``; ``runs``: jobs that had work, so far."""
 
     status: str
     last_error: str
@@ -337,10 +341,10 @@ def inspector_state_get(*, session_id: int) -> InspectorState:
     health = summarizer_health_get(memory_key=memory_key)
     last_call = ModelCall.objects.filter(session_id=session_id).order_by("-id").first()
     job = memory_job_state_get(memory_key=memory_key)
-    job_status: str = job.status
-    newest_reply = last_call.reply_to_id if last_call is not None else None
-    if job_status == "idle" and newest_reply is not None and (job.watermarks.get("precompress") or 0) < newest_reply:
-        job_status = "queued"
+    job_status: str = memory_job_local_status(session_id=session_id) or job.status
+    last_error = job.last_error
+    if job_status == "running" and job.lease_expires_at is not None and job.lease_expires_at < timezone.now():
+        job_status, last_error = "failed", "the worker running it stopped before it finished (its lease ran out)"
     return InspectorState(
         session_id=session_id,
         request=request_snapshot_build(last_call) if last_call is not None else None,
@@ -354,7 +358,7 @@ def inspector_state_get(*, session_id: int) -> InspectorState:
         ),
         job=MemoryJob(
             status=job_status,
-            last_error=job.last_error,
+            last_error=last_error,
             watermarks=dict(job.watermarks),
             attempts=dict(job.attempts),
             runs=job.runs,

@@ -28,6 +28,10 @@ class Step:
         self.active = 0
         self.most_active = 0
         self.entered = asyncio.Event()
+        self.is_due = True
+
+    async def due(self, memory_key: str) -> bool:
+        return self.is_due
 
     async def run(self, memory_key: str, watermark: int | None) -> int | None:
         self.calls.append((memory_key, watermark))
@@ -45,7 +49,7 @@ class Step:
 
 
 def runner(store: JobStore, *steps: Step, owner: str = "worker-a", debounce: float = 0.01) -> MemoryJobRunner:
-    return MemoryJobRunner(store=store, steps=steps, owner=owner, debounce_seconds=debounce, lease_seconds=30)
+    return MemoryJobRunner(store=store, steps=list(steps), owner=owner, debounce_seconds=debounce, lease_seconds=30)
 
 
 async def settle(jobs: MemoryJobRunner, key: str) -> None:
@@ -76,6 +80,17 @@ async def test_a_schedule_while_the_job_runs_runs_it_once_more_from_the_new_wate
     await settle(jobs, "k")
     assert step.calls == [("k", None), ("k", 12)]
     assert (await store.get("k")).runs == 2
+
+
+async def test_a_job_with_nothing_due_takes_no_lease_and_writes_nothing():
+    store, step = InMemoryJobStore(), Step()
+    step.is_due = False
+    done: list = []
+    jobs = MemoryJobRunner(store=store, steps=[step], owner="a", debounce_seconds=0, on_done=done.append)
+    run = await jobs.run_now("k")
+    assert run is not None and run.idle and run.ok
+    assert step.calls == [] and store.states == {}
+    assert done == [run], "the callback still hears of it (the page's job panel is refreshed)"
 
 
 async def test_a_failed_step_keeps_its_watermark_and_the_others_still_run():
