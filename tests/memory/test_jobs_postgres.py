@@ -35,6 +35,9 @@ from memory.services import OrmJobStore
 class Probe:
     name = "probe"
 
+    async def due(self, memory_key):
+        return True
+
     async def run(self, memory_key, watermark):
         started = time.time()
         await asyncio.sleep(0.1)
