@@ -345,7 +345,7 @@ MEMORY_SYNC_WAIT_MS = env_int("MEMORY_SYNC_WAIT_MS", 250, minimum=0, maximum=60_
 # make one job.
 MEMORY_JOB_DEBOUNCE_MS = env_int("MEMORY_JOB_DEBOUNCE_MS", 200, minimum=0, maximum=60_000)
 # A job's lease on its conversation (seconds without renewal; renewed every third of it).
-MEMORY_JOB_LEASE_SECONDS = env_int("MEMORY_JOB_LEASE_SECONDS", 120, minimum=5, maximum=3600)
+MEMORY_JOB_LEASE_SECONDS = env_int("MEMORY_JOB_LEASE_SECONDS", 30, minimum=5, maximum=3600)
 # Pre-compression plans the next request as if a user message of this many tokens arrived.
 MEMORY_PRECOMPRESS_TOKENS = env_int("MEMORY_PRECOMPRESS_TOKENS", 200, minimum=0, maximum=100_000)
 

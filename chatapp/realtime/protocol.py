@@ -60,7 +60,8 @@ CLOSE_CODES: Final[dict[int, str]] = {
     ),
 }
 """The WebSocket close codes the server uses, with their meaning. A handshake from a foreign
-``Origin`` is refused (HTTP 403) before any route is chosen."""
+``Origin``, or with no ``Origin`` header at all, is refused (HTTP 403) before any route is chosen:
+a client that is not a browser must send the site's own origin (e.g. ``http://127.0.0.1:8000``)."""
 
 # --- error codes ----------------------------------------------------------------------------
 
@@ -353,7 +354,7 @@ class ChatMessageEvent(ServerEvent):
     (complete/stopped/error), ``origin`` (``model``, or ``app`` for a note the app wrote in place
     of a reply, which is never sent to the model: docs/memory.md F-37), ``reply_to`` (the turn id
     of a reply, null for a user message),
-    ``client_message_id`` (a user message's; ``""`` otherwise), ``token_count`` (tokens) and
+    ``client_message_id`` (a user message's; null otherwise), ``token_count`` (tokens) and
     ``created`` (ISO 8601)."""
     step: int | None = None
     """For a reply of a running turn: the model call it came from, from 1; null for a user
