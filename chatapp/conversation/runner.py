@@ -104,7 +104,8 @@ async def chat_turn_run(*, session_id: int, user_message_id: int) -> Message:
             else:
                 reply = await quick_answer_run(turn)
             # Off the request path: pre-compression for the next turn (docs/memory.md §10).
-            memory_job_schedule(session_id=session_id)
+            if turn.precompression_may_help(reply):
+                memory_job_schedule(session_id=session_id)
             return reply
         except Exception:
             # A write of a deleted session's turn fails (a foreign key, a row gone): not a bug.

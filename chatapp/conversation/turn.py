@@ -140,6 +140,8 @@ class Turn:
         self.engine = memory_engine_build(self.endpoint, jobs=jobs)
         self._stop = asyncio.Event()
         self._stream_task: asyncio.Task[None] | None = None
+        # The estimated size of this turn's last request (tokens), 0 before the first.
+        self.last_request_tokens = 0
 
     async def context_request(self, *, system_prompt: str, tools: list[dict[str, Any]] | None = None) -> ContextRequest:
         """The memory engine's request for this turn's next model call: this session's history
@@ -154,6 +156,20 @@ class Turn:
             summarize_below=await self.summarize_below(),
             compression=cast(Compression, settings.MEMORY_COMPRESSION),  # validated by settings
         )
+
+    def precompression_may_help(self, final_reply: Message) -> bool:
+        """Whether the session's next request could cross the trigger (docs/memory.md §10):
+        background mode, and this turn's last request plus its final reply, a next message of
+        ``MEMORY_PRECOMPRESS_TOKENS`` and (quick-answer) the most passages reach the trigger.
+        When not, the memory job is not even scheduled: it would find nothing to do. A wrong
+        "no" costs nothing worse than the next request handing the work to the job itself."""
+        if settings.MEMORY_COMPRESSION != "background" or not self.last_request_tokens:
+            return settings.MEMORY_COMPRESSION == "background"
+        allowance = self.passages_max_tokens if self.mode == "quick-answer" else 0
+        planned = (
+            self.last_request_tokens + (final_reply.token_count or 0) + settings.MEMORY_PRECOMPRESS_TOKENS + allowance
+        )
+        return planned > self.engine.budget.trigger_tokens
 
     @property
     def passages_max_tokens(self) -> int:
@@ -208,6 +224,7 @@ class Turn:
         """
         if self.stop_requested():  # asked while the context was being built: do not call the model
             raise TurnStopped(ModelReply())
+        self.last_request_tokens = ctx.tokens
         record = await orm_async(services.model_call_record)(
             session_id=self.session_id,
             reply_to_id=self.user_message_id,

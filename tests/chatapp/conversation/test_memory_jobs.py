@@ -189,3 +189,15 @@ async def test_in_sync_mode_the_request_compresses_and_the_job_does_nothing(alic
     await memory_job_run_now(session_id=session.pk)
     assert not await CompressionEvent.objects.filter(memory_key=str(session.pk), origin="job").aexists()
     assert not await MemoryJobState.objects.filter(memory_key=str(session.pk)).aexists(), "nothing was due"
+
+
+@pytest.mark.usefixtures("small_window")
+async def test_a_turn_far_under_the_trigger_schedules_no_job_and_one_near_it_does(alice):
+    session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.AGENT)
+    memory_key = str(session.pk)
+    await turn(session, "calculate 6 * 7")
+    assert not memory_job_runner().busy(memory_key), "a short chat cannot reach the trigger next time"
+    await sync_to_async(history_make)(session, 6)
+    await turn(session, "calculate 6 * 8")
+    assert memory_job_runner().busy(memory_key), "the next request may cross the trigger: the job is queued"
+    await memory_job_runner().close()
