@@ -281,6 +281,19 @@ class Gate:
         await self.opened.wait()
 
 
+def held_summarizer(monkeypatch: pytest.MonkeyPatch) -> Gate:
+    """Every summarizer call waits at the returned gate until the test opens it."""
+    gate = Gate()
+    real = OpenAISummarizer.summarize
+
+    async def held(self: OpenAISummarizer, request: Any) -> Any:
+        await gate.wait()
+        return await real(self, request)
+
+    monkeypatch.setattr(OpenAISummarizer, "summarize", held)
+    return gate
+
+
 async def delete_while_held(session: ChatSession, gate: Gate, work: asyncio.Task[Any], *, stop: bool) -> None:
     """Once ``work`` is held at ``gate``, delete ``session`` (as the sidebar's Delete does; with
     ``stop``, also stop its turns as its open socket would), then let ``work`` go on."""
@@ -324,14 +337,7 @@ async def test_f41_deleting_a_chat_while_it_compresses_leaves_nothing(alice, set
     caplog.set_level(logging.INFO)
     settings.LLM_CHAT_CONTEXT_WINDOW = 1024
     settings.MEMORY_COMPRESSION = "sync"  # compression inside the turn (docs/memory.md §10)
-    gate = Gate()
-    real_summarize = OpenAISummarizer.summarize
-
-    async def held_summarize(self: OpenAISummarizer, request: Any) -> Any:
-        await gate.wait()
-        return await real_summarize(self, request)
-
-    monkeypatch.setattr(OpenAISummarizer, "summarize", held_summarize)
+    gate = held_summarizer(monkeypatch)
     session = await sync_to_async(chat_session_make)(alice.owner, mode=mode)
     history = await sync_to_async(history_make)(session, 12)
     question = await sync_to_async(message_make)(session, "user", "What is locker 3's code?")
@@ -350,14 +356,7 @@ async def test_f41_deleting_a_chat_while_it_compresses_leaves_nothing(alice, set
 async def test_f41_deleting_a_chat_during_compress_now_leaves_nothing(alice, settings, monkeypatch, caplog):
     caplog.set_level(logging.INFO)
     settings.LLM_CHAT_CONTEXT_WINDOW = 1024
-    gate = Gate()
-    real_summarize = OpenAISummarizer.summarize
-
-    async def held_summarize(self: OpenAISummarizer, request: Any) -> Any:
-        await gate.wait()
-        return await real_summarize(self, request)
-
-    monkeypatch.setattr(OpenAISummarizer, "summarize", held_summarize)
+    gate = held_summarizer(monkeypatch)
     session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.QUICK_ANSWER)
     history = await sync_to_async(history_make)(session, 4)
     question = await sync_to_async(message_make)(session, "user", "And now?")

@@ -15,13 +15,12 @@ from asgiref.sync import sync_to_async
 from chatapp.chats import services
 from chatapp.conversation.memory_jobs import memory_job_run_now, memory_job_runner
 from chatapp.conversation.runner import chat_turn_run
-from chatapp.llm.summarizer import OpenAISummarizer
 from chatapp.models import ChatSession, Message, ModelCall
 from chatapp.ui.inspector import inspector_state_get
 from memory.api import memory_job_state_get, session_summary_get
 from memory.models import CompressionEvent, MemoryJobState
 from tests.chatapp.conftest import chat_session_make, message_make
-from tests.chatapp.conversation.test_honest_history import Gate, rows_left
+from tests.chatapp.conversation.test_honest_history import held_summarizer, rows_left
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -54,19 +53,6 @@ def summarizer_called(call: ModelCall) -> bool:
 def small_window(settings: Any) -> None:
     settings.LLM_CHAT_CONTEXT_WINDOW = 1024
     settings.MEMORY_COMPRESSION = "background"
-
-
-def held_summarizer(monkeypatch: pytest.MonkeyPatch) -> Gate:
-    """Every summarizer call waits at the returned gate until the test opens it."""
-    gate = Gate()
-    real = OpenAISummarizer.summarize
-
-    async def held(self: OpenAISummarizer, request: Any) -> Any:
-        await gate.wait()
-        return await real(self, request)
-
-    monkeypatch.setattr(OpenAISummarizer, "summarize", held)
-    return gate
 
 
 @pytest.mark.usefixtures("small_window")
