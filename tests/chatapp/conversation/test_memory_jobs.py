@@ -20,7 +20,7 @@ from chatapp.ui.inspector import inspector_state_get
 from memory.api import memory_job_state_get, session_summary_get
 from memory.models import CompressionEvent, MemoryJobState
 from tests.chatapp.conftest import chat_session_make, message_make
-from tests.chatapp.conversation.test_honest_history import held_summarizer, rows_left
+from tests.chatapp.conversation.test_honest_history import Gate, held_summarizer, rows_left
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -55,6 +55,20 @@ def small_window(settings: Any) -> None:
     settings.MEMORY_COMPRESSION = "background"
 
 
+async def session_with_a_job_held_in_the_summarizer(
+    alice: Any, monkeypatch: pytest.MonkeyPatch
+) -> tuple[ChatSession, Gate, asyncio.Task[None]]:
+    """A quick-answer session over the trigger whose memory job is compressing, held in the
+    summarizer until the test opens the returned gate; and the job's task."""
+    gate = held_summarizer(monkeypatch)
+    session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.QUICK_ANSWER)
+    await sync_to_async(history_make)(session, 12)
+    job = asyncio.create_task(memory_job_run_now(session_id=session.pk))
+    async with asyncio.timeout(10):
+        await gate.reached.wait()
+    return session, gate, job
+
+
 @pytest.mark.usefixtures("small_window")
 async def test_after_a_reply_the_job_precompresses_so_the_next_turn_calls_no_summarizer(alice):
     session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.QUICK_ANSWER)
@@ -81,7 +95,7 @@ async def test_after_a_reply_the_job_precompresses_so_the_next_turn_calls_no_sum
     assert second.context["summary"]["version"] == 1
 
     state = await sync_to_async(inspector_state_get)(session_id=session.pk)
-    assert state.job.status == "queued", "the second reply is newer than the job's watermark"
+    assert state.job.status == "queued", "the second reply scheduled a job, still in its debounce pause"
     assert [event.origin for event in state.timeline] == ["job"]
 
 
@@ -90,12 +104,7 @@ async def test_a_request_over_the_trigger_uses_the_summary_of_a_job_that_ends_wh
     alice, settings, monkeypatch
 ):
     settings.MEMORY_SYNC_WAIT_MS = 30_000
-    gate = held_summarizer(monkeypatch)
-    session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.QUICK_ANSWER)
-    await sync_to_async(history_make)(session, 12)
-    job = asyncio.create_task(memory_job_run_now(session_id=session.pk))
-    async with asyncio.timeout(10):
-        await gate.reached.wait()  # the job is compressing, held in the summarizer
+    session, gate, job = await session_with_a_job_held_in_the_summarizer(alice, monkeypatch)
 
     runner = memory_job_runner()
     real_wait = runner.wait
@@ -123,12 +132,7 @@ async def test_a_request_waits_at_most_the_configured_time_then_sends_the_degrad
     alice, settings, monkeypatch
 ):
     settings.MEMORY_SYNC_WAIT_MS = 200
-    gate = held_summarizer(monkeypatch)
-    session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.QUICK_ANSWER)
-    await sync_to_async(history_make)(session, 12)
-    job = asyncio.create_task(memory_job_run_now(session_id=session.pk))
-    async with asyncio.timeout(10):
-        await gate.reached.wait()
+    session, gate, job = await session_with_a_job_held_in_the_summarizer(alice, monkeypatch)
 
     async with asyncio.timeout(30):
         call = await turn(session, "What is locker 3's code?")
@@ -146,13 +150,8 @@ async def test_a_request_waits_at_most_the_configured_time_then_sends_the_degrad
 @pytest.mark.usefixtures("small_window")
 async def test_a_session_deleted_while_its_job_runs_leaves_no_rows(alice, monkeypatch, caplog):
     caplog.set_level(logging.INFO)
-    gate = held_summarizer(monkeypatch)
-    session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.QUICK_ANSWER)
-    await sync_to_async(history_make)(session, 12)
-    session_id = session.pk
-    job = asyncio.create_task(memory_job_run_now(session_id=session_id))
-    async with asyncio.timeout(10):
-        await gate.reached.wait()
+    session, gate, job = await session_with_a_job_held_in_the_summarizer(alice, monkeypatch)
+    session_id = session.pk  # delete() sets the instance's pk to None
     await sync_to_async(services.chat_session_delete)(session=session)
     gate.opened.set()
     async with asyncio.timeout(30):
