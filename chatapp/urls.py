@@ -1,4 +1,5 @@
-"""HTTP routes: the session list, chat pages with their partials and actions, the knowledge base."""
+"""HTTP routes: the session list, chat pages with their partials and actions (the inspector's key-fact
+controls and its Recall section among them), the knowledge base."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ urlpatterns = [
     path("s/<int:session_id>/mode/", views.session_mode, name="session-mode"),
     path("s/<int:session_id>/inspector/", views.session_inspector, name="session-inspector"),
     path("s/<int:session_id>/compress/", views.session_compress, name="session-compress"),
+    path("s/<int:session_id>/facts/", views.session_key_facts, name="session-key-facts"),
+    path("s/<int:session_id>/recall/", views.session_recall, name="session-recall"),
+    path("s/<int:session_id>/facts/<int:fact_id>/pin/", views.session_fact_pin, name="session-fact-pin"),
+    path("s/<int:session_id>/facts/<int:fact_id>/hide/", views.session_fact_hide, name="session-fact-hide"),
+    path("s/<int:session_id>/facts/<int:fact_id>/edit/", views.session_fact_edit, name="session-fact-edit"),
     path("kb/", views.kb_index, name="kb-index"),
     path("kb/upload/", views.kb_upload, name="kb-upload"),
     path("kb/<int:document_id>/delete/", views.kb_delete, name="kb-delete"),

@@ -35,6 +35,12 @@ class MemoryBudget:
     over the target, its content is elided (or its older steps folded) only down to
     ``request_limit_tokens = context_window - reply_reserve_tokens`` (docs/memory.md I5). None
     means an eighth of the window, at most 4,096.
+    ``facts_max_tokens`` / ``facts_share`` / ``facts_min_tokens``: the key-facts block may take
+    ``facts_share`` of the target (default 8 %), at most ``facts_max_tokens`` (default 400) and
+    at least ``facts_min_tokens`` (default 96, at most a quarter of the target) tokens
+    (docs/memory.md §11); a share or maximum of 0 turns the block off. ``recall_share``: the recall block may take this share of the target
+    (default 25 %, docs/memory.md §12), reserved only when something was recalled; 0 turns
+    recall off.
     Raises ``ValueError`` for a window under 64 tokens, ratios outside (0, 1], an unknown role or
     a reply reserve that is negative or leaves no room under the window.
     """
@@ -49,6 +55,10 @@ class MemoryBudget:
     summary_ratio: float = 0.3
     strict_alternation: bool = False
     reply_reserve_tokens: int | None = None
+    facts_max_tokens: int = 400
+    facts_share: float = 0.08
+    facts_min_tokens: int = 96
+    recall_share: float = 0.25
 
     def __post_init__(self) -> None:
         if self.context_window < 64:
@@ -59,6 +69,8 @@ class MemoryBudget:
             raise ValueError(f"summary_role must be 'system' or 'user', got {self.summary_role!r}")
         if self.reply_reserve_tokens is not None and not 0 <= self.reply_reserve_tokens < self.context_window:
             raise ValueError(f"reply_reserve_tokens must be in [0, context_window), got {self.reply_reserve_tokens}")
+        if self.facts_max_tokens < 0 or not 0 <= self.facts_share <= 1 or not 0 <= self.recall_share <= 1:
+            raise ValueError("facts_max_tokens must be >= 0, facts_share and recall_share in [0, 1]")
 
     @property
     def trigger_tokens(self) -> int:
@@ -71,6 +83,28 @@ class MemoryBudget:
     @property
     def summary_reserve_tokens(self) -> int:
         return max(MIN_SUMMARY_RESERVE, min(self.summary_max_tokens, self.target_tokens // 4))
+
+    @property
+    def facts_budget_tokens(self) -> int:
+        """The key-facts block's budget in tokens (docs/memory.md §11):
+        ``min(facts_share * target, facts_max_tokens)``, raised to ``facts_min_tokens`` (at most a
+        quarter of the target) so that a small window still pins a few facts; 0 when
+        ``facts_share`` or ``facts_max_tokens`` is 0 (the block is off)."""
+        if not self.facts_share or not self.facts_max_tokens:
+            return 0
+        share = min(int(self.target_tokens * self.facts_share), self.facts_max_tokens)
+        return max(0, share, min(self.facts_min_tokens, self.target_tokens // 4))
+
+    @property
+    def facts_pinned_tokens(self) -> int:
+        """What the facts the user pinned may take of the key-facts block when that is more than
+        :attr:`facts_budget_tokens`: a quarter of the target, in tokens (docs/memory.md §11)."""
+        return self.target_tokens // 4 if self.facts_budget_tokens else 0
+
+    @property
+    def recall_budget_tokens(self) -> int:
+        """The recall block's budget in tokens: ``recall_share`` of the target (docs/memory.md §12)."""
+        return max(0, int(self.target_tokens * self.recall_share))
 
     @property
     def summarizer_window(self) -> int:

@@ -13,10 +13,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from memory.facts import FactsBlock
+from memory.recall import RecallResult
 from memory.tokens import REPLY_PRIMING_TOKENS, TokenCounter
 
 Message = dict[str, Any]
-SourceKind = Literal["system", "summary", "history", "current"]
+SourceKind = Literal["system", "facts", "summary", "recall", "history", "current"]
 
 WIRE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 RAW_ARCHIVE_LINE_CHARS = 500
@@ -396,8 +398,11 @@ def assemble(
     tools: list[dict[str, Any]] | None,
     counter: TokenCounter,
     strict_alternation: bool = False,
+    facts: FactsBlock | None = None,
+    recall: RecallResult | None = None,
 ) -> Assembly:
-    """``[system] + [summary block] + retained window + current turn`` (docs/memory.md §3 step 5).
+    """``[system] + [key facts] + [summary block] + [recall] + retained window + current turn``
+    (docs/memory.md §3 step 5, §11, §12).
 
     Internal keys (``id``, ``token_count``) never reach the wire; ``sources`` keeps the ids. A
     message carrying the internal key ``folded_ids`` (a "steps so far" note) gets a source
@@ -405,14 +410,28 @@ def assemble(
     two assistant messages in a row are merged into one (docs/memory.md F-38, see
     :func:`merge_same_role_neighbours`); the merged message's source is the first part's with
     ``"merged": [sources of the later parts]``, and its tokens count in the first part's section.
+    ``facts``: the key-facts block (nothing is sent when it holds no message); its source is
+    :attr:`memory.facts.FactsBlock.source` (kind ``facts`` with ``fact_ids`` and ``message_ids``).
+    ``recall``: the recall block (none when it recalled nothing); its source has kind ``recall``
+    with ``item_ids`` and the recalled ``message_ids``.
     """
     messages: list[Message] = []
     sources: list[dict[str, Any]] = []
     owners: list[str] = []
-    sections = {"system": 0, "summary": 0, "retained": 0, "current": 0, "tools": counter.count_tools(tools)}
+    sections = {
+        "system": 0,
+        "facts": 0,
+        "summary": 0,
+        "recall": 0,
+        "retained": 0,
+        "current": 0,
+        "tools": counter.count_tools(tools),
+    }
     parts: list[tuple[str, SourceKind, list[Message]]] = [
         ("system", "system", [system] if system else []),
+        ("facts", "facts", [facts.message] if facts is not None and facts.message else []),
         ("summary", "summary", [summary] if summary else []),
+        ("recall", "recall", [recall.message] if recall is not None and recall.message else []),
         ("retained", "history", retained),
         ("current", "current", current),
     ]
@@ -420,6 +439,15 @@ def assemble(
         for message in items:
             messages.append(to_wire(message))
             source: dict[str, Any] = {"id": message.get("id") if kind in ("history", "current") else None, "kind": kind}
+            if kind == "facts" and facts is not None:
+                source = facts.source
+            elif kind == "recall" and recall is not None:
+                source = {
+                    "id": None,
+                    "kind": "recall",
+                    "item_ids": [scored.item.id for scored in recall.items],
+                    "message_ids": sorted({i for scored in recall.items for i in scored.item.message_ids}),
+                }
             if message.get("folded_ids"):
                 source["folded"] = list(message["folded_ids"])
             sources.append(source)

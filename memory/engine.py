@@ -7,16 +7,19 @@ event. Nothing is written before the summarizer returns (docs/memory.md F-24).""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Literal, Protocol
 
 from memory.budget import MemoryBudget, Mode
 from memory.core import Message, raw_archive_merge, summary_block, trim_summary
+from memory.facts import KeyFact
 from memory.planner import (
     MIN_SUMMARY_TOKENS,
     Plan,
@@ -24,16 +27,29 @@ from memory.planner import (
     StepsNote,
     build_request,
     foldable_steps,
+    folded_facts,
     plan_request,
     steps_note_room,
     summary_output_tokens,
 )
 from memory.prompts import build_summary_prompt, chunk_messages, fit_transcript, render_transcript, transcript_budget
+from memory.recall import RecallInput, RecallResult, recall_for, recall_report
 from memory.store import CompressionRecord, EventKind, Summary, SummaryStore
 from memory.summarizer import Attempt, SummarizerChain, SummaryRequest
 from memory.tokens import TokenCounter
 
 logger = logging.getLogger(__name__)
+
+FactsLoader = Callable[[], Awaitable[list[KeyFact]]]
+"""``await load_facts()``: the conversation's current key facts (not superseded, not hidden), in
+any order (docs/memory.md §11)."""
+
+RecallLoader = Callable[[int | None], Awaitable[RecallInput]]
+"""``await load_recall(boundary)``: recall candidates for the request's current user message
+(docs/memory.md §12): this owner's items of other conversations and of this one up to
+``boundary`` (the stored summary's boundary, None: none of this one), with the query's embedding
+when it came within the owning app's deadline. May raise: the request then goes on without
+recall, and says so in ``repairs``."""
 
 IncrementLoader = Callable[[int | None], Awaitable[list[Message]]]
 """``await load_increment(boundary)``: every persisted message of the conversation with an id
@@ -98,6 +114,8 @@ class ContextRequest:
     force: bool = False
     compression: Compression = "sync"
     origin: Origin = "request"
+    load_facts: FactsLoader | None = None
+    load_recall: RecallLoader | None = None
 
     @property
     def system(self) -> Message | None:
@@ -110,11 +128,12 @@ class MemoryContext:
     """What one model call is sent, and why.
 
     ``messages``: the exact wire list; ``sources``: aligned ``{"id", "kind"}`` with kind
-    ``system``/``summary``/``history``/``current``, plus ``"merged": [sources]`` on a message
+    ``system``/``facts``/``summary``/``history``/``current`` (the key-facts block's source also
+    carries ``fact_ids`` and ``message_ids``), plus ``"merged": [sources]`` on a message
     that merges same-role neighbours (strict alternation, docs/memory.md F-38) and
     ``"folded": [ids]`` on a "steps so far" note (docs/memory.md I5); ``tokens``: estimated request size (tokens);
-    ``sections``: tokens per section (``system``, ``summary``, ``retained``, ``current``,
-    ``tools``); ``summary``: the summary the request was built with; ``events``: compression
+    ``sections``: tokens per section (``system``, ``facts``, ``summary``, ``retained``,
+    ``current``, ``tools``); ``summary``: the summary the request was built with; ``events``: compression
     events recorded by this call (their JSON form); ``elisions``: messages of the current turn
     shortened in the model-facing copy; ``repairs``: what was dropped to keep tool calls paired,
     and why a degraded context was used; ``overflow``: still over the context window (the caller
@@ -125,6 +144,10 @@ class MemoryContext:
     ``waited`` (waited ``waited_ms`` milliseconds for the memory job, then under the trigger),
     ``deferred`` (still over the trigger: degraded context, compression left to the memory job)
     or ``degraded`` (the summarizer path could not be used: degraded context, nothing written).
+    ``facts``: the key-facts block of the request (docs/memory.md §11), as ids:
+    ``{"pinned", "in_window", "over_budget", "tokens"}`` (see :class:`memory.facts.FactsBlock`;
+    empty when the request carried no facts loader). ``recall``: what recall brought and why
+    (:func:`memory.recall.recall_report`; empty without a recall loader).
     """
 
     messages: list[Message]
@@ -141,6 +164,8 @@ class MemoryContext:
     overflow: bool = False
     path: ContextPath = "under_trigger"
     waited_ms: int = 0
+    facts: dict[str, Any] = field(default_factory=dict)
+    recall: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form stored with each model call and sent to the inspector."""
@@ -159,6 +184,8 @@ class MemoryContext:
             "overflow": self.overflow,
             "path": self.path,
             "waited_ms": self.waited_ms,
+            "facts": self.facts,
+            "recall": self.recall,
         }
 
 
@@ -202,6 +229,8 @@ class MemoryEngine:
         self.jobs = jobs
         self.sync_wait_seconds = sync_wait_seconds
         self._steps: OrderedDict[tuple[str, int | None], StepsNote] = OrderedDict()
+        # The last request's recall (request, boundary, (input, selection)): see _recall.
+        self._recalled: tuple[ContextRequest, int | None, tuple[RecallInput, RecallResult]] | None = None
 
     async def build_context(self, request: ContextRequest) -> MemoryContext:
         """Load the summary and the increment, compress when over the trigger (or forced), write
@@ -462,17 +491,47 @@ class MemoryEngine:
         return max(16, self.budget.summary_reserve_tokens - self.counter.count_message(empty_block) - 1)
 
     async def _plan(self, request: ContextRequest, summary: Summary) -> Plan:
-        return plan_request(
+        increment, facts, recall = await asyncio.gather(
+            request.load_increment(summary.last_message_id),
+            request.load_facts() if request.load_facts is not None else _nothing(),
+            self._recall(request, summary.last_message_id),
+        )
+        plan = plan_request(
             system=request.system,
             summary=summary,
-            increment=await request.load_increment(summary.last_message_id),
+            increment=increment,
             budget=self.budget,
             counter=self.counter,
             tools=request.tools,
             mode=request.mode,
             summarize_below=request.summarize_below,
             force=request.force,
+            facts=facts,
+            recall=recall[1] if recall is not None else None,
         )
+        plan.recall_input = recall[0] if recall is not None else None
+        return plan
+
+    async def _recall(self, request: ContextRequest, boundary: int | None) -> tuple[RecallInput, RecallResult] | None:
+        """The request's recall input and selection (docs/memory.md §12), searched once per
+        request and boundary (a request planned again, e.g. after a lost compare-and-set, reuses
+        it). When the loader fails, the request goes on without recall and its report says why."""
+        if request.load_recall is None or self.budget.recall_budget_tokens <= 0:
+            return None
+        cached = self._recalled
+        if cached is not None and cached[0] is request and cached[1] == boundary:
+            return cached[2]
+        try:
+            data = await request.load_recall(boundary)
+        except Exception as exc:  # recall is an extra: never a reason to fail the request
+            logger.warning("recall failed for %s: %s", request.memory_key, exc)
+            reason = f"recall failed ({type(exc).__name__}: {exc}): the request goes without recalled messages"
+            data = RecallInput(query="", candidates=[], model=None, now=datetime.now(UTC), notes=[reason])
+        result = recall_for(
+            data, budget_tokens=self.budget.recall_budget_tokens, counter=self.counter, role=self.budget.summary_role
+        )
+        self._recalled = (request, boundary, (data, result))
+        return data, result
 
     async def _build(self, request: ContextRequest, plan: Plan, summary: Summary, *, degraded: bool = False) -> Request:
         """The request for ``plan`` with ``summary``. When eliding alone cannot fit it under the
@@ -491,9 +550,18 @@ class MemoryEngine:
         built = build()
         if not built.fold_wanted:
             return built
-        room = steps_note_room(plan=plan, summary=summary, budget=self.budget, counter=self.counter, tools=plan.tools)
+        # The folded steps' key facts are pinned, and the note is sized after them (§11).
+        facts = folded_facts(plan, summary, budget=self.budget, counter=self.counter)
+        room = steps_note_room(
+            plan=plan, summary=summary, budget=self.budget, counter=self.counter, tools=plan.tools, facts=facts
+        )
         cap = max(MIN_SUMMARY_TOKENS, min(self.summary_cap, room))
-        return build(steps=await self._fold_steps(request.memory_key, plan, cap=cap, degraded=degraded))
+        steps = await self._fold_steps(request.memory_key, plan, cap=cap, degraded=degraded)
+        folded = build(steps=steps, facts=facts)
+        if folded.overflow and facts.tokens > plan.facts.tokens:
+            # Never refuse a request because of the facts it gained: keep the plan's block.
+            return build(steps=steps)
+        return folded
 
     async def _fold_steps(self, memory_key: str, plan: Plan, *, cap: int, degraded: bool) -> StepsNote:
         """The "steps so far" note for the older steps of ``plan``'s current turn, at most
@@ -555,6 +623,8 @@ class MemoryEngine:
             elisions=built.elisions,
             repairs=repairs,
             overflow=built.overflow,
+            facts=built.facts.as_dict(),
+            recall=recall_report(plan.recall_input, plan.recall) if plan.recall_input is not None else {},
         )
 
     async def _finish(
@@ -681,3 +751,7 @@ def _steps_sentence(steps: StepsNote) -> str:
         if ids
         else f"folded {len(steps.members)} earlier message(s) of the current turn into a 'steps so far' note by {how}"
     )
+
+
+async def _nothing() -> list[KeyFact]:
+    return []

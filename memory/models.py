@@ -1,6 +1,7 @@
 """Persisted memory state: one :class:`SessionSummary` per conversation, a
-:class:`CompressionEvent` per compression (docs/memory.md §1, §3, §4) and one
-:class:`MemoryJobState` per conversation whose memory job has run (docs/memory.md §10).
+:class:`CompressionEvent` per compression (docs/memory.md §1, §3, §4), one
+:class:`MemoryJobState` per conversation whose memory job has run (docs/memory.md §10) and its
+:class:`KeyFact` rows (docs/memory.md §11).
 
 Conversations are named by an opaque ``memory_key`` string, so this app never depends on the chat
 app's models (the chat app uses its session's primary key).
@@ -12,7 +13,9 @@ from dataclasses import fields
 from typing import Any
 
 from django.db import models
+from django.db.models import Q
 
+from memory import facts
 from memory.jobs import JobState
 from memory.store import CompressionRecord, Summary
 
@@ -133,3 +136,120 @@ class MemoryJobState(models.Model):
             last_error=self.last_error,
             runs=self.runs,
         )
+
+
+class KeyFact(models.Model):
+    """One key fact of one conversation (docs/memory.md §11): a value copied verbatim from a
+    message, with its provenance. The columns are the fields of :class:`memory.facts.KeyFact`,
+    which documents them, plus ``memory_key`` (the conversation), ``scope_key`` (its owner, an
+    opaque string the owning app chooses, e.g. ``user:<id>``), ``created_at`` and ``updated_at``.
+
+    Rows are never deleted while their conversation exists: a superseded fact keeps its row with
+    ``invalidated_at`` and ``superseded_by`` set. At most one row per conversation, slot
+    (``key``) and ``value`` is active (``invalidated_at`` NULL), enforced by a partial unique
+    constraint that SQLite and PostgreSQL both support.
+    """
+
+    memory_key = models.CharField(max_length=64)
+    scope_key = models.CharField(max_length=128, db_index=True)
+    kind = models.CharField(max_length=16, choices=[(kind, kind) for kind in facts.FACT_KINDS])
+    key = models.CharField(max_length=facts.MAX_KEY_CHARS)
+    value = models.CharField(max_length=facts.MAX_VALUE_CHARS)
+    text = models.CharField(max_length=facts.MAX_TEXT_CHARS, blank=True, default="")
+    source_message_id = models.BigIntegerField(null=True, blank=True)
+    excerpt = models.TextField(blank=True, default="")
+    extractor = models.CharField(max_length=64, default="rule")
+    valid_from = models.DateTimeField(null=True, blank=True)
+    invalidated_at = models.DateTimeField(null=True, blank=True)
+    superseded_by = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="supersedes"
+    )
+    pinned_by_user = models.BooleanField(default=False)
+    hidden_by_user = models.BooleanField(default=False)
+    last_seen_message_id = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ("id",)
+        constraints = (
+            models.UniqueConstraint(
+                fields=["memory_key", "key", "value"],
+                condition=Q(invalidated_at__isnull=True),
+                name="memory_keyfact_one_active_per_value",
+            ),
+        )
+        # Also the index of every lookup by conversation (its leading column).
+        indexes = (models.Index(fields=["memory_key", "invalidated_at"], name="memory_keyfact_active_idx"),)
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value} of {self.memory_key} #{self.pk}"
+
+    def as_fact(self, *, replaces: str = "") -> facts.KeyFact:
+        """This row as the engine's :class:`memory.facts.KeyFact` value; ``replaces``: the value
+        of the fact it superseded (``""`` when none; the list selectors annotate it in the same
+        query, see :mod:`memory.services`)."""
+        return facts.KeyFact(
+            id=self.pk,
+            kind=self.kind,
+            key=self.key,
+            value=self.value,
+            text=self.text,
+            source_message_id=self.source_message_id,
+            excerpt=self.excerpt,
+            extractor=self.extractor,
+            valid_from=self.valid_from,
+            invalidated_at=self.invalidated_at,
+            superseded_by=self.superseded_by_id,
+            pinned_by_user=self.pinned_by_user,
+            hidden_by_user=self.hidden_by_user,
+            last_seen_message_id=self.last_seen_message_id,
+            replaces=replaces or getattr(self, "replaces_value", None) or "",
+        )
+
+
+class MemoryItem(models.Model):
+    """One indexed piece of a stored message, for recall (docs/memory.md §12, "the index"): the
+    columns of :class:`memory.recall.RecallItem` (the chat's title is the owning app's) plus
+    ``scope_key`` (the owner, an opaque string the owning app chooses, as for :class:`KeyFact`),
+    ``last_message_id`` (the newest of ``message_ids``: "every message id ≤ boundary" is
+    ``last_message_id <= boundary``), ``piece`` (the piece's place in its message, from 0),
+    ``search_text`` (what the full-text index reads when it differs from ``text``, see
+    :func:`memory.fulltext.search_text`) and the embedding: ``embedding`` (float32 bytes,
+    little-endian, ``embedding_dim`` values, L2-normalised; NULL until embedded),
+    ``embedding_model`` (``""`` when none) and ``embedding_dim`` (0 when none).
+
+    Full-text search: SQLite keeps an FTS5 table ``memory_memoryitem_fts`` in step by triggers;
+    PostgreSQL has a GIN index on ``to_tsvector('english', …)`` (migration ``0005_memoryitem``).
+    Items are never edited except to fill their embedding: a piece whose text changes is deleted
+    and inserted again (a new id), so the per-owner vector cache only reads rows with a higher id.
+    """
+
+    scope_key = models.CharField(max_length=128)
+    memory_key = models.CharField(max_length=64)
+    message_ids = models.JSONField(default=list)
+    last_message_id = models.BigIntegerField()
+    piece = models.PositiveSmallIntegerField(default=0)
+    role = models.CharField(max_length=16)
+    text = models.TextField()
+    search_text = models.TextField(blank=True, default="")
+    token_count = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField()
+    embedding = models.BinaryField(null=True, blank=True)
+    embedding_model = models.CharField(max_length=128, blank=True, default="")
+    embedding_dim = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ("id",)
+        constraints = (
+            models.UniqueConstraint(
+                fields=["memory_key", "last_message_id", "piece"], name="memory_memoryitem_one_per_piece"
+            ),
+        )
+        indexes = (
+            # The owner's items in id order: the vector cache's reads and the owner scope.
+            models.Index(fields=["scope_key", "id"], name="memory_item_scope_idx"),
+        )
+
+    def __str__(self) -> str:
+        return f"item {self.pk} of {self.memory_key} (message {self.last_message_id}.{self.piece})"

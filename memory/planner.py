@@ -4,6 +4,7 @@ what to elide. No ORM, no I/O; :mod:`memory.engine` wraps it with storage and su
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,11 +24,16 @@ from memory.core import (
     steps_note,
     summary_block,
 )
+from memory.facts import FactsBlock, KeyFact, facts_block
+from memory.recall import RecallInput, RecallResult
 from memory.store import Summary
 from memory.tokens import REPLY_PRIMING_TOKENS, TokenCounter
 
 # A summary shorter than this many tokens is never asked for, however small the prefix.
 MIN_SUMMARY_TOKENS = 48
+# Rounds of back-scan the planner makes while the key-facts block grows with the boundary
+# (docs/memory.md §11); the block only grows, so this ends early in practice.
+FACTS_PLAN_ROUNDS = 4
 
 
 def summary_message(summary: Summary, role: str) -> Message | None:
@@ -48,7 +54,8 @@ class Plan:
     the back-scan's split of the history units (``to_summarize`` empty without compression).
     ``current``: the current turn's units, never summarized. ``retain_budget``: tokens the
     retained window may take. ``tools``: the tool schemas of the request. ``notes``: why things
-    happened, as sentences.
+    happened, as sentences. ``facts``: the key-facts block for the boundary after this plan
+    (docs/memory.md §11), its tokens already reserved before the back-scan.
     """
 
     system: Message | None
@@ -61,6 +68,10 @@ class Plan:
     retain_budget: int
     tools: list[dict[str, Any]] | None = None
     notes: list[str] = field(default_factory=list)
+    facts: FactsBlock = field(default_factory=FactsBlock)
+    facts_input: Sequence[KeyFact] = ()
+    recall: RecallResult = field(default_factory=RecallResult)
+    recall_input: RecallInput | None = None
 
     @property
     def summarized_messages(self) -> list[Message]:
@@ -79,6 +90,8 @@ def plan_request(
     mode: Mode = "quick-answer",
     summarize_below: int | None = None,
     force: bool = False,
+    facts: Sequence[KeyFact] = (),
+    recall: RecallResult | None = None,
 ) -> Plan:
     """Decide what a request keeps verbatim and what must be folded into the summary.
 
@@ -93,13 +106,36 @@ def plan_request(
     The cut is moved forward to a turn start so the retained window after the summary begins
     with a user message; a boundary stored inside a turn forces that repair even under the
     trigger (docs/memory.md F-38).
+    ``facts``: the conversation's active key facts. The key-facts block pins those whose source
+    message the summary covers (docs/memory.md §11), so its size depends on the boundary this plan
+    picks: its tokens are reserved before the back-scan, and when folding more messages grows
+    the block, the back-scan is made again with the larger reserve (at most
+    :data:`FACTS_PLAN_ROUNDS` times; the block only grows, so the rounds end early).
+    ``recall``: what recall selected for this request (docs/memory.md §12); its block's tokens
+    are reserved before the back-scan too. Its items of this conversation all lie at or before
+    the stored boundary, so none of them can be in the retained window (I4).
     """
+
+    def block_for(boundary: int | None) -> FactsBlock:
+        return facts_block(
+            facts,
+            boundary=boundary,
+            max_tokens=budget.facts_budget_tokens,
+            pinned_max_tokens=budget.facts_pinned_tokens,
+            counter=counter,
+            role=budget.summary_role,
+        )
+
     history, current = split_current_turn(increment)
     single_system = budget.summary_role == "user"
     history_units = group_units(history, counter, single_system=single_system)
     current_units = group_units(current, counter, allow_trailing_calls=True, single_system=single_system)
+    block = block_for(summary.last_message_id)
+    recalled = recall if recall is not None else RecallResult()
     before = assemble(
         system=system,
+        facts=block,
+        recall=recalled,
         summary=summary_message(summary, budget.summary_role),
         retained=flatten(history_units, wire=True),
         current=flatten(current_units, wire=True),
@@ -108,6 +144,8 @@ def plan_request(
     )
     fixed = (
         (counter.count_message(system) if system else 0)
+        + block.tokens
+        + recalled.tokens
         + sum(unit.tokens for unit in current_units)
         + counter.count_tools(tools)
         + REPLY_PRIMING_TOKENS
@@ -123,6 +161,9 @@ def plan_request(
         needs_compression=force or before.tokens > budget.trigger_tokens,
         retain_budget=0 if force else retain_budget,
         tools=tools,
+        facts=block,
+        facts_input=facts,
+        recall=recalled,
     )
     split_only = False
     if not plan.needs_compression and summary.content.strip() and history_units and not history_units[0].starts_turn:
@@ -134,43 +175,21 @@ def plan_request(
         plan.notes.append("the stored boundary splits a turn: its remaining messages are summarized")
     if not plan.needs_compression:
         return plan
-    plan.to_summarize, plan.retained = back_scan(history_units, plan.retain_budget)
-    # The in-flight pin also bounds the snap to a turn start below, unless it had to yield.
-    pinned_from = summarize_below
-    if summarize_below is not None:
-        pinned = next(
-            (
-                i
-                for i, unit in enumerate(plan.to_summarize)
-                if any((m.get("id") or 0) >= summarize_below for m in unit.members)
-            ),
-            None,
+    split_notes: list[str] = []
+    for _ in range(FACTS_PLAN_ROUNDS):
+        split_notes = _split(
+            plan, history_units, summary=summary, summarize_below=summarize_below, fixed=fixed, budget=budget
         )
-        if pinned is not None:
-            pinned_units = plan.to_summarize[pinned:] + plan.retained
-            # The pin yields to the window: a dead turn that still looks in flight must not
-            # block compression for good.
-            if (
-                fixed + budget.summary_reserve_tokens + sum(unit.tokens for unit in pinned_units)
-                <= budget.context_window
-            ):
-                plan.retained = pinned_units
-                plan.to_summarize = plan.to_summarize[:pinned]
-                plan.notes.append(f"messages from id {summarize_below} on belong to a turn in flight: kept verbatim")
-            else:
-                pinned_from = None
-                plan.notes.append(
-                    f"messages from id {summarize_below} on belong to a turn in flight, but keeping them verbatim "
-                    "would overflow the context window: summarized"
-                )
-    if plan.retained and not plan.retained[0].starts_turn and (plan.to_summarize or summary.content.strip()):
-        moved = len(plan.retained)
-        plan.to_summarize, plan.retained = snap_to_turn_start(plan.to_summarize, plan.retained, pinned_from=pinned_from)
-        if len(plan.retained) < moved:
-            plan.notes.append(
-                f"the cut was moved forward by {moved - len(plan.retained)} unit(s) to the start of a turn: the "
-                "retained window after the summary starts with a user message (docs/memory.md F-38)"
-            )
+        boundary = max([summary.last_message_id or 0, *(m.get("id") or 0 for m in plan.summarized_messages)])
+        grown = block_for(boundary or None)
+        growth = grown.tokens - plan.facts.tokens
+        plan.facts = grown
+        if growth <= 0 or not plan.to_summarize:
+            break
+        # Folding more messages pinned more facts: reserve their tokens and scan again.
+        fixed += growth
+        plan.retain_budget = max(0, plan.retain_budget - growth) if not force else 0
+    plan.notes.extend(split_notes)
     if split_only and not plan.to_summarize:
         # Only a turn still in flight could have been moved: leave it, quietly, under the trigger.
         plan.needs_compression = False
@@ -199,6 +218,60 @@ def plan_request(
             "the current turn or the summary itself"
         )
     return plan
+
+
+def _split(
+    plan: Plan,
+    history_units: list[Unit],
+    *,
+    summary: Summary,
+    summarize_below: int | None,
+    fixed: int,
+    budget: MemoryBudget,
+) -> list[str]:
+    """One back-scan of :func:`plan_request`: set ``plan.to_summarize`` / ``plan.retained`` for
+    ``plan.retain_budget`` (tokens), keep a turn in flight verbatim unless that overflows the
+    window (``fixed``: tokens of everything but history and summary), and move the cut to a turn
+    start (docs/memory.md F-26, F-38). Returns the notes saying why."""
+    notes: list[str] = []
+    plan.to_summarize, plan.retained = back_scan(history_units, plan.retain_budget)
+    # The in-flight pin also bounds the snap to a turn start below, unless it had to yield.
+    pinned_from = summarize_below
+    if summarize_below is not None:
+        pinned = next(
+            (
+                i
+                for i, unit in enumerate(plan.to_summarize)
+                if any((m.get("id") or 0) >= summarize_below for m in unit.members)
+            ),
+            None,
+        )
+        if pinned is not None:
+            pinned_units = plan.to_summarize[pinned:] + plan.retained
+            # The pin yields to the window: a dead turn that still looks in flight must not
+            # block compression for good.
+            if (
+                fixed + budget.summary_reserve_tokens + sum(unit.tokens for unit in pinned_units)
+                <= budget.context_window
+            ):
+                plan.retained = pinned_units
+                plan.to_summarize = plan.to_summarize[:pinned]
+                notes.append(f"messages from id {summarize_below} on belong to a turn in flight: kept verbatim")
+            else:
+                pinned_from = None
+                notes.append(
+                    f"messages from id {summarize_below} on belong to a turn in flight, but keeping them verbatim "
+                    "would overflow the context window: summarized"
+                )
+    if plan.retained and not plan.retained[0].starts_turn and (plan.to_summarize or summary.content.strip()):
+        moved = len(plan.retained)
+        plan.to_summarize, plan.retained = snap_to_turn_start(plan.to_summarize, plan.retained, pinned_from=pinned_from)
+        if len(plan.retained) < moved:
+            notes.append(
+                f"the cut was moved forward by {moved - len(plan.retained)} unit(s) to the start of a turn: the "
+                "retained window after the summary starts with a user message (docs/memory.md F-38)"
+            )
+    return notes
 
 
 def summary_output_tokens(*, previous_summary_tokens: int, transcript_tokens: int, cap: int, ratio: float) -> int:
@@ -239,13 +312,14 @@ class Request:
     context window (must not be sent); ``fold_wanted``: eliding alone cannot bring the request
     under ``budget.request_limit_tokens`` without cutting into the newest step, and the current
     turn has older steps that could be folded instead (the engine then folds them and builds
-    again with ``steps``); ``steps``: the note used, if any."""
+    again with ``steps``); ``steps``: the note used, if any; ``facts``: the key-facts block sent."""
 
     assembly: Assembly
     elisions: list[dict[str, Any]]
     overflow: bool
     fold_wanted: bool = False
     steps: StepsNote | None = None
+    facts: FactsBlock = field(default_factory=FactsBlock)
 
 
 def foldable_steps(plan: Plan) -> list[Unit]:
@@ -259,16 +333,25 @@ def foldable_steps(plan: Plan) -> list[Unit]:
 
 
 def steps_note_room(
-    *, plan: Plan, summary: Summary, budget: MemoryBudget, counter: TokenCounter, tools: list[dict[str, Any]] | None
+    *,
+    plan: Plan,
+    summary: Summary,
+    budget: MemoryBudget,
+    counter: TokenCounter,
+    tools: list[dict[str, Any]] | None,
+    facts: FactsBlock | None = None,
 ) -> int:
     """Tokens the text of a "steps so far" note may take so that the request fits
-    ``budget.request_limit_tokens``: what is left after the system prompt, the summary block,
-    the user's question, the newest step, the tool schemas and the note's own header. May be
-    zero or negative (the engine then asks for a minimal note and elision does the rest)."""
+    ``budget.request_limit_tokens``: what is left after the system prompt, the key-facts block
+    (``facts``, default ``plan.facts``), the summary block, the user's question, the newest
+    step, the tool schemas and the note's own header. May be zero or negative (the engine then
+    asks for a minimal note and elision does the rest)."""
     block = summary_message(summary, budget.summary_role)
     kept = [*plan.current[0].wire, *plan.current[-1].wire] if plan.current else []
     fixed = (
         (counter.count_message(plan.system) if plan.system else 0)
+        + (plan.facts if facts is None else facts).tokens
+        + plan.recall.tokens
         + (counter.count_message(block) if block else 0)
         + sum(counter.count_message(message) for message in kept)
         + counter.count_tools(tools)
@@ -276,6 +359,23 @@ def steps_note_room(
     )
     header = counter.count_message(steps_note(content="", summary_type="raw", count=10**6))
     return budget.request_limit_tokens - fixed - header
+
+
+def folded_facts(plan: Plan, summary: Summary, *, budget: MemoryBudget, counter: TokenCounter) -> FactsBlock:
+    """The key-facts block of ``plan`` once in-turn compaction folds :func:`foldable_steps`: those
+    steps are no longer verbatim, so their facts are pinned as if summarized (docs/memory.md
+    §11). The engine sizes the "steps so far" note after this block: a verbatim identifier is
+    worth more than the note's paraphrase of it."""
+    covered = {m["id"] for unit in foldable_steps(plan) for m in unit.members if m.get("id") is not None}
+    return facts_block(
+        plan.facts_input,
+        boundary=summary.last_message_id,
+        max_tokens=budget.facts_budget_tokens,
+        pinned_max_tokens=budget.facts_pinned_tokens,
+        counter=counter,
+        role=budget.summary_role,
+        covered=covered,
+    )
 
 
 def build_request(
@@ -287,8 +387,11 @@ def build_request(
     counter: TokenCounter,
     tools: list[dict[str, Any]] | None = None,
     steps: StepsNote | None = None,
+    facts: FactsBlock | None = None,
 ) -> Request:
-    """Assemble ``[system] + [summary block] + retained + current turn`` (docs/memory.md §3 step 5).
+    """Assemble ``[system] + [key facts] + [summary block] + retained + current turn``
+    (docs/memory.md §3 step 5, §11; the key-facts block is ``facts``, by default ``plan.facts``;
+    with ``steps`` see :func:`folded_facts`).
 
     When a compressing request with no history left to give up is still over
     ``budget.request_limit_tokens`` (the window minus the reply reserve; not the target, which
@@ -298,6 +401,7 @@ def build_request(
     still needed). With ``budget.strict_alternation`` same-role neighbours are merged (F-38).
     ``overflow`` is True when the request is still over the context window."""
     block = summary_message(summary, budget.summary_role)
+    facts = plan.facts if facts is None else facts
     note_index: list[int] = []
     if steps is not None and plan.current:
         folded = steps.members
@@ -314,6 +418,8 @@ def build_request(
     def build(messages: list[Message]) -> Assembly:
         return assemble(
             system=plan.system,
+            facts=facts,
+            recall=plan.recall,
             summary=block,
             retained=flatten(retained, wire=True),
             current=messages,
@@ -323,9 +429,9 @@ def build_request(
         )
 
     assembly = build(current)
+    limit = budget.request_limit_tokens
     elisions: list[dict[str, Any]] = []
     fold_wanted = False
-    limit = budget.request_limit_tokens
     if assembly.tokens > limit and not retained and plan.needs_compression:
         current, elisions = elide_current_turn(current, assembly.tokens - limit, counter, first=note_index)
         if elisions:
@@ -339,4 +445,5 @@ def build_request(
         overflow=assembly.tokens > budget.context_window,
         fold_wanted=fold_wanted,
         steps=steps,
+        facts=facts,
     )

@@ -19,6 +19,7 @@ Write ONE self-contained summary that replaces both the previous summary (if any
 Rules:
 - Merge: carry over every still-relevant fact of the previous summary and add the new material. Never nest or quote the previous summary, never write "previous summary" or a summary of a summary.
 - Keep verbatim: names, identifiers (user ids, order/reservation numbers, codes), numbers, amounts, dates, file names, URLs.
+- Key facts (identifiers, amounts, dates, contact data, names, preferences) are also kept separately, verbatim, outside this summary: mention them where the story needs them, but spend the room on what happened and why.
 - Keep the user's intent and requests, decisions made, tool calls with their key results, errors and how they were handled, and open tasks.
 - Write in the language of the conversation (the language the user writes in); never translate it, and keep quotes and names in their original script.
 - Plain text, short factual lines, no preamble, no closing remarks.

@@ -6,18 +6,26 @@ async storage port (:class:`memory.store.SummaryStore`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import timedelta
-from typing import Any
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Literal
 
+import numpy as np
 from asgiref.sync import sync_to_async
-from django.db import transaction
-from django.db.models import Q
+from django.db import IntegrityError, connection, transaction
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
+from memory import facts
+from memory.fulltext import fts5_match, query_terms
+from memory.index import IndexPiece, VectorCache, VectorRow, vector_bytes
 from memory.jobs import JobState, JobStatus, StepAttempt
-from memory.models import CompressionEvent, MemoryJobState, SessionSummary
+from memory.models import CompressionEvent, KeyFact, MemoryItem, MemoryJobState, SessionSummary
+from memory.recall import RecallCandidate, RecallItem
 from memory.store import CompressionRecord, Summary
+
+logger = logging.getLogger(__name__)
 
 
 def session_summary_get(*, memory_key: str) -> Summary:
@@ -95,10 +103,13 @@ def compression_event_list(*, memory_key: str, limit: int = 50) -> list[Compress
 
 
 def session_memory_delete(*, memory_key: str) -> None:
-    """Forget a conversation's memory state (its summary and events); raw messages are not ours."""
+    """Forget a conversation's memory state (its summary, events, job state, key facts,
+    superseded ones included, and recall items); raw messages are not ours."""
     SessionSummary.objects.filter(memory_key=memory_key).delete()
     CompressionEvent.objects.filter(memory_key=memory_key).delete()
     MemoryJobState.objects.filter(memory_key=memory_key).delete()
+    KeyFact.objects.filter(memory_key=memory_key).delete()
+    MemoryItem.objects.filter(memory_key=memory_key).delete()
 
 
 def summarizer_health_get(*, memory_key: str) -> dict[str, Any]:
@@ -247,3 +258,604 @@ class OrmJobStore:
 
     async def release(self, memory_key: str, *, owner: str, status: JobStatus, error: str) -> None:
         await sync_to_async(memory_job_release)(memory_key=memory_key, owner=owner, status=status, error=error)
+
+
+# ----------------------------------------------------------------------------------------------
+# Key facts (docs/memory.md §11)
+# ----------------------------------------------------------------------------------------------
+
+
+class KeyFactNotFound(Exception):
+    """No key fact with that id in that conversation: unknown, or another conversation's (the
+    owning app answers 404 either way, so a fact id of another chat reveals nothing)."""
+
+
+# Tries of a key-fact write that lost a race with a concurrent insert of the same active value
+# (the partial unique constraint of :class:`memory.models.KeyFact`); each try reads again, so
+# the value stored meanwhile is then found and treated as a restatement.
+FACT_WRITE_TRIES = 3
+# Fact ids are 64-bit database keys; a larger id names no fact (and would overflow the driver).
+FACT_ID_MAX = 2**63 - 1
+
+
+def _facts_with_replaces(rows: QuerySet[KeyFact]) -> QuerySet[KeyFact]:
+    """``rows`` with ``replaces_value``: the value of the newest fact each one superseded (None
+    when none), read by the same query (no query per fact)."""
+    replaced = KeyFact.objects.filter(superseded_by=OuterRef("pk")).order_by("-id").values("value")[:1]
+    return rows.annotate(replaces_value=Subquery(replaced))
+
+
+def key_fact_list_active(*, memory_key: str) -> list[facts.KeyFact]:
+    """The conversation's active key facts, oldest first: not superseded (``invalidated_at``
+    NULL) and not hidden by the owner, each with ``replaces`` filled (docs/memory.md §11). What
+    a request's ``load_facts`` returns. One query."""
+    rows = KeyFact.objects.filter(memory_key=memory_key, invalidated_at__isnull=True, hidden_by_user=False)
+    return [row.as_fact() for row in _facts_with_replaces(rows)]
+
+
+def key_fact_list(*, memory_key: str) -> list[facts.KeyFact]:
+    """Every key fact of the conversation, oldest first, superseded and hidden ones included
+    (the inspector's list), each with ``replaces`` filled. One query."""
+    return [row.as_fact() for row in _facts_with_replaces(KeyFact.objects.filter(memory_key=memory_key))]
+
+
+def _fact_get(*, memory_key: str, fact_id: int) -> facts.KeyFact:
+    if not 0 < fact_id <= FACT_ID_MAX:
+        raise KeyFactNotFound(f"no key fact {fact_id} in {memory_key}")
+    row = _facts_with_replaces(KeyFact.objects.filter(pk=fact_id, memory_key=memory_key)).first()
+    if row is None:
+        raise KeyFactNotFound(f"no key fact {fact_id} in {memory_key}")
+    return row.as_fact()
+
+
+def _storable(candidate: facts.FactCandidate) -> bool:
+    """Whether ``candidate`` fits its columns unchanged (a value is never cut: it is verbatim)."""
+    return (
+        bool(candidate.value)
+        and len(candidate.value) <= facts.MAX_VALUE_CHARS
+        and bool(candidate.key)
+        and len(candidate.key) <= facts.MAX_KEY_CHARS
+    )
+
+
+def _fact_row(
+    candidate: facts.FactCandidate, *, memory_key: str, scope_key: str, extractor: str, valid_from: datetime | None
+) -> KeyFact:
+    kind = candidate.kind if candidate.kind in facts.FACT_KINDS else "other"
+    return KeyFact(
+        memory_key=memory_key,
+        scope_key=scope_key,
+        kind=kind,
+        key=candidate.key,
+        value=candidate.value,
+        text=(candidate.text or candidate.value)[: facts.MAX_TEXT_CHARS],
+        source_message_id=candidate.source_message_id,
+        excerpt=candidate.excerpt,
+        extractor=extractor[:64],
+        valid_from=valid_from,
+        last_seen_message_id=candidate.source_message_id,
+    )
+
+
+def _fact_write_retried(
+    write: Callable[[], list[facts.KeyFact]], *, memory_key: str, give_up_quietly: bool = True
+) -> list[facts.KeyFact]:
+    """Run ``write`` in a transaction (a savepoint inside the caller's), again when it lost a
+    race with a concurrent insert of the same active value (IntegrityError, see
+    :data:`FACT_WRITE_TRIES`). After the last lost race nothing is written and, with
+    ``give_up_quietly``, ``[]`` is returned (the caller's own transaction, e.g. a stored
+    message, must not fail because of a fact); otherwise the IntegrityError propagates."""
+    for attempt in range(1, FACT_WRITE_TRIES + 1):
+        try:
+            with transaction.atomic():
+                return write()
+        except IntegrityError:
+            if attempt == FACT_WRITE_TRIES:
+                if not give_up_quietly:
+                    raise
+                logger.warning("key facts of %s not stored: lost %s races for the same values", memory_key, attempt)
+    return []
+
+
+def key_facts_store_rule(*, memory_key: str, scope_key: str, messages: list[dict[str, Any]]) -> list[facts.KeyFact]:
+    """Store the rule facts of just-stored messages (docs/memory.md §11, "rule extraction at
+    store time"); returns the facts created, in message order.
+
+    ``messages``: stored messages as dicts with ``id`` (int), ``role``, ``content``,
+    ``tool_calls`` and ``created_at`` (aware datetime, becomes ``valid_from``);
+    :func:`memory.facts.message_rule_facts` reads a user's text and an assistant's tool-call
+    arguments. ``scope_key``: the conversation's owner, an opaque string of the owning app. A
+    value already held by an active fact of the conversation (any slot, hidden ones too) is an
+    exact restatement: no row is added, only that fact's ``last_seen_message_id`` moves up.
+    Values longer than :data:`memory.facts.MAX_VALUE_CHARS` are not stored (never cut).
+
+    Cost: no query at all when no message yields a candidate (most messages); otherwise one
+    SELECT of the active facts with those values, one bulk INSERT and at most one UPDATE per
+    restating message, in one transaction (a savepoint inside the caller's).
+    """
+    found: list[tuple[facts.FactCandidate, datetime | None]] = []
+    for message in messages:
+        created_at = message.get("created_at")
+        valid_from = created_at if isinstance(created_at, datetime) else None
+        found.extend((candidate, valid_from) for candidate in facts.message_rule_facts(message) if _storable(candidate))
+    if not found:
+        return []
+
+    def write() -> list[facts.KeyFact]:
+        held: dict[str, list[int]] = {}
+        active = KeyFact.objects.filter(
+            memory_key=memory_key, invalidated_at__isnull=True, value__in={candidate.value for candidate, _ in found}
+        )
+        for fact_id, value in active.values_list("id", "value"):
+            held.setdefault(value, []).append(fact_id)
+        new: dict[str, KeyFact] = {}
+        restated: dict[int, set[int]] = {}
+        for candidate, valid_from in found:
+            message_id = candidate.source_message_id
+            if candidate.value in held:
+                restated.setdefault(message_id, set()).update(held[candidate.value])
+            elif candidate.value in new:
+                row = new[candidate.value]
+                row.last_seen_message_id = max(row.last_seen_message_id or 0, message_id)
+            else:
+                new[candidate.value] = _fact_row(
+                    candidate, memory_key=memory_key, scope_key=scope_key, extractor="rule", valid_from=valid_from
+                )
+        created = KeyFact.objects.bulk_create(list(new.values())) if new else []
+        now = timezone.now()
+        for message_id in sorted(restated):
+            KeyFact.objects.filter(
+                Q(last_seen_message_id__isnull=True) | Q(last_seen_message_id__lt=message_id),
+                pk__in=restated[message_id],
+            ).update(last_seen_message_id=message_id, updated_at=now)
+        return [row.as_fact() for row in created]
+
+    return _fact_write_retried(write, memory_key=memory_key)
+
+
+def key_facts_apply(
+    *,
+    memory_key: str,
+    scope_key: str,
+    candidates: list[facts.FactCandidate],
+    valid_from: dict[int, datetime],
+    alive: ConversationAlive | None = None,
+) -> list[facts.KeyFact]:
+    """Store validated extraction candidates (:func:`memory.facts.validate_extraction`) in one
+    transaction and apply their supersessions (docs/memory.md §11, F-28); returns the facts
+    created, ``replaces`` filled.
+
+    Each candidate becomes a row with its own ``extractor`` (``llm:<model>``) and
+    ``valid_from[candidate.source_message_id]`` (None when missing), unless an active fact of
+    the conversation already holds the same slot and value (then it is skipped: a restatement).
+    Each id in ``candidate.supersedes`` that names an active fact of the same conversation and
+    the **same slot** that the user did **not** pin is retired: ``invalidated_at`` now,
+    ``superseded_by`` the new fact; its row is kept. Other ids are ignored. With ``alive`` (see
+    :data:`ConversationAlive`), nothing is written and ``[]`` returned once the conversation is
+    gone (docs/memory.md F-41).
+    """
+    storable = [candidate for candidate in candidates if _storable(candidate)]
+    if not storable:
+        return []
+
+    def write() -> list[facts.KeyFact]:
+        if alive is not None and not alive(memory_key):
+            return []
+        active = set(
+            KeyFact.objects.filter(
+                memory_key=memory_key,
+                invalidated_at__isnull=True,
+                value__in={candidate.value for candidate in storable},
+            ).values_list("key", "value")
+        )
+        wanted = {fact_id for candidate in storable for fact_id in candidate.supersedes}
+        retirable: dict[int, KeyFact] = {}
+        if wanted:
+            rows = KeyFact.objects.filter(
+                pk__in=wanted, memory_key=memory_key, invalidated_at__isnull=True, pinned_by_user=False
+            )
+            if connection.features.has_select_for_update:
+                rows = rows.select_for_update()
+            retirable = {row.pk: row for row in rows}
+        planned: list[tuple[KeyFact, list[KeyFact]]] = []
+        for candidate in storable:
+            if (candidate.key, candidate.value) in active:
+                continue
+            active.add((candidate.key, candidate.value))
+            row = _fact_row(
+                candidate,
+                memory_key=memory_key,
+                scope_key=scope_key,
+                extractor=candidate.extractor,
+                valid_from=valid_from.get(candidate.source_message_id),
+            )
+            retired = [
+                retirable.pop(fact_id)
+                for fact_id in dict.fromkeys(candidate.supersedes)
+                if fact_id in retirable and retirable[fact_id].key == candidate.key
+            ]
+            planned.append((row, sorted(retired, key=lambda old: old.pk)))
+        if not planned:
+            return []
+        KeyFact.objects.bulk_create([row for row, _ in planned])
+        now = timezone.now()
+        for row, retired in planned:
+            if retired:
+                KeyFact.objects.filter(pk__in=[old.pk for old in retired]).update(
+                    invalidated_at=now, superseded_by=row, updated_at=now
+                )
+        return [row.as_fact(replaces=retired[-1].value if retired else "") for row, retired in planned]
+
+    return _fact_write_retried(write, memory_key=memory_key)
+
+
+def key_fact_pin(*, memory_key: str, fact_id: int, pinned: bool) -> facts.KeyFact:
+    """Pin (``pinned`` True) or unpin fact ``fact_id`` of the conversation for the owner
+    (docs/memory.md §11): a pinned fact is kept first in the block and is never superseded by
+    an extraction, only by the user's own edit. Returns the fact as now stored. Raises
+    :class:`KeyFactNotFound` for an id that is not a fact of ``memory_key``."""
+    if 0 < fact_id <= FACT_ID_MAX:
+        KeyFact.objects.filter(pk=fact_id, memory_key=memory_key).update(
+            pinned_by_user=pinned, updated_at=timezone.now()
+        )
+    return _fact_get(memory_key=memory_key, fact_id=fact_id)
+
+
+def key_fact_hide(*, memory_key: str, fact_id: int, hidden: bool) -> facts.KeyFact:
+    """Hide (``hidden`` True) or restore fact ``fact_id`` of the conversation for the owner
+    (docs/memory.md §11): a hidden fact stays stored but is never put in a request. Returns the
+    fact as now stored. Raises :class:`KeyFactNotFound` for an id that is not a fact of
+    ``memory_key``."""
+    if 0 < fact_id <= FACT_ID_MAX:
+        KeyFact.objects.filter(pk=fact_id, memory_key=memory_key).update(
+            hidden_by_user=hidden, updated_at=timezone.now()
+        )
+    return _fact_get(memory_key=memory_key, fact_id=fact_id)
+
+
+def key_fact_edit(*, memory_key: str, fact_id: int, value: str) -> facts.KeyFact:
+    """The owner's correction of fact ``fact_id`` (docs/memory.md §11): a new current fact of the
+    same slot, kind and source message with ``value`` (spacing normalised), ``extractor``
+    ``user``, ``valid_from`` now, pinned if the old one was; the edited fact is kept, retired
+    (``invalidated_at``, ``superseded_by``), even if pinned (the user may retire their own pin).
+    Its ``text`` says the new value where the old one said the old value. Returns the new fact
+    (``replaces`` = the old value); an unchanged value changes nothing and returns the fact. When
+    another current fact of the slot already holds ``value``, that one becomes the current fact
+    (shown again if hidden) instead of a duplicate.
+
+    Raises :class:`KeyFactNotFound` for an id that is not a fact of ``memory_key``, and
+    ``ValueError`` for an empty value, one over :data:`memory.facts.MAX_VALUE_CHARS` characters,
+    or a fact already superseded (edit the current one); ``IntegrityError`` only after
+    :data:`FACT_WRITE_TRIES` lost races with concurrent inserts of the same value.
+    """
+    value = " ".join(value.split())
+    if not value:
+        raise ValueError("a key fact needs a value")
+    if len(value) > facts.MAX_VALUE_CHARS:
+        raise ValueError(f"a key fact's value has at most {facts.MAX_VALUE_CHARS} characters")
+    if not 0 < fact_id <= FACT_ID_MAX:
+        raise KeyFactNotFound(f"no key fact {fact_id} in {memory_key}")
+
+    def write() -> list[facts.KeyFact]:
+        rows = KeyFact.objects.filter(pk=fact_id, memory_key=memory_key)
+        if connection.features.has_select_for_update:
+            rows = rows.select_for_update()
+        old = rows.first()
+        if old is None:
+            raise KeyFactNotFound(f"no key fact {fact_id} in {memory_key}")
+        if old.invalidated_at is not None:
+            raise ValueError(f"key fact {fact_id} was superseded: edit the current one")
+        if value == old.value:
+            return [old.as_fact()]
+        now = timezone.now()
+        current = KeyFact.objects.filter(
+            memory_key=memory_key, key=old.key, value=value, invalidated_at__isnull=True
+        ).first()
+        if current is None:
+            current = KeyFact.objects.create(
+                memory_key=memory_key,
+                scope_key=old.scope_key,
+                kind=old.kind,
+                key=old.key,
+                value=value,
+                text=(old.text.replace(old.value, value) if old.value in old.text else value)[: facts.MAX_TEXT_CHARS],
+                source_message_id=old.source_message_id,
+                excerpt=old.excerpt,
+                extractor="user",
+                valid_from=now,
+                pinned_by_user=old.pinned_by_user,
+                last_seen_message_id=old.last_seen_message_id,
+            )
+        elif current.hidden_by_user:
+            KeyFact.objects.filter(pk=current.pk).update(hidden_by_user=False, updated_at=now)
+        KeyFact.objects.filter(pk=old.pk).update(invalidated_at=now, superseded_by=current, updated_at=now)
+        return [current.as_fact()]
+
+    (edited,) = _fact_write_retried(write, memory_key=memory_key, give_up_quietly=False)
+    return _fact_get(memory_key=memory_key, fact_id=edited.id)
+
+
+# ----------------------------------------------------------------------------------------------
+# The recall index (docs/memory.md §12)
+# ----------------------------------------------------------------------------------------------
+
+# Items embedded per batch by the memory job and by memory_reindex.
+EMBED_BATCH = 16
+# The full-text expression that migration 0005_memoryitem indexes (PostgreSQL: the GIN index is
+# used only when a query repeats it exactly).
+_PG_BODY = "to_tsvector('english', CASE WHEN i.search_text = '' THEN i.text ELSE i.search_text END)"
+# Identifier kinds of memory.facts.rule_facts that make an exact identifier match.
+IDENTIFIER_KINDS = frozenset({"id", "email", "phone"})
+
+_vectors = VectorCache()
+
+
+def memory_items_write(
+    *,
+    memory_key: str,
+    scope_key: str,
+    message_ids: Iterable[int],
+    pieces: Sequence[IndexPiece],
+    alive: ConversationAlive | None = None,
+) -> tuple[int, int]:
+    """Make the stored items of messages ``message_ids`` of the conversation equal ``pieces``
+    (docs/memory.md §12, "the index"); returns ``(inserted, deleted)``.
+
+    ``pieces``: :func:`memory.index.message_pieces` of those messages (a message without a piece
+    loses its items). A stored item whose slot (message, piece number) and text are unchanged is
+    kept with its embedding; a changed one is deleted and inserted again (a new id, no
+    embedding); items beyond a message's pieces are deleted. So writing the same pieces twice
+    changes nothing (``memory_reindex`` is idempotent). One transaction; with ``alive`` (see
+    :data:`ConversationAlive`) nothing is written and ``(0, 0)`` returned once the conversation
+    is gone (docs/memory.md F-41).
+    """
+    ids = sorted(set(message_ids))
+    if not ids:
+        return (0, 0)
+    wanted = {piece.slot: piece for piece in pieces}
+    with transaction.atomic():
+        if alive is not None and not alive(memory_key):
+            return (0, 0)
+        stale: list[int] = []
+        kept: set[tuple[int, int]] = set()
+        for chunk_start in range(0, len(ids), 500):
+            chunk = ids[chunk_start : chunk_start + 500]
+            rows = MemoryItem.objects.filter(memory_key=memory_key, last_message_id__in=chunk).values_list(
+                "id", "last_message_id", "piece", "text", "scope_key"
+            )
+            for item_id, last_id, number, text, owner in rows:
+                piece = wanted.get((last_id, number))
+                if piece is not None and piece.text == text and owner == scope_key:
+                    kept.add(piece.slot)
+                else:
+                    stale.append(item_id)
+        if stale:
+            MemoryItem.objects.filter(pk__in=stale).delete()
+        new = [
+            MemoryItem(
+                scope_key=scope_key,
+                memory_key=memory_key,
+                message_ids=list(piece.message_ids),
+                last_message_id=piece.last_message_id,
+                piece=piece.piece,
+                role=piece.role,
+                text=piece.text,
+                search_text=piece.search_text,
+                token_count=piece.tokens,
+                created_at=piece.created_at,
+            )
+            for piece in pieces
+            if piece.slot not in kept
+        ]
+        MemoryItem.objects.bulk_create(new, batch_size=500)
+    return (len(new), len(stale))
+
+
+def memory_items_unembedded(*, memory_key: str, model: str, limit: int = EMBED_BATCH) -> list[tuple[int, str, int]]:
+    """``(id, text, last_message_id)`` of up to ``limit`` items of the conversation without an
+    embedding of ``model`` (none, or another model's), oldest first."""
+    rows = MemoryItem.objects.filter(memory_key=memory_key).exclude(embedding_model=model).order_by("id")
+    return list(rows.values_list("id", "text", "last_message_id")[:limit])
+
+
+def memory_items_unembedded_exist(*, memory_key: str, model: str) -> bool:
+    """Whether the conversation has an item without an embedding of ``model``."""
+    return MemoryItem.objects.filter(memory_key=memory_key).exclude(embedding_model=model).exists()
+
+
+def memory_item_embeddings_save(*, vectors: dict[int, np.ndarray], model: str) -> int:
+    """Store embeddings of ``model``: item id → L2-normalised vector (all of one dimension).
+    Items deleted meanwhile are skipped; returns how many were stored. Touches neither the text
+    nor the full-text index."""
+    if not vectors:
+        return 0
+    rows = list(MemoryItem.objects.filter(pk__in=list(vectors)).only("id"))
+    for row in rows:
+        vector = vectors[row.pk]
+        row.embedding, row.embedding_model, row.embedding_dim = vector_bytes(vector), model, int(vector.shape[-1])
+    MemoryItem.objects.bulk_update(rows, ["embedding", "embedding_model", "embedding_dim"], batch_size=200)
+    return len(rows)
+
+
+def memory_index_status(*, memory_key: str) -> dict[str, Any]:
+    """The conversation's index for the inspector: ``items`` (count), ``embedded`` (items with an
+    embedding) and ``models`` (embedding model → item count). One query."""
+    counts: dict[str, int] = {}
+    for model in MemoryItem.objects.filter(memory_key=memory_key).values_list("embedding_model", flat=True):
+        counts[model] = counts.get(model, 0) + 1
+    return {
+        "items": sum(counts.values()),
+        "embedded": sum(count for model, count in counts.items() if model),
+        "models": {model: count for model, count in counts.items() if model},
+    }
+
+
+def _scope_sql(alias: str) -> str:
+    """The owner-scope condition of a recall query (see :func:`recall_candidates`); its
+    parameters are those of :func:`_scope_params`."""
+    return (
+        f"{alias}.scope_key = %s AND (({alias}.memory_key = %s AND {alias}.last_message_id <= %s) "
+        f"OR (%s AND {alias}.memory_key <> %s))"
+    )
+
+
+def _scope_params(scope_key: str, memory_key: str, boundary: int | None, scope: str) -> list[Any]:
+    # No boundary: nothing of this chat is in its summary yet (-1 is below every message id).
+    return [scope_key, memory_key, boundary if boundary is not None else -1, scope == "owner", memory_key]
+
+
+def _lexical_ids(terms: list[str], scope_params: list[Any], limit: int) -> list[int]:
+    """Item ids matching any of ``terms`` within the scope, best first (``bm25`` on SQLite,
+    ``ts_rank_cd`` on PostgreSQL), at most ``limit``; ``[]`` on other databases."""
+    if not terms:
+        return []
+    if connection.vendor == "sqlite":
+        match = fts5_match(terms)
+        if not match:
+            return []
+        sql = (
+            "SELECT i.id FROM memory_memoryitem_fts JOIN memory_memoryitem i ON i.id = memory_memoryitem_fts.rowid "
+            f"WHERE memory_memoryitem_fts MATCH %s AND {_scope_sql('i')} "
+            "ORDER BY bm25(memory_memoryitem_fts), i.id LIMIT %s"
+        )
+        params: list[Any] = [match, *scope_params, limit]
+    elif connection.vendor == "postgresql":
+        any_term = " || ".join(["phraseto_tsquery('english', %s)"] * len(terms))
+        sql = (
+            f"SELECT i.id FROM memory_memoryitem i, (SELECT {any_term} AS query) q "
+            f"WHERE {_PG_BODY} @@ q.query AND {_scope_sql('i')} "
+            f"ORDER BY ts_rank_cd({_PG_BODY}, q.query) DESC, i.id LIMIT %s"
+        )
+        params = [*terms, *scope_params, limit]
+    else:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _vector_reader(scope_key: str) -> Callable[[int, Sequence[int]], Iterable[VectorRow]]:
+    def read(after: int, ids: Sequence[int]) -> Iterable[VectorRow]:
+        rows = MemoryItem.objects.filter(Q(id__gt=after) | Q(id__in=list(ids)), scope_key=scope_key)
+        return rows.values_list(
+            "id", "memory_key", "last_message_id", "embedding", "embedding_model", "embedding_dim"
+        ).iterator(chunk_size=2000)
+
+    return read
+
+
+def recall_candidates(
+    *,
+    scope_key: str,
+    memory_key: str,
+    boundary: int | None,
+    scope: Literal["chat", "owner"],
+    query: str,
+    query_vector: np.ndarray | None,
+    limit: int = 50,
+    embedding_model: str | None = None,
+) -> list[RecallCandidate]:
+    """The items that may be recalled for ``query`` in conversation ``memory_key`` of owner
+    ``scope_key`` (docs/memory.md §12, "scope"), unranked: the caller's admission gate decides.
+
+    Eligible items belong to ``scope_key`` (never another owner's: the condition is part of
+    every query) and are either of this conversation with every message id ≤ ``boundary`` (its
+    summary's boundary; None: none of them), or, with ``scope`` ``owner``, of the owner's other
+    conversations. Candidates: the ``limit`` best full-text hits (``lexical_rank`` 1, 2, …; any
+    term of :func:`memory.fulltext.query_terms` matching), the ``limit`` items whose embedding is
+    most similar to ``query_vector`` (an L2-normalised vector, None for lexical-only; compared
+    only with embeddings of ``embedding_model`` when given, else of the same dimension) through
+    the per-owner :class:`memory.index.VectorCache`, and the items holding an identifier of the
+    query verbatim (an id, email or phone of :func:`memory.facts.rule_facts`, compared without
+    case). ``cosine`` is filled for every candidate with a cached embedding. ``chat_title`` is
+    ``""`` (the owning app fills it). Order: lexical hits by rank, then the others by cosine.
+    Storage errors propagate.
+    """
+    scope_params = _scope_params(scope_key, memory_key, boundary, scope)
+    lexical = _lexical_ids(query_terms(query), scope_params, limit)
+    identifiers = [
+        candidate.value
+        for candidate in facts.rule_facts(query, message_id=0)
+        if candidate.kind in IDENTIFIER_KINDS and candidate.value
+    ]
+    exact: list[int] = []
+    for value in identifiers:
+        exact.extend(_lexical_ids(query_terms(value), scope_params, limit))
+    cosines: dict[int, float] = {}
+    dense: list[int] = []
+    if query_vector is not None and query_vector.size:
+        vector = np.asarray(query_vector, dtype=np.float32).reshape(-1)
+
+        def eligible(chats: np.ndarray, last_ids: np.ndarray) -> np.ndarray:
+            here = (chats == memory_key) & (last_ids <= (boundary if boundary is not None else -1))
+            return here | (chats != memory_key) if scope == "owner" else here
+
+        hits, extra = _vectors.search(
+            scope_key,
+            model=embedding_model,
+            query=vector,
+            read=_vector_reader(scope_key),
+            eligible=eligible,
+            limit=limit,
+            also=[*lexical, *exact],
+        )
+        dense = [hit.id for hit in hits]
+        cosines = {**extra, **{hit.id: hit.cosine for hit in hits}}
+    wanted = list(dict.fromkeys([*lexical, *exact, *dense]))
+    if not wanted:
+        return []
+    rows = MemoryItem.objects.filter(pk__in=wanted, scope_key=scope_key).filter(
+        (Q(memory_key=memory_key, last_message_id__lte=boundary) if boundary is not None else Q(pk__in=[]))
+        | (~Q(memory_key=memory_key) if scope == "owner" else Q(pk__in=[]))
+    )
+    found = {
+        row[0]: row
+        for row in rows.values_list("id", "memory_key", "message_ids", "role", "text", "token_count", "created_at")
+    }
+    gone = [item_id for item_id in dense if item_id not in found]
+    if gone:
+        _vectors.forget(scope_key, gone)
+    ranks = {item_id: rank for rank, item_id in enumerate(lexical, start=1)}
+    folded = [value.casefold() for value in identifiers]
+    dense_ids = set(dense)
+    candidates = []
+    for item_id in wanted:
+        row = found.get(item_id)
+        if row is None:
+            continue
+        _, chat, message_ids, role, text, tokens, created_at = row
+        item = RecallItem(
+            id=item_id,
+            memory_key=chat,
+            chat_title="",
+            message_ids=tuple(int(message_id) for message_id in message_ids),
+            role=role,
+            text=text,
+            tokens=tokens,
+            created_at=created_at,
+        )
+        lowered = text.casefold()
+        identifier_match = any(value in lowered for value in folded)
+        if item_id not in ranks and item_id not in dense_ids and not identifier_match:
+            continue  # found only by an identifier's phrase, without the identifier verbatim
+        candidates.append(
+            RecallCandidate(
+                item=item,
+                lexical_rank=ranks.get(item_id),
+                cosine=cosines.get(item_id),
+                identifier_match=identifier_match,
+            )
+        )
+    candidates.sort(
+        key=lambda c: (
+            c.lexical_rank is None,
+            c.lexical_rank or 0,
+            -(c.cosine if c.cosine is not None else -2.0),
+        )
+    )
+    return candidates
+
+
+def recall_cache_clear() -> None:
+    """Forget this process's cached vectors (tests; after switching the embedding model)."""
+    _vectors.clear()

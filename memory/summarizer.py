@@ -105,12 +105,18 @@ class SummaryRequest:
     ``messages``: the prefix being folded in, OpenAI wire dicts (they may carry an ``id`` key).
     ``prompt``: the ready wire prompt, ``[system instructions, user transcript]`` (docs/memory.md F-11).
     ``max_tokens``: the output cap in tokens (30 % rule and hard cap already applied).
+    ``response_format``: the OpenAI ``response_format`` to ask for, e.g. ``{"type":
+    "json_schema", "json_schema": {"name", "schema", "strict"}}`` for a key-facts extraction
+    (docs/memory.md §11); None (summaries) asks for plain text. A summarizer whose endpoint
+    rejects it falls back to ``{"type": "json_object"}``, then to none, so the caller must
+    still parse the reply tolerantly.
     """
 
     previous_summary: str
     messages: list[dict[str, Any]]
     prompt: list[dict[str, Any]]
     max_tokens: int
+    response_format: dict[str, Any] | None = None
 
 
 @runtime_checkable

@@ -45,3 +45,19 @@ def memory_jobs_only_when_asked(settings: Any) -> None:
     (``run_now``, ``wait``) or lowers this debounce: a job still running when its test ends would
     write into the next test's database."""
     settings.MEMORY_JOB_DEBOUNCE_MS = 3_600_000
+
+
+@pytest.fixture(autouse=True)
+def embeddings_only_when_asked(settings: Any) -> None:
+    """Recall runs lexical-only unless a test selects an embedder (docs/memory.md §12): the
+    bundled model would make every test that runs a memory job slower, and the endpoint needs a
+    server."""
+    settings.EMBEDDING_BACKEND = "none"
+
+
+@pytest.fixture(autouse=True)
+def turn_leases_of_any_process(settings: Any) -> None:
+    """Tests make leases with heartbeats of their choosing, some older than the test process: they
+    count as any worker's unless a test asks for the one-process rule
+    (``CHAT_TURN_LEASES_ONE_PROCESS``, chatapp.conversation.leases)."""
+    settings.CHAT_TURN_LEASES_ONE_PROCESS = False

@@ -2,7 +2,8 @@
 
 Each test scripts the replies (:meth:`FakeOpenAI.script`): JSON completions, SSE streams (text and
 ``tool_calls`` deltas), HTTP errors, slow replies, empty content, malformed bodies, and replies
-cut off at the output cap (``finish_reason: "length"``), streamed or not. Every request is
+cut off at the output cap (``finish_reason: "length"``), streamed or not, and ``/v1/embeddings``
+replies (:func:`embeddings`). Every request is
 recorded, so a test can assert exactly how many HTTP requests a client made. It runs in a thread
 (stdlib ``http.server``) and really speaks HTTP, so clients exercise their real network stack.
 
@@ -109,6 +110,17 @@ def error(status: int, message: str) -> Reply:
 def slow(seconds: float, then: Reply) -> Reply:
     """``then``, sent only after ``seconds``."""
     return Reply(status=then.status, body=then.body, content_type=then.content_type, events=then.events, delay=seconds)
+
+
+def embeddings(vectors: list[list[float]], *, model: str = "fake-embed") -> Reply:
+    """A ``/v1/embeddings`` reply (``encoding_format`` ``float``) holding ``vectors`` in order."""
+    payload = {
+        "object": "list",
+        "data": [{"object": "embedding", "index": index, "embedding": vector} for index, vector in enumerate(vectors)],
+        "model": model,
+        "usage": {"prompt_tokens": 5, "total_tokens": 5},
+    }
+    return Reply(body=json.dumps(payload).encode())
 
 
 MALFORMED_JSON = Reply(body=b'{"id": "chatcmpl-fake", "choices": [')

@@ -18,7 +18,7 @@ from chatapp.llm.clients import chat_endpoint
 from chatapp.models import ChatSession, Message, ModelCall, TurnLease
 from chatapp.realtime.broadcast import event_broadcast_on_commit, session_sockets_close_on_commit
 from chatapp.realtime.protocol import ChatMessageEvent
-from memory.api import get_counter, session_memory_delete
+from memory.api import KeyFact, get_counter, key_facts_store_rule, message_rule_facts, session_memory_delete
 
 TITLE_MAX_CHARS = 60
 
@@ -98,6 +98,47 @@ def chat_session_memory_alive(memory_key: str) -> bool:
     return _session_lock(session_id)
 
 
+def chat_session_scope_key(*, owner_id: int | None, owner_session_key: str) -> str:
+    """The memory app's ``scope_key`` of a chat session's owner (its key facts are stored under
+    it, docs/memory.md §11): ``user:<user id>`` for a user's session, ``anon:<Django session
+    key>`` for an anonymous browser's, from the session's owner columns (what
+    :func:`chat_session_create` stored from the :class:`~chatapp.chats.access.Owner`)."""
+    return f"user:{owner_id}" if owner_id is not None else f"anon:{owner_session_key}"
+
+
+def message_facts_store(*, message: Message, scope_key: str | None = None) -> list[KeyFact]:
+    """Store the rule key facts of the just-stored ``message`` (docs/memory.md §11, "rule
+    extraction at store time"): a user's text or an assistant's tool-call arguments; nothing for
+    other messages nor for rows the app wrote (``origin`` ``app``, docs/memory.md F-37). Call it
+    inside the transaction that stored the message, so the facts commit (or roll back) with it.
+
+    Returns the facts created. Makes no query when the message holds no candidate (most
+    messages). ``scope_key``: :func:`chat_session_scope_key` of the session; when not given it
+    is read from the session row (one more query, only when there is a candidate).
+    """
+    if message.origin == Message.Origin.APP:
+        return []
+    if not (message.role == Message.Role.USER or (message.role == Message.Role.ASSISTANT and message.tool_calls)):
+        return []
+    stored = {
+        "id": message.pk,
+        "role": message.role,
+        "content": message.content,
+        "tool_calls": message.tool_calls,
+        "created_at": message.created,
+    }
+    if scope_key is None:
+        if not message_rule_facts(stored):
+            return []
+        owner = ChatSession.objects.filter(pk=message.session_id).values_list("owner_id", "owner_session_key").first()
+        if owner is None:
+            return []
+        scope_key = chat_session_scope_key(owner_id=owner[0], owner_session_key=owner[1])
+    return key_facts_store_rule(
+        memory_key=ChatSession.memory_key_for(message.session_id), scope_key=scope_key, messages=[stored]
+    )
+
+
 def message_token_count(wire: dict[str, Any]) -> int:
     """Tokens ``wire`` costs in a chat-model request (the chat model's encoding; docs/memory.md §5)."""
     return get_counter(chat_endpoint().model).count_message(wire)
@@ -123,7 +164,8 @@ def reply_message_store(
     here, once. On commit the sockets get ``chat.message`` with ``step`` (the model call of the
     turn it came from, from 1) so a client can replace the streamed text with the stored row.
     ``origin`` is ``app`` for a note the app writes in place of a model reply, which is never sent
-    to the model (docs/memory.md F-37).
+    to the model (docs/memory.md F-37). The key facts in an assistant message's ``tool_calls``
+    are stored in the same transaction (:func:`message_facts_store`).
     The final reply (an assistant message without ``tool_calls``) ends the turn: the turn's lease
     (:class:`chatapp.models.TurnLease`) is deleted in the same transaction.
     """
@@ -150,6 +192,8 @@ def reply_message_store(
             token_count=message_token_count(wire),
         )
         ChatSession.objects.filter(pk=session_id).update(updated=timezone.now())
+        if message.tool_calls:
+            message_facts_store(message=message)
         if reply_to_id is not None and message.is_final_reply:
             TurnLease.objects.filter(user_message_id=reply_to_id).delete()
         event_broadcast_on_commit(session_id, ChatMessageEvent(message=message.as_dict(), step=step))

@@ -17,7 +17,7 @@ from chatapp.llm.clients import chat_endpoint
 from chatapp.models import ChatSession
 from chatapp.realtime.broadcast import event_broadcast
 from chatapp.realtime.protocol import MemoryCompressionEvent, MemorySummaryEvent
-from memory.api import ContextRequest
+from memory.api import ContextRequest, KeyFact, key_fact_list_active
 
 
 async def session_memory_compress(*, session_id: int) -> list[dict[str, Any]]:
@@ -44,13 +44,19 @@ async def session_memory_compress(*, session_id: int) -> list[dict[str, Any]]:
             session_id=session_id, boundary=boundary, turn_message_id=last_user_id
         )
 
+    memory_key = ChatSession.memory_key_for(session_id)
+
+    async def load_facts() -> list[KeyFact]:
+        return await sync_to_async(key_fact_list_active)(memory_key=memory_key)
+
     agent = session.mode == ChatSession.Mode.AGENT
     await sync_to_async(leases.turns_interrupted_close)(session_id=session_id)
     summarize_below = await sync_to_async(leases.turn_in_flight_first_id)(session_id=session_id)
     request = ContextRequest(
-        memory_key=ChatSession.memory_key_for(session_id),
+        memory_key=memory_key,
         system_prompt=AGENT_PROMPT if agent else QUICK_ANSWER_PROMPT,
         load_increment=load_increment,
+        load_facts=load_facts,
         mode=session.mode,  # type: ignore[arg-type]  # ChatSession.Mode values are the engine's modes
         tools=TOOL_SCHEMAS if agent else None,
         summarize_below=summarize_below,

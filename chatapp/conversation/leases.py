@@ -24,7 +24,13 @@ from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from chatapp.chats.services import TITLE_MAX_CHARS, message_token_count, reply_message_store
+from chatapp.chats.services import (
+    TITLE_MAX_CHARS,
+    chat_session_scope_key,
+    message_facts_store,
+    message_token_count,
+    reply_message_store,
+)
 from chatapp.models import ChatSession, Message, TurnLease
 from chatapp.orm_threads import orm_async
 from chatapp.realtime.broadcast import event_broadcast_on_commit
@@ -88,8 +94,15 @@ def _aware(value: datetime | str | None) -> datetime | None:
 
 
 def _lease_cutoff() -> datetime:
-    """Heartbeats at or after this moment are fresh (within ``CHAT_TURN_LEASE_SECONDS``)."""
-    return timezone.now() - timedelta(seconds=settings.CHAT_TURN_LEASE_SECONDS)
+    """Heartbeats at or after this moment are fresh: within ``CHAT_TURN_LEASE_SECONDS`` and, when
+    the app is one process (``CHAT_TURN_LEASES_ONE_PROCESS``, the embedded default), not older
+    than this process (:data:`PROCESS_STARTED`): no other process can be renewing them."""
+    cutoff = timezone.now() - timedelta(seconds=settings.CHAT_TURN_LEASE_SECONDS)
+    return max(cutoff, PROCESS_STARTED) if settings.CHAT_TURN_LEASES_ONE_PROCESS else cutoff
+
+
+# When this process started (its module was imported): see :func:`_lease_cutoff`.
+PROCESS_STARTED = timezone.now()
 
 
 def _alive(heartbeat: datetime | None, cutoff: datetime) -> bool:
@@ -143,7 +156,9 @@ def user_message_submit(
     list. With ``max_pending``, a new message is refused with :class:`TurnLimitReached`, storing
     nothing, when the session already has that many turns in flight (counted in the same
     transaction, under a lock on the session row, so concurrent sends cannot pass the bound
-    together). On commit the session's sockets get a ``chat.message`` event.
+    together). The message's key facts are stored in the same transaction
+    (:func:`chatapp.chats.services.message_facts_store`, no query when it holds none). On commit
+    the session's sockets get a ``chat.message`` event.
     """
     # A resend is rare: it is found by the unique constraint on (session, client_message_id)
     # failing the insert (or, at the limit, looked up then), not by a query before every new message.
@@ -170,6 +185,12 @@ def user_message_submit(
                 title = " ".join(text.split())[:TITLE_MAX_CHARS]
                 if ChatSession.objects.filter(pk=session.pk, title="").update(title=title):
                     session.title = title
+            message_facts_store(
+                message=message,
+                scope_key=chat_session_scope_key(
+                    owner_id=session.owner_id, owner_session_key=session.owner_session_key
+                ),
+            )
             event_broadcast_on_commit(session.pk, ChatMessageEvent(message=message.as_dict()))
     except TurnLimitReached:
         resent = Message.objects.filter(session=session, client_message_id=client_message_id).first()

@@ -5,10 +5,16 @@ recorded assistant and tool messages as recorded (never generated). Before each 
 assistant message (each model call) the memory engine runs as in the live app, and one record of
 what the model would have been sent is produced.
 
-With ``MEMORY_COMPRESSION=background`` (the default) the session's memory job runs to completion
-after each stored final reply, and after any model call whose request handed it work, before the
-next model call: the replay is deterministic and shows the memory the live app has once its jobs
-ran (docs/memory.md §10). With ``sync`` the requests compress themselves, as before.
+The session's memory job runs to completion after each stored final reply, and (with
+``MEMORY_COMPRESSION=background``, the default) after any model call whose request handed it work,
+before the next model call: the replay is deterministic and shows the memory the live app has once
+its jobs ran (docs/memory.md §10). The job extracts key facts in both modes (docs/memory.md §11);
+it pre-compresses only in ``background`` mode, where requests never compress themselves. With
+``sync`` the requests compress themselves, as before. Each request recalls as in the live app
+(docs/memory.md §12), the turn's user message being the query.
+
+A LoCoMo conversation's annotated questions can then be asked (:meth:`ReplaySession.questions`),
+each as the next user turn that is never stored (docs/replay.md, "Questions").
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import copy
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,25 +33,43 @@ from django.conf import settings
 from chatapp.chats import selectors, services
 from chatapp.chats.access import Owner
 from chatapp.conversation import leases
-from chatapp.conversation.memory_jobs import NextRequest, PreCompression
+from chatapp.conversation.memory_jobs import (
+    EmbedItems,
+    FactExtraction,
+    IndexMessages,
+    NextRequest,
+    PreCompression,
+)
+from chatapp.conversation.recall import TurnRecall
 from chatapp.conversation.turn import memory_engine_build
 from chatapp.llm.clients import chat_endpoint
-from chatapp.models import ChatSession, Message
+from chatapp.models import ChatSession, Message, TurnLease
 from memory.api import (
     AgentMemoryMiddleware,
     Compression,
     ContextRequest,
+    JobStep,
+    KeyFact,
     MemoryContext,
     MemoryEngine,
     MemoryJobRunner,
     Mode,
     OrmJobStore,
+    RecallLoader,
+    key_fact_list_active,
 )
 
 Format = Literal["tau-bench", "locomo"]
+# Every replayed conversation belongs to this owner (memory scope key ``anon:replay``): with
+# MEMORY_RECALL_SCOPE=owner a conversation recalls from those replayed before it in the same database.
 REPLAY_OWNER = Owner(user_id=None, session_key="replay")
 WIRE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 NO_TURN_YET = 2**62
+# The id a question gets in its request: above every stored id (it is the current turn), never stored.
+QUESTION_ID = NO_TURN_YET + 1
+# The LoCoMo categories asked as questions (4 single-hop, 1 multi-hop, 2 temporal, 3 open-domain;
+# 5, adversarial, has no answer).
+QUESTION_CATEGORIES = (1, 2, 3, 4)
 SESSION_KEY = re.compile(r"session_(\d+)")
 
 
@@ -54,12 +78,29 @@ class ReplayInputError(Exception):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Question:
+    """An annotated question of a LoCoMo conversation: its ``text``, the expected ``answer``
+    (as text), its ``category`` (1-4), its ``evidence`` turns as annotated (dialogue ids such as
+    ``"D1:3"``) and the ``conversation`` it belongs to (the file's stem)."""
+
+    text: str
+    answer: str
+    category: int
+    evidence: list[str]
+    conversation: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class Conversation:
-    """A recorded conversation: its name, system prompt and messages (OpenAI wire dicts)."""
+    """A recorded conversation: its name, system prompt and messages (OpenAI wire dicts).
+    LoCoMo only: ``turn_ids``, each message's dialogue id (``"D1:3"``, aligned with
+    ``messages``), and ``questions``, its annotated questions of categories 1-4 with an answer."""
 
     name: str
     system_prompt: str
     messages: list[dict[str, Any]]
+    turn_ids: list[str] = field(default_factory=list)
+    questions: list[Question] = field(default_factory=list)
 
 
 def conversations_read(path: Path, fmt: Format) -> Iterator[Conversation]:
@@ -106,7 +147,7 @@ def locomo_conversation(data: Any, name: str) -> Conversation:
         raise ReplayInputError(f"{name}: a LoCoMo file has speaker_a, speaker_b and session_N lists")
     speaker_a, speaker_b = conversation["speaker_a"], conversation["speaker_b"]
     numbers = sorted(int(match.group(1)) for key in conversation if (match := SESSION_KEY.fullmatch(key)))
-    messages = []
+    messages, turn_ids = [], []
     for number in numbers:
         when = conversation.get(f"session_{number}_date_time", "")
         for position, turn in enumerate(conversation[f"session_{number}"]):
@@ -117,20 +158,40 @@ def locomo_conversation(data: Any, name: str) -> Conversation:
                 text = f"[{when}] {text}"
             role = "user" if turn.get("speaker") == speaker_a else "assistant"
             messages.append({"role": role, "content": text})
+            turn_ids.append(str(turn.get("dia_id", "")))
     prompt = (
         f"You are {speaker_b}, chatting with your friend {speaker_a} over many sessions. "
         "Answer as yourself, consistent with everything said before."
     )
-    return Conversation(name=name, system_prompt=prompt, messages=messages)
+    # The questions sit beside the sessions, or beside "conversation" in the original layout.
+    qa = data.get("qa") or conversation.get("qa") or []
+    questions = [
+        Question(
+            text=str(item["question"]),
+            answer=str(item["answer"]),
+            category=item["category"],
+            # An annotation may hold several ids in one string ("D8:6; D9:17").
+            evidence=[
+                part.strip() for entry in item.get("evidence", []) for part in str(entry).split(";") if part.strip()
+            ],
+            conversation=name,
+        )
+        for item in qa
+        if isinstance(item, dict)
+        and item.get("category") in QUESTION_CATEGORIES
+        and "answer" in item
+        and "question" in item
+    ]
+    return Conversation(name=name, system_prompt=prompt, messages=messages, turn_ids=turn_ids, questions=questions)
 
 
 class ReplayJobs:
     """The memory jobs of a replay (:class:`memory.api.CompressionJobs`): a request never waits,
     and the work it hands over (``schedule``) is done by :meth:`run_if_due` before the next model
-    call, so the replay is deterministic. ``runner`` runs the session's job, whose pipeline is
-    ``step``."""
+    call, so the replay is deterministic. ``runner`` runs the session's job; ``step`` is its
+    pre-compression step (None in ``sync`` mode, where the job only extracts key facts)."""
 
-    def __init__(self, runner: MemoryJobRunner, step: PreCompression) -> None:
+    def __init__(self, runner: MemoryJobRunner, step: PreCompression | None) -> None:
         self.runner = runner
         self.step = step
         self.due = False
@@ -147,9 +208,10 @@ class ReplayJobs:
         if not (self.due or reply_stored):
             return []
         self.due = False
-        self.step.last_events = []
+        if self.step is not None:
+            self.step.last_events = []
         async_to_sync(self.runner.run_now)(memory_key)
-        return self.step.last_events
+        return self.step.last_events if self.step is not None else []
 
 
 def conversation_replay(
@@ -158,46 +220,172 @@ def conversation_replay(
     """Store ``conversation`` message by message in a fresh session; before each assistant
     message yield the replay record of that model call (see the README's replay contract).
     In background mode the session's memory job runs between model calls (see the module
-    docstring)."""
-    session = services.chat_session_create(owner=REPLAY_OWNER, mode=mode, title=conversation.name[:200])
-    memory_key = ChatSession.memory_key_for(session.pk)
-    compression: Compression = "background" if settings.MEMORY_COMPRESSION == "background" else "sync"
-    jobs: ReplayJobs | None = None
-    if compression == "background":
-        engine = copy.copy(engine)
+    docstring). :class:`ReplaySession` also asks questions afterwards."""
+    yield from ReplaySession(conversation, engine=engine, mode=mode).records()
+
+
+class ReplaySession:
+    """One conversation replayed into a fresh chat session of ``owner`` (:data:`REPLAY_OWNER`):
+    :meth:`records` stores it and yields a record per model call, then :meth:`questions` asks
+    questions against its memory. ``session_id``: the session; ``message_ids``: the stored id of
+    each recorded message so far (aligned with ``conversation.messages``); ``calls``: model
+    calls recorded so far (records and questions)."""
+
+    def __init__(
+        self,
+        conversation: Conversation,
+        *,
+        engine: MemoryEngine,
+        mode: Literal["agent", "quick-answer"],
+        owner: Owner = REPLAY_OWNER,
+    ) -> None:
+        self.conversation = conversation
+        self.mode: Mode = mode
+        session = services.chat_session_create(owner=owner, mode=mode, title=conversation.name[:200])
+        self.session_id: int = session.pk
+        self.memory_key = ChatSession.memory_key_for(session.pk)
+        self.compression: Compression = "background" if settings.MEMORY_COMPRESSION == "background" else "sync"
+        self.engine = copy.copy(engine)
+        self.message_ids: list[int] = []
+        self.calls = 0
+        self._session = session
+        # The newest user message whose turn has no final reply yet (None: none).
+        self._open_turn: int | None = None
 
         def recorded_prompt(_mode: str, _engine: MemoryEngine) -> NextRequest:
             return conversation.system_prompt, None, 0
 
-        step = PreCompression(engine_build=lambda: engine, next_request=recorded_prompt, orm=sync_to_async)
-        runner = MemoryJobRunner(store=OrmJobStore(), steps=[step], owner="replay", debounce_seconds=0)
-        jobs = ReplayJobs(runner, step)
-        engine.jobs = jobs
-    turn_message_id: int | None = None
-    reply_stored = False
-    call = 0
-    for index, message in enumerate(conversation.messages):
-        if message["role"] == "assistant":
-            job_events = jobs.run_if_due(memory_key, reply_stored=reply_stored) if jobs is not None else []
-            reply_stored = not message.get("tool_calls")
-            context = _build(engine, session.pk, conversation.system_prompt, turn_message_id, mode, compression)
-            yield {**_record(conversation.name, call, engine, context, session.pk), "job_events": job_events}
-            call += 1
-        if message["role"] == "user":
-            stored, _ = leases.user_message_submit(
-                session=session, client_message_id=f"replay-{index}", text=message.get("content") or ""
+        step = (
+            PreCompression(engine_build=lambda: self.engine, next_request=recorded_prompt, orm=sync_to_async)
+            if self.compression == "background"
+            else None
+        )
+        # As in the live app: pre-compression first (the next request waits for it), then extraction,
+        # then indexing for recall and its embeddings.
+        steps: list[JobStep] = [
+            *([step] if step is not None else []),
+            FactExtraction(orm=sync_to_async, max_batches=None),
+            IndexMessages(orm=sync_to_async),
+            EmbedItems(orm=sync_to_async),
+        ]
+        runner = MemoryJobRunner(store=OrmJobStore(), steps=steps, owner="replay", debounce_seconds=0)
+        self.jobs = ReplayJobs(runner, step)
+        if self.compression == "background":
+            self.engine.jobs = self.jobs
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        """Store the conversation message by message; before each assistant message yield the
+        record of that model call (docs/replay.md). Each turn recalls once, its user message
+        being the query (:class:`chatapp.conversation.recall.TurnRecall`); before the first user
+        message a request has no recall. A recorded user message followed by another one is a turn
+        that got no reply: its lease is released when the next one is stored, so it does not pin
+        memory as a turn in flight would (docs/memory.md F-26)."""
+        conversation, session = self.conversation, self._session
+        turn_message_id: int | None = None
+        recall: TurnRecall | None = None
+        reply_stored = False
+        for index, message in enumerate(conversation.messages):
+            if message["role"] == "assistant":
+                job_events = self.jobs.run_if_due(self.memory_key, reply_stored=reply_stored)
+                reply_stored = not message.get("tool_calls")
+                context = _build(
+                    self.engine,
+                    self.session_id,
+                    conversation.system_prompt,
+                    turn_message_id,
+                    self.mode,
+                    self.compression,
+                    recall=recall,
+                )
+                yield {**self._record(context), "job_events": job_events}
+            if message["role"] == "user":
+                self._unanswered_turn_end()
+                stored, _ = leases.user_message_submit(
+                    session=session, client_message_id=f"replay-{index}", text=message.get("content") or ""
+                )
+                turn_message_id = self._open_turn = stored.pk
+                recall = TurnRecall(session_id=self.session_id, user_message_id=stored.pk, orm=sync_to_async)
+                self.message_ids.append(stored.pk)
+            else:
+                reply = services.reply_message_store(
+                    session_id=self.session_id,
+                    reply_to_id=turn_message_id,
+                    role=message["role"],
+                    content=message.get("content"),
+                    tool_calls=message.get("tool_calls"),
+                    tool_call_id=message.get("tool_call_id", ""),
+                    name=message.get("name", ""),
+                )
+                self.message_ids.append(reply.pk)
+                if message["role"] == "assistant" and not message.get("tool_calls"):
+                    self._open_turn = None  # its final reply ended the turn (and deleted the lease)
+
+    def questions(self, questions: list[Question]) -> Iterator[dict[str, Any]]:
+        """Ask each of ``questions`` as the next user turn, never stored (docs/replay.md,
+        "Questions"): the memory job first runs to completion once, as after the last stored
+        reply (its events are the first record's ``job_events``); then each question's request is
+        built from everything stored plus the question as the current turn (id
+        :data:`QUESTION_ID`, its source ``{"id": null, "kind": "current"}``), recalling with the
+        question's text as the query. Yields the usual record plus ``question``: ``{"text",
+        "answer", "category", "evidence", "evidence_message_ids", "conversation"}`` (the stored
+        ids of the evidence turns; empty for another conversation's question). Questions are
+        independent: the job does not run between them (in sync mode a request may compress,
+        as a real next turn would)."""
+        turn_ids = dict(zip(self.conversation.turn_ids, self.message_ids, strict=False))
+        self._unanswered_turn_end()
+        job_events = self.jobs.run_if_due(self.memory_key, reply_stored=True)
+        for question in questions:
+            context = _build(
+                self.engine,
+                self.session_id,
+                self.conversation.system_prompt,
+                NO_TURN_YET,
+                self.mode,
+                self.compression,
+                recall=TurnRecall(
+                    session_id=self.session_id, user_message_id=None, query=question.text, orm=sync_to_async
+                ),
+                question=question.text,
             )
-            turn_message_id = stored.pk
-        else:
-            services.reply_message_store(
-                session_id=session.pk,
-                reply_to_id=turn_message_id,
-                role=message["role"],
-                content=message.get("content"),
-                tool_calls=message.get("tool_calls"),
-                tool_call_id=message.get("tool_call_id", ""),
-                name=message.get("name", ""),
-            )
+            record = self._record(context)
+            record["sources"] = _unstored(record["sources"])
+            own = question.conversation == self.conversation.name
+            yield {
+                **record,
+                "job_events": job_events,
+                "question": {
+                    "text": question.text,
+                    "answer": question.answer,
+                    "category": question.category,
+                    "evidence": question.evidence,
+                    "evidence_message_ids": [turn_ids[e] for e in question.evidence if own and e in turn_ids],
+                    "conversation": question.conversation,
+                },
+            }
+            job_events = []
+
+    def _unanswered_turn_end(self) -> None:
+        """Release the lease of the open turn, which will get no reply (see :meth:`records`)."""
+        if self._open_turn is not None:
+            TurnLease.objects.filter(user_message_id=self._open_turn).delete()
+            self._open_turn = None
+
+    def _record(self, context: MemoryContext) -> dict[str, Any]:
+        record = _record(self.conversation.name, self.calls, self.engine, context, self.session_id)
+        self.calls += 1
+        return record
+
+
+def _unstored(sources: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``sources`` with the question's id (:data:`QUESTION_ID`, never stored) as null, also in
+    merged sources."""
+    fixed = []
+    for source in sources:
+        source = {**source, "id": None} if source.get("id") == QUESTION_ID else dict(source)
+        if "merged" in source:
+            source["merged"] = _unstored(source["merged"])
+        fixed.append(source)
+    return fixed
 
 
 def _build(
@@ -207,20 +395,33 @@ def _build(
     turn_message_id: int | None,
     mode: Mode,
     compression: Compression,
+    *,
+    recall: RecallLoader | None = None,
+    question: str | None = None,
 ) -> MemoryContext:
     # Before the first user message (a LoCoMo conversation may open with speaker_b) every stored
     # message belongs to no turn: the whole session is the increment.
     last_id = turn_message_id if turn_message_id is not None else NO_TURN_YET
 
     async def load_increment(boundary: int | None) -> list[dict[str, Any]]:
-        return await sync_to_async(selectors.message_list_for_context)(
+        rows = await sync_to_async(selectors.message_list_for_context)(
             session_id=session_id, boundary=boundary, turn_message_id=last_id
         )
+        if question is not None:  # the question is the current turn; the engine counts its tokens
+            rows.append({"id": QUESTION_ID, "role": "user", "content": question, "token_count": None})
+        return rows
+
+    memory_key = ChatSession.memory_key_for(session_id)
+
+    async def load_facts() -> list[KeyFact]:
+        return await sync_to_async(key_fact_list_active)(memory_key=memory_key)
 
     request = ContextRequest(
-        memory_key=ChatSession.memory_key_for(session_id),
+        memory_key=memory_key,
         system_prompt=system_prompt,
         load_increment=load_increment,
+        load_facts=load_facts,
+        load_recall=recall,
         mode=mode,
         compression=compression,
     )
@@ -250,6 +451,8 @@ def _record(name: str, call: int, engine: MemoryEngine, context: MemoryContext, 
         "events": context.events,
         "overflow": context.overflow,
         "path": context.path,
+        "facts": context.facts,
+        "recall": context.recall,
     }
 
 

@@ -31,7 +31,7 @@ from chatapp.chats import selectors
 from chatapp.conversation import leases, stopping
 from chatapp.conversation.agent import agent_turn_run
 from chatapp.conversation.leases import turn_lease_kept
-from chatapp.conversation.memory_jobs import memory_job_runner, memory_job_schedule
+from chatapp.conversation.memory_jobs import fact_extraction_enabled, memory_job_runner, memory_job_schedule
 from chatapp.conversation.quick_answer import quick_answer_run
 from chatapp.conversation.turn import Turn
 from chatapp.models import ChatSession, Message
@@ -103,8 +103,10 @@ async def chat_turn_run(*, session_id: int, user_message_id: int) -> Message:
                 reply = await agent_turn_run(turn)
             else:
                 reply = await quick_answer_run(turn)
-            # Off the request path: pre-compression for the next turn (docs/memory.md §10).
-            if turn.precompression_may_help(reply):
+            # Off the request path: key-fact extraction from this turn's messages (docs/memory.md
+            # §11) and pre-compression for the next turn (§10). Without extraction a job is
+            # scheduled only when pre-compression may be due; the job itself is cheap when idle.
+            if fact_extraction_enabled() or turn.precompression_may_help(reply):
                 memory_job_schedule(session_id=session_id)
             return reply
         except Exception:

@@ -20,6 +20,7 @@ from django.conf import settings
 
 from chatapp.chats import selectors, services
 from chatapp.conversation import leases
+from chatapp.conversation.recall import TurnRecall
 from chatapp.llm.clients import Endpoint, LLMError, chat_endpoint, chat_stream
 from chatapp.llm.summarizer import build_summarizer_chain
 from chatapp.models import ChatSession, Message
@@ -39,6 +40,7 @@ from memory.api import (
     Compression,
     CompressionJobs,
     ContextRequest,
+    KeyFact,
     MemoryBudget,
     MemoryContext,
     MemoryEngine,
@@ -46,6 +48,7 @@ from memory.api import (
     OrmSummaryStore,
     SummaryRole,
     get_counter,
+    key_fact_list_active,
 )
 
 # Streamed text is sent at most this often (seconds), in pieces, to keep channel traffic bounded:
@@ -108,6 +111,10 @@ def memory_engine_build(endpoint: Endpoint, *, jobs: CompressionJobs | None = No
             preserve_turns=settings.MEMORY_PRESERVE_TURNS,
             summarizer_context_window=settings.LLM_SUMMARY_CONTEXT_WINDOW,
             strict_alternation=settings.LLM_STRICT_ALTERNATION,
+            facts_share=settings.MEMORY_FACTS_SHARE,
+            facts_max_tokens=settings.MEMORY_FACTS_MAX_TOKENS,
+            facts_min_tokens=settings.MEMORY_FACTS_MIN_TOKENS,
+            recall_share=settings.MEMORY_RECALL_SHARE,
         ),
         chain=build_summarizer_chain(),
         counter=get_counter(endpoint.model),
@@ -142,15 +149,20 @@ class Turn:
         self._stream_task: asyncio.Task[None] | None = None
         # The estimated size of this turn's last request (tokens), 0 before the first.
         self.last_request_tokens = 0
+        # Recall for this turn's question, searched once (docs/memory.md §12).
+        self.recall = TurnRecall(session_id=session_id, user_message_id=user_message_id)
 
     async def context_request(self, *, system_prompt: str, tools: list[dict[str, Any]] | None = None) -> ContextRequest:
         """The memory engine's request for this turn's next model call: this session's history
         up to this turn (:meth:`load_increment`), and the turns in flight as they are now
-        (:meth:`summarize_below`), so call it again before every model call."""
+        (:meth:`summarize_below`), so call it again before every model call. Its key facts come
+        from :meth:`load_facts`, recalled messages from :attr:`recall`."""
         return ContextRequest(
             memory_key=ChatSession.memory_key_for(self.session_id),
             system_prompt=system_prompt,
             load_increment=self.load_increment,
+            load_facts=self.load_facts,
+            load_recall=self.recall,
             mode=self.mode,
             tools=tools,
             summarize_below=await self.summarize_below(),
@@ -192,6 +204,11 @@ class Turn:
         return await orm_async(selectors.message_list_for_context)(
             session_id=self.session_id, boundary=boundary, turn_message_id=self.user_message_id
         )
+
+    async def load_facts(self) -> list[KeyFact]:
+        """The memory engine's facts loader: the session's active key facts
+        (:func:`memory.api.key_fact_list_active`, docs/memory.md §11)."""
+        return await orm_async(key_fact_list_active)(memory_key=ChatSession.memory_key_for(self.session_id))
 
     async def summarize_below(self) -> int | None:
         """The memory engine's ``summarize_below`` for the next context: the first user message
@@ -281,6 +298,8 @@ class Turn:
                 overflow=ctx.overflow,
                 path=ctx.path,
                 waited_ms=ctx.waited_ms,
+                facts=ctx.facts or None,
+                recall=ctx.recall or None,
             )
         )
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from django.db import connection
 
-from memory.api import TokenCounter
+from memory.api import SEARCH_STOPWORDS, TokenCounter
 
 # Words of a query kept for the search; the rest of a very long question adds nothing.
 QUERY_MAX_TOKENS = 32
@@ -26,54 +26,7 @@ SEARCH_MAX_LIMIT = 20
 _WORD = re.compile(r"\w+", re.UNICODE)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Function words that match nearly every passage; dropping them keeps OR-queries selective.
-_STOPWORDS = frozenset(
-    [
-        "a",
-        "an",
-        "and",
-        "are",
-        "as",
-        "at",
-        "be",
-        "by",
-        "can",
-        "do",
-        "does",
-        "for",
-        "from",
-        "how",
-        "i",
-        "in",
-        "is",
-        "it",
-        "me",
-        "my",
-        "of",
-        "on",
-        "or",
-        "our",
-        "please",
-        "tell",
-        "that",
-        "the",
-        "their",
-        "there",
-        "this",
-        "to",
-        "was",
-        "we",
-        "what",
-        "when",
-        "where",
-        "which",
-        "who",
-        "why",
-        "will",
-        "with",
-        "you",
-        "your",
-    ]
-)
+_STOPWORDS = SEARCH_STOPWORDS
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,8 +8,9 @@ built from settings by :func:`build_summarizer_chain`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
+import openai
 from django.conf import settings
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 
@@ -33,12 +34,22 @@ class OpenAISummarizer:
     chat model's. ``stream``: ask for a streamed reply (``SUMMARY_STREAM``, for servers that only
     stream) instead of one chat completion. ``model`` (the endpoint's model) names it in the
     chain's attempt records.
+
+    ``response_format`` of a request (a key-facts extraction, docs/memory.md §11) is sent on the
+    non-streamed path with a fallback within the same call: the format as given, then
+    ``{"type": "json_object"}``, then none, each next one only when the endpoint rejected the
+    previous with HTTP 400 or 422 (servers that do not know ``json_schema``). The first level
+    that worked is remembered per instance, so later calls skip the rejected ones. The streamed
+    path sends no ``response_format`` (:func:`chatapp.llm.clients.chat_stream` takes no extra
+    parameters): the reply is parsed tolerantly anyway.
     """
 
     endpoint: Endpoint
     temperature: float = 0.3
     stream: bool = False
     model: str = field(init=False)
+    # ``response_format`` types (``json_schema``, ``json_object``) this endpoint rejected.
+    _rejected_formats: set[str] = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.model = self.endpoint.model
@@ -52,18 +63,30 @@ class OpenAISummarizer:
         ``length``) or marker-only reply as a failed attempt (docs/memory.md F-36), streamed or
         not. Raises :class:`LLMError` for any endpoint failure (for a stream, also a reply with no
         text at all). The client makes exactly one HTTP request (no hidden retries), so each chain
-        attempt is one request.
+        attempt is one request -- except that a request with a ``response_format`` the endpoint
+        rejects (HTTP 400/422) is sent again with the next fallback format (at most three
+        requests; see the class docstring).
         """
         if self.stream:
             return await self._summarize_streamed(request)
-        client = get_client(self.endpoint)
-        with translated_errors(self.endpoint):
-            completion = await client.chat.completions.create(
-                model=self.endpoint.model,
-                messages=cast("list[ChatCompletionMessageParam]", request.prompt),
-                max_tokens=request.max_tokens,
-                temperature=self.temperature,
-            )
+        levels = [
+            level
+            for level in response_format_levels(request.response_format)
+            if level is None or level.get("type") not in self._rejected_formats
+        ]
+        rejected: list[str] = []
+        for number, level in enumerate(levels, 1):
+            try:
+                completion = await self._complete(request, level)
+            except LLMError as exc:
+                if number < len(levels) and level is not None and _format_rejected(exc):
+                    rejected.append(str(level.get("type")))
+                    continue
+                raise
+            # Remembered only once a later level worked: a 400 for another reason (a prompt
+            # over the window) fails every level and must not mark the formats as unsupported.
+            self._rejected_formats.update(rejected)
+            break
         # The SDK hands back the raw text of a body that is not declared as JSON.
         if not isinstance(completion, ChatCompletion) or getattr(completion, "choices", None) is None:
             raise LLMError(f"{self.endpoint.label} sent a response that is not a chat completion.", "malformed")
@@ -71,6 +94,19 @@ class OpenAISummarizer:
             return SummaryReply(text="")
         choice = completion.choices[0]
         return SummaryReply(text=choice.message.content or "", finish_reason=choice.finish_reason)
+
+    async def _complete(self, request: SummaryRequest, response_format: dict[str, Any] | None) -> object:
+        """One chat completion of ``request.prompt`` (``response_format`` sent when not None)."""
+        client = get_client(self.endpoint)
+        extra: dict[str, Any] = {"response_format": response_format} if response_format is not None else {}
+        with translated_errors(self.endpoint):
+            return await client.chat.completions.create(
+                model=self.endpoint.model,
+                messages=cast("list[ChatCompletionMessageParam]", request.prompt),
+                max_tokens=request.max_tokens,
+                temperature=self.temperature,
+                **extra,
+            )
 
     async def _summarize_streamed(self, request: SummaryRequest) -> SummaryReply:
         """:meth:`summarize` over a streamed reply: the text deltas joined, and the finish reason
@@ -85,6 +121,27 @@ class OpenAISummarizer:
             elif event["type"] == "finish":
                 finish_reason = event["finish_reason"]
         return SummaryReply(text="".join(pieces), finish_reason=finish_reason)
+
+
+def response_format_levels(response_format: dict[str, Any] | None) -> list[dict[str, Any] | None]:
+    """The ``response_format`` values tried in order for a request asking for ``response_format``
+    (docs/memory.md §11):
+    it as given, then ``{"type": "json_object"}`` (unless it is that already), then none. A
+    request asking for none gets ``[None]``."""
+    if response_format is None:
+        return [None]
+    levels: list[dict[str, Any] | None] = [response_format]
+    if response_format.get("type") != "json_object":
+        levels.append({"type": "json_object"})
+    levels.append(None)
+    return levels
+
+
+def _format_rejected(exc: LLMError) -> bool:
+    """Whether ``exc`` is the endpoint refusing the request itself (HTTP 400 or 422), which is how
+    servers answer a ``response_format`` they do not support."""
+    cause = exc.__cause__
+    return exc.kind == "status" and isinstance(cause, openai.APIStatusError) and cause.status_code in (400, 422)
 
 
 def build_summarizer_chain() -> SummarizerChain:

@@ -477,12 +477,16 @@ class MemoryContextEvent(ServerEvent):
     model_call_id: int | None
     """The id of the recorded model call; null when the request was not sent (overflow)."""
     sources: list[dict[str, Any]]
-    """Per message of the request, in order: ``{id, kind}``, kind ``system``, ``summary``,
-    ``history`` or ``current``; ``id`` a message id, or null for the system prompt and summary."""
+    """Per message of the request, in order: ``{id, kind}``, kind ``system``, ``facts``,
+    ``summary``, ``recall``, ``history`` or ``current``; ``id`` a message id, or null for the
+    system prompt, the key-facts block, the summary and the recall block. The key-facts block's
+    entry also carries ``fact_ids`` and ``message_ids`` (its facts and their source messages,
+    docs/memory.md §11); the recall block's ``item_ids`` and ``message_ids`` (docs/memory.md §12)."""
     tokens: int
     """The request's estimated size (tokens)."""
     sections: dict[str, int]
-    """Tokens per section: ``system``, ``summary``, ``retained``, ``current``, ``tools``."""
+    """Tokens per section: ``system``, ``facts``, ``summary``, ``recall``, ``retained``,
+    ``current``, ``tools``."""
     context_window: int
     """The chat model's context window (tokens)."""
     trigger_tokens: int
@@ -509,6 +513,19 @@ class MemoryContextEvent(ServerEvent):
     trigger: degraded context, compression left to the memory job) or ``degraded``."""
     waited_ms: int = 0
     """Milliseconds the request waited for the session's memory job."""
+    facts: dict[str, Any] | None = None
+    """The key-facts block (docs/memory.md §11) as fact ids: ``pinned`` (in the block),
+    ``in_window`` (verbatim in the request, not repeated), ``over_budget`` (left out: the block
+    was full), and its ``tokens``."""
+    recall: dict[str, Any] | None = None
+    """What recall brought into the request and why (docs/memory.md §12), null when the request
+    had no recall: ``query``, ``model`` (the embedding model, null: lexical only),
+    ``latency_ms``, ``notes`` (e.g. why it fell back to lexical only), ``tokens`` of the block,
+    and ``items`` (recalled, in block order), ``rejected`` (the best candidates the gate
+    refused) and ``over_budget`` (admitted, left out for the budget), each ``{item_id,
+    memory_key, chat_title, message_ids, role, created_at, text, lexical_rank, cosine,
+    dense_rank, rrf, decay, score, reason}``. The recall block's entry in ``sources`` has kind
+    ``recall`` with ``item_ids`` and ``message_ids``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -527,6 +544,27 @@ class MemorySummaryEvent(ServerEvent):
     """The summary, as in ``memory.context``."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class MemoryFactsEvent(ServerEvent):
+    """To every socket of the session after a run of its memory job that extracted new key facts
+    (docs/memory.md §11): every key fact of the chat as it is now, so the inspector's Key facts
+    section updates live."""
+
+    type: ClassVar[str] = "memory.facts"
+
+    turn_id: int | None
+    """Always null (outside turns)."""
+    step: int
+    """Always 0."""
+    facts: list[dict[str, Any]]
+    """Every key fact of the chat, oldest first, superseded and hidden ones included: objects with
+    ``id``, ``kind``, ``key`` (the slot), ``value`` (verbatim), ``text``, ``source_message_id``,
+    ``excerpt``, ``extractor`` (``rule``, ``llm:<model>`` or ``user``), ``valid_from`` and
+    ``invalidated_at`` (ISO 8601 or null), ``superseded_by`` (a fact id or null),
+    ``pinned_by_user``, ``hidden_by_user``, ``last_seen_message_id`` and ``replaces`` (the value
+    it superseded, ``""`` when none)."""
+
+
 SERVER_EVENTS: Final[tuple[type[ServerEvent], ...]] = (
     ChatAckEvent,
     ChatHistoryEvent,
@@ -539,6 +577,7 @@ SERVER_EVENTS: Final[tuple[type[ServerEvent], ...]] = (
     MemoryCompressionEvent,
     MemoryContextEvent,
     MemorySummaryEvent,
+    MemoryFactsEvent,
 )
 _SERVER_EVENT_BY_TYPE: Final[dict[str, type[ServerEvent]]] = {cls.type: cls for cls in SERVER_EVENTS}
 

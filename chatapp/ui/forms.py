@@ -11,6 +11,9 @@ from django.core.files.uploadedfile import UploadedFile
 from chatapp.models import ChatSession
 
 UPLOAD_EXTENSIONS = (".md", ".markdown", ".txt")
+# The longest value a key fact may hold, in characters (docs/memory.md §11: a fact is a value,
+# not a passage); the memory app's services enforce the same limit.
+KEY_FACT_VALUE_MAX_CHARS = 200
 
 
 class SessionCreateForm(forms.Form):
@@ -73,3 +76,38 @@ class DocumentUploadForm(forms.Form):
             raise forms.ValidationError("The file is empty.", code="empty")
         self.cleaned_data["text"] = text
         return upload
+
+
+class KeyFactPinForm(forms.Form):
+    """Pin a key fact into every request's key-facts block (``pinned`` ``true``) or unpin it
+    (``false``)."""
+
+    pinned = forms.TypedChoiceField(
+        choices=[("true", "pin"), ("false", "unpin")],
+        coerce=lambda value: value == "true",
+        error_messages={"required": "Say whether to pin or unpin the fact.", "invalid_choice": "Unknown choice."},
+    )
+
+
+class KeyFactHideForm(forms.Form):
+    """Hide a key fact from every request (``hidden`` ``true``) or restore it (``false``)."""
+
+    hidden = forms.TypedChoiceField(
+        choices=[("true", "hide"), ("false", "restore")],
+        coerce=lambda value: value == "true",
+        error_messages={"required": "Say whether to hide or restore the fact.", "invalid_choice": "Unknown choice."},
+    )
+
+
+class KeyFactEditForm(forms.Form):
+    """A key fact's corrected value: 1 to :data:`KEY_FACT_VALUE_MAX_CHARS` characters after
+    stripping surrounding white space."""
+
+    value = forms.CharField(
+        max_length=KEY_FACT_VALUE_MAX_CHARS,
+        strip=True,
+        error_messages={
+            "required": "A fact's value cannot be empty.",
+            "max_length": "A fact's value is at most %(limit_value)d characters (it has %(show_value)d).",
+        },
+    )

@@ -1,6 +1,6 @@
 """Reads of the memory inspector (docs/memory.md §8): what the last request to the chat model
-contained and why, the session's summary and its versions, the compression timeline and the
-summarizer's health.
+contained and why, the session's key facts and where that request had them (docs/memory.md §11),
+the session's summary and its versions, the compression timeline and the summarizer's health.
 
 Every token figure comes from the data that built the request -- the ``ModelCall.context``
 snapshot (``MemoryContext.as_dict()`` plus the tool schemas) and the memory app's stored
@@ -16,13 +16,18 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from django.urls import reverse
 from django.utils import timezone
 
 from chatapp.conversation.memory_jobs import memory_job_local_status
+from chatapp.llm.embeddings import embedder_choice
 from chatapp.models import ChatSession, Message, ModelCall
 from memory.api import (
     CompressionEvent,
+    KeyFact,
     compression_event_list,
+    key_fact_list,
+    memory_index_status,
     memory_job_state_get,
     session_summary_get,
     summarizer_health_get,
@@ -34,7 +39,9 @@ TIMELINE_MAX_EVENTS = 100
 # (section key, label, source kind of its messages in ``context["sources"]``), in request order.
 MESSAGE_SECTIONS: tuple[tuple[str, str, str], ...] = (
     ("system", "System prompt", "system"),
+    ("facts", "Key facts", "facts"),
     ("summary", "Summary", "summary"),
+    ("recall", "Recalled", "recall"),
     ("retained", "Retained window", "history"),
     ("current", "Current turn", "current"),
 )
@@ -63,6 +70,15 @@ PATH_LABELS = {
     "degraded": "Degraded context: the stored summary plus a raw archive of the overflow, nothing written.",
 }
 JOB_STATUS_LABELS = {"idle": "idle", "queued": "queued", "running": "running", "failed": "failed"}
+# Where a current key fact was in the last request (its snapshot's "facts" groups, docs/memory.md §11).
+FACT_PINNED = "pinned"
+FACT_IN_WINDOW = "in_window"
+FACT_OVER_BUDGET = "over_budget"
+FACT_STATUS_LABELS = {
+    FACT_PINNED: "pinned in the block",
+    FACT_IN_WINDOW: "in the window",
+    FACT_OVER_BUDGET: "not pinned (budget)",
+}
 MARK_SUMMARIZED = "summarized"
 MARK_RETAINED = "retained"
 MARK_CURRENT = "current"
@@ -301,6 +317,322 @@ class MemoryJob:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FactRow:
+    """One key fact as the inspector lists it: ``status`` is where the last request had it
+    (:data:`FACT_PINNED`, :data:`FACT_IN_WINDOW`, :data:`FACT_OVER_BUDGET`, or ``""`` when that
+    request did not consider it or recorded no facts); ``replaced_by`` is, for a superseded
+    fact, the fact that superseded it (None when unknown)."""
+
+    fact: KeyFact
+    status: str = ""
+    replaced_by: KeyFact | None = None
+
+    @property
+    def status_label(self) -> str:
+        return FACT_STATUS_LABELS.get(self.status, "")
+
+    @property
+    def extractor_label(self) -> str:
+        """Who found the fact: ``rule``, ``LLM (<model>)`` or ``you`` (an edited value)."""
+        extractor = self.fact.extractor
+        if extractor == "user":
+            return "you"
+        if extractor.startswith("llm:"):
+            return f"LLM ({extractor.removeprefix('llm:')})"
+        return extractor
+
+
+@dataclass(frozen=True, kw_only=True)
+class KeyFacts:
+    """The inspector's Key facts section of one session (docs/memory.md §11).
+
+    ``current``: facts neither superseded nor hidden, those the owner pinned first, then newest
+    first; ``superseded``: facts a newer value of their slot replaced (kept, never deleted),
+    newest first; ``hidden``: facts the owner hid (whether superseded or not), newest first.
+    ``request``: the last request's ``facts`` snapshot ``{"pinned", "in_window", "over_budget":
+    [fact ids], "tokens": n}`` (None before the first request, or for a request recorded without
+    it). ``error``: what was wrong with the owner's last input (``""`` when nothing), about fact
+    ``error_fact_id``.
+    """
+
+    session_id: int
+    current: list[FactRow] = field(default_factory=list)
+    superseded: list[FactRow] = field(default_factory=list)
+    hidden: list[FactRow] = field(default_factory=list)
+    request: dict[str, Any] | None = None
+    error: str = ""
+    error_fact_id: int | None = None
+
+    @property
+    def block_tokens(self) -> int | None:
+        """The size of the last request's key-facts block in tokens (None when not recorded)."""
+        return None if self.request is None else int(self.request.get("tokens") or 0)
+
+    @property
+    def over_budget_count(self) -> int:
+        return sum(1 for row in self.current if row.status == FACT_OVER_BUDGET)
+
+    @property
+    def fact_ids(self) -> frozenset[int]:
+        """The ids of every fact listed (current, superseded and hidden)."""
+        return frozenset(row.fact.id for row in (*self.current, *self.superseded, *self.hidden))
+
+
+def key_facts_build(*, session_id: int, facts: Iterable[KeyFact], request: dict[str, Any] | None) -> KeyFacts:
+    """The Key facts section from every stored fact of the session (``facts``: current,
+    superseded and hidden, as ``memory.api.key_fact_list`` returns them or a ``memory.facts``
+    event carries them) and the last request's ``facts`` snapshot (see :class:`KeyFacts`). Pure."""
+    rows = list(facts)
+    by_id = {fact.id: fact for fact in rows}
+    statuses: dict[int, str] = {}
+    if request is not None:
+        for status in (FACT_OVER_BUDGET, FACT_IN_WINDOW, FACT_PINNED):
+            statuses.update({int(fact_id): status for fact_id in request.get(status) or ()})
+    newest_first = sorted(rows, key=lambda fact: -fact.id)
+    current, superseded, hidden = [], [], []
+    for fact in newest_first:
+        row = FactRow(
+            fact=fact,
+            status=statuses.get(fact.id, "") if fact.active else "",
+            replaced_by=by_id.get(fact.superseded_by) if fact.superseded_by is not None else None,
+        )
+        if fact.hidden_by_user:
+            hidden.append(row)
+        elif fact.invalidated_at is not None:
+            superseded.append(row)
+        else:
+            current.append(row)
+    current.sort(key=lambda row: not row.fact.pinned_by_user)
+    return KeyFacts(session_id=session_id, current=current, superseded=superseded, hidden=hidden, request=request)
+
+
+def key_facts_get(*, session_id: int, request: dict[str, Any] | None) -> KeyFacts:
+    """The Key facts section of chat session ``session_id`` as stored, with the ``facts``
+    snapshot ``request`` of its last request (no access check: callers authorize)."""
+    memory_key = ChatSession.memory_key_for(session_id)
+    return key_facts_build(session_id=session_id, facts=key_fact_list(memory_key=memory_key), request=request)
+
+
+def key_facts_of_call(call: ModelCall | None) -> dict[str, Any] | None:
+    """The ``facts`` snapshot of a recorded model call (None without a call, for a call recorded
+    before the key facts were kept, and for one built without a facts loader: ``{}``)."""
+    facts = call.context.get("facts") if call is not None else None
+    return facts if isinstance(facts, dict) and facts else None
+
+
+def key_facts_section_get(*, session_id: int) -> KeyFacts:
+    """The Key facts section of chat session ``session_id``, with the ``facts`` snapshot of its
+    newest model call (no access check: callers authorize)."""
+    last_call = ModelCall.objects.filter(session_id=session_id).order_by("-id").first()
+    return key_facts_get(session_id=session_id, request=key_facts_of_call(last_call))
+
+
+def key_fact_from_dict(data: dict[str, Any]) -> KeyFact:
+    """A fact from its JSON form (``KeyFact.as_dict()``, as a ``memory.facts`` event carries it).
+    Raises ``KeyError`` for a missing ``id``, ``key`` or ``value``."""
+    return KeyFact(
+        id=int(data["id"]),
+        kind=str(data.get("kind") or "other"),
+        key=str(data["key"]),
+        value=str(data["value"]),
+        text=str(data.get("text") or ""),
+        source_message_id=_int_or_none(data.get("source_message_id")),
+        excerpt=str(data.get("excerpt") or ""),
+        extractor=str(data.get("extractor") or "rule"),
+        valid_from=_datetime_or_none(data.get("valid_from")),
+        invalidated_at=_datetime_or_none(data.get("invalidated_at")),
+        superseded_by=_int_or_none(data.get("superseded_by")),
+        pinned_by_user=bool(data.get("pinned_by_user")),
+        hidden_by_user=bool(data.get("hidden_by_user")),
+        last_seen_message_id=_int_or_none(data.get("last_seen_message_id")),
+        replaces=str(data.get("replaces") or ""),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecallEntry:
+    """One candidate of a request's recall as the inspector lists it (an entry of
+    :func:`memory.api.recall_report`'s ``items``, ``rejected`` or ``over_budget``).
+
+    ``session_id``: the chat its message is in (None when its memory key names no chat);
+    ``same_chat``: that chat is the inspected one; ``message_ids``: its stored messages, oldest
+    first; ``lexical_rank`` (1 = the best full-text hit) and ``dense_rank`` (1 = the best cosine)
+    are None when that side did not find it; ``cosine`` is None without an embedding; ``rrf``
+    the fused rank, ``decay`` the age factor (0.9..1), ``score`` = ``rrf * decay``; ``reason``
+    the admission gate's verdict in words (docs/memory.md §12).
+    """
+
+    item_id: int
+    session_id: int | None
+    same_chat: bool
+    chat_title: str
+    message_ids: tuple[int, ...]
+    role: str
+    created_at: datetime | None
+    text: str
+    lexical_rank: int | None
+    cosine: float | None
+    dense_rank: int | None
+    rrf: float
+    decay: float
+    score: float
+    reason: str
+
+    @property
+    def message_id(self) -> int | None:
+        """The message the entry links to: its newest (a tool result's own, not its call's)."""
+        return self.message_ids[-1] if self.message_ids else None
+
+    @property
+    def href(self) -> str:
+        """A link to the message: the transcript anchor ``#message-N`` in the same chat, that
+        chat's page with the anchor for another chat of the owner, ``""`` when unknown."""
+        if self.message_id is None:
+            return ""
+        anchor = f"#message-{self.message_id}"
+        if self.same_chat:
+            return anchor
+        if self.session_id is None:
+            return ""
+        return reverse("session-detail", kwargs={"session_id": self.session_id}) + anchor
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecallSection:
+    """The inspector's Recall section of one session (docs/memory.md §12): what recall brought
+    into the last request and why.
+
+    ``request``: that request's recall report (:func:`memory.api.recall_report`; None before
+    the first request, or for one recorded without recall); ``embedder``: the embedder the
+    settings select now (``{backend, model, reason}``, :func:`chatapp.llm.embeddings.embedder_choice`);
+    ``index``: the session's own index (``{items, embedded, models}``,
+    :func:`memory.api.memory_index_status`; None when not read); ``items`` the recalled entries
+    in block order, ``rejected`` the best refused ones, ``over_budget`` admitted ones left out
+    for the token budget (best score first).
+    """
+
+    session_id: int
+    request: dict[str, Any] | None
+    embedder: dict[str, str]
+    index: dict[str, Any] | None = None
+    items: list[RecallEntry] = field(default_factory=list)
+    rejected: list[RecallEntry] = field(default_factory=list)
+    over_budget: list[RecallEntry] = field(default_factory=list)
+
+    @property
+    def query(self) -> str:
+        return "" if self.request is None else str(self.request.get("query") or "")
+
+    @property
+    def model(self) -> str | None:
+        """The embedding model the last request's search used; None: lexical only."""
+        return None if self.request is None else self.request.get("model") or None
+
+    @property
+    def lexical_only(self) -> bool:
+        """The last request's search was full-text only (no embedder, or it failed or was late)."""
+        return self.request is not None and self.model is None
+
+    @property
+    def latency_ms(self) -> int:
+        return 0 if self.request is None else int(self.request.get("latency_ms") or 0)
+
+    @property
+    def tokens(self) -> int:
+        """The size of the last request's recall block in tokens (0: no block)."""
+        return 0 if self.request is None else int(self.request.get("tokens") or 0)
+
+    @property
+    def notes(self) -> list[str]:
+        return [] if self.request is None else [str(note) for note in self.request.get("notes") or []]
+
+
+def recall_build(
+    *,
+    session_id: int,
+    request: dict[str, Any] | None,
+    embedder: dict[str, str],
+    index: dict[str, Any] | None = None,
+) -> RecallSection:
+    """The Recall section from a request's recall report ``request`` (see
+    :class:`RecallSection`; a ``memory.context`` event's ``recall`` or a ``ModelCall``'s
+    ``context["recall"]``). Pure; entries whose ``item_id`` is missing are skipped."""
+
+    def entries(key: str) -> list[RecallEntry]:
+        found = request.get(key) if request is not None else None
+        return [_recall_entry(entry, session_id=session_id) for entry in found or () if "item_id" in entry]
+
+    return RecallSection(
+        session_id=session_id,
+        request=request,
+        embedder=embedder,
+        index=index,
+        items=entries("items"),
+        rejected=entries("rejected"),
+        over_budget=entries("over_budget"),
+    )
+
+
+def _recall_entry(entry: dict[str, Any], *, session_id: int) -> RecallEntry:
+    memory_key = str(entry.get("memory_key") or "")
+    chat_id = ChatSession.session_id_for(memory_key) if memory_key.isdigit() else None
+    cosine = entry.get("cosine")
+    return RecallEntry(
+        item_id=int(entry["item_id"]),
+        session_id=chat_id,
+        same_chat=chat_id == session_id,
+        chat_title=str(entry.get("chat_title") or ""),
+        message_ids=tuple(int(i) for i in entry.get("message_ids") or ()),
+        role=str(entry.get("role") or ""),
+        created_at=_datetime_or_none(entry.get("created_at")),
+        text=str(entry.get("text") or ""),
+        lexical_rank=_int_or_none(entry.get("lexical_rank")),
+        cosine=None if cosine is None else float(cosine),
+        dense_rank=_int_or_none(entry.get("dense_rank")),
+        rrf=float(entry.get("rrf") or 0.0),
+        decay=float(entry.get("decay") or 0.0),
+        score=float(entry.get("score") or 0.0),
+        reason=str(entry.get("reason") or ""),
+    )
+
+
+def recall_of_call(call: ModelCall | None) -> dict[str, Any] | None:
+    """The recall report of a recorded model call (None without a call, for a call recorded
+    before recall was kept, and for one built without recall: ``{}``)."""
+    recall = call.context.get("recall") if call is not None else None
+    return recall if isinstance(recall, dict) and recall else None
+
+
+def recall_get(*, session_id: int, request: dict[str, Any] | None) -> RecallSection:
+    """The Recall section of chat session ``session_id`` with the recall report ``request`` of
+    its last request, the embedder the settings select and the session's index status (one
+    query; no access check: callers authorize)."""
+    return recall_build(
+        session_id=session_id,
+        request=request,
+        embedder=embedder_choice().as_dict(),
+        index=memory_index_status(memory_key=ChatSession.memory_key_for(session_id)),
+    )
+
+
+def recall_section_get(*, session_id: int) -> RecallSection:
+    """The Recall section of chat session ``session_id``, with the recall report of its newest
+    model call (no access check: callers authorize)."""
+    last_call = ModelCall.objects.filter(session_id=session_id).order_by("-id").first()
+    return recall_get(session_id=session_id, request=recall_of_call(last_call))
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _datetime_or_none(value: Any) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(str(value))
+
+
+@dataclass(frozen=True, kw_only=True)
 class InspectorState:
     """Everything the inspector panel shows for one session."""
 
@@ -310,6 +642,8 @@ class InspectorState:
     timeline: list[TimelineEvent]
     health: Health
     job: MemoryJob
+    key_facts: KeyFacts
+    recall: RecallSection | None = None
 
     @property
     def basis(self) -> MarkBasis:
@@ -324,8 +658,10 @@ class InspectorState:
 def inspector_state_get(*, session_id: int) -> InspectorState:
     """The inspector's state for chat session ``session_id`` (no access check: callers authorize).
 
-    ``request`` is the session's newest ``ModelCall`` (None before the first); the timeline and
-    the summary versions cover the newest ``TIMELINE_MAX_EVENTS`` compression events, newest first.
+    ``request`` is the session's newest ``ModelCall`` (None before the first), ``key_facts``
+    every key fact of the session with that call's key-facts groups, ``recall`` that call's
+    recall (docs/memory.md §12) with the embedder and the index status; the timeline and the
+    summary versions cover the newest ``TIMELINE_MAX_EVENTS`` compression events, newest first.
     """
     memory_key = ChatSession.memory_key_for(session_id)
     events = compression_event_list(memory_key=memory_key, limit=TIMELINE_MAX_EVENTS)[::-1]
@@ -348,6 +684,8 @@ def inspector_state_get(*, session_id: int) -> InspectorState:
     return InspectorState(
         session_id=session_id,
         request=request_snapshot_build(last_call) if last_call is not None else None,
+        key_facts=key_facts_get(session_id=session_id, request=key_facts_of_call(last_call)),
+        recall=recall_get(session_id=session_id, request=recall_of_call(last_call)),
         summary=summary,
         timeline=[_timeline_event(event) for event in events],
         health=Health(

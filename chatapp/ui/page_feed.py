@@ -30,13 +30,19 @@ chat.retrieval       a line in the live reply naming the passages found  none
 memory.compression   an announcement (and, within a turn, a line in the  none
                      live reply)
 memory.context       the inspector's "Last request" panel (gauge and     none: the event's sections,
-                     sections; the exact texts sent follow at            sources and summary
-                     chat.done) and the changed transcript marks         boundary
+                     sections; the exact texts sent follow at            sources, summary boundary
+                     chat.done), its Recall section and the changed      and recall report (the
+                     transcript marks                                    index status as the feed
+                                                                         remembers it)
 memory.summary       the inspector and the changed marks                 the inspector's state
                                                                          ("compress now" changed
                                                                          the summary, its versions
                                                                          and the timeline; no
                                                                          chat.done follows)
+memory.facts         the inspector's Key facts section, rendered from    none: the event's facts,
+                     the event's facts (a memory job extracted new       and the last request's
+                     ones)                                               key-facts groups as the
+                                                                         feed remembers them
 chat.done            the live reply removed; the inspector, the          the inspector's state, once
                      changed marks and the turn status                   per turn (summary,
                                                                          timeline, health and the
@@ -65,6 +71,7 @@ from django.utils.html import format_html
 
 from chatapp.chats import selectors
 from chatapp.conversation import leases
+from chatapp.llm.embeddings import embedder_choice
 from chatapp.models import ChatSession, Message
 from chatapp.realtime.protocol import (
     ChatDeltaEvent,
@@ -75,6 +82,7 @@ from chatapp.realtime.protocol import (
     ErrorEvent,
     MemoryCompressionEvent,
     MemoryContextEvent,
+    MemoryFactsEvent,
     MemorySummaryEvent,
     ServerEvent,
 )
@@ -84,9 +92,14 @@ from chatapp.ui.inspector import (
     PATH_LABELS,
     Gauge,
     InspectorState,
+    KeyFacts,
     MarkBasis,
+    RecallSection,
     Section,
     inspector_state_get,
+    key_fact_from_dict,
+    key_facts_build,
+    recall_build,
 )
 
 PAGE_TEMPLATE = "chat/session.html"
@@ -203,7 +216,9 @@ class PageFeed:
     """The live feed of one open chat page: turns server events into out-of-band HTML frames
     (see the module docstring) and remembers what the page shows -- the marks of the messages
     it has (``marks``), the basis of new marks, the turns it shows a live reply for
-    (``streams``) and their modes."""
+    (``streams``) and their modes, the last request's key-facts groups (``fact_request``,
+    as :attr:`chatapp.ui.inspector.KeyFacts.request`) and the session's recall index status
+    (``recall_index``, as :attr:`chatapp.ui.inspector.RecallSection.index`)."""
 
     def __init__(self, *, session_id: int) -> None:
         self.session_id = session_id
@@ -211,6 +226,8 @@ class PageFeed:
         self.basis = MarkBasis()
         self.streams: set[int] = set()
         self.modes: dict[int, str] = {}
+        self.fact_request: dict[str, Any] | None = None
+        self.recall_index: dict[str, Any] | None = None
 
     def snapshot(self) -> str:
         """The page's whole state as stored; resets what the feed remembers. Returns ``""``
@@ -222,6 +239,8 @@ class PageFeed:
         self.marks = {message.pk: mark for message, mark in state.transcript}
         self.basis = state.inspector.basis
         self.streams = set(state.running)
+        self.fact_request = state.inspector.key_facts.request
+        self.recall_index = state.inspector.recall.index if state.inspector.recall else None
         context = {"chat_session": session, "page": state, "inspector": state.inspector, "oob": True}
         return "".join(
             [
@@ -262,6 +281,9 @@ class PageFeed:
             return self._context(event)
         if isinstance(event, MemorySummaryEvent):
             return self._inspector()
+        if isinstance(event, MemoryFactsEvent):
+            facts = [key_fact_from_dict(fact) for fact in event.facts]
+            return key_facts_render(key_facts_build(session_id=self.session_id, facts=facts, request=self.fact_request))
         if isinstance(event, ChatDoneEvent):
             self.modes.pop(event.turn_id, None)
             return self._stream_remove(event.turn_id) + self._inspector() + self._turn_status()
@@ -310,11 +332,19 @@ class PageFeed:
             )
         live = live_request_build(event, model_call_id=event.model_call_id, mode=self.modes.get(event.turn_id, ""))
         panel = partial_render("request-panel", {"last": live, "request_oob": True})
-        return panel + self._marks_update(mark_basis_from_context(event))
+        recall = recall_build(
+            session_id=self.session_id,
+            request=event.recall or None,
+            embedder=embedder_choice().as_dict(),
+            index=self.recall_index,
+        )
+        return panel + recall_render(recall) + self._marks_update(mark_basis_from_context(event))
 
     def _inspector(self) -> str:
         """The whole inspector as stored, and the marks on its basis."""
         state = inspector_state_get(session_id=self.session_id)
+        self.fact_request = state.key_facts.request
+        self.recall_index = state.recall.index if state.recall else None
         return partial_render("inspector", {"inspector": state, "oob": True}) + self._marks_update(state.basis)
 
     def _marks_update(self, basis: MarkBasis) -> str:
@@ -380,6 +410,16 @@ def compression_sentence(event: dict[str, Any]) -> str:
     if kind == "overflow":
         return f"Memory: the current turn was cut to fit the context window ({after:,} tokens)."
     return f"Memory: a concurrent request updated the summary first ({kind})."
+
+
+def key_facts_render(key_facts: KeyFacts) -> str:
+    """An out-of-band fragment that replaces the inspector's Key facts section."""
+    return partial_render("key-facts", {"key_facts": key_facts, "facts_oob": True})
+
+
+def recall_render(recall: RecallSection) -> str:
+    """An out-of-band fragment that replaces the inspector's Recall section."""
+    return partial_render("recall", {"recall": recall, "recall_oob": True})
 
 
 def announce(text: str) -> str:

@@ -12,6 +12,9 @@ plain requests. The chat itself runs over the WebSocket (:mod:`chatapp.realtime.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -25,6 +28,7 @@ from django_htmx.http import HttpResponseClientRedirect, trigger_client_event
 from django_htmx.middleware import HtmxDetails
 
 from chatapp.chats.access import (
+    SESSION_ID_MAX,
     Owner,
     kb_editor_allowed,
     kb_editor_check,
@@ -46,12 +50,16 @@ from chatapp.llm.clients import chat_endpoint
 from chatapp.models import ChatSession
 from chatapp.ui.forms import (
     DocumentUploadForm,
+    KeyFactEditForm,
+    KeyFactHideForm,
+    KeyFactPinForm,
     SessionCreateForm,
     SessionModeForm,
     SessionRenameForm,
 )
-from chatapp.ui.inspector import inspector_state_get
+from chatapp.ui.inspector import inspector_state_get, key_facts_section_get, recall_section_get
 from chatapp.ui.page_feed import chat_page_state_get, compression_sentence
+from memory.api import KeyFact, KeyFactNotFound, key_fact_edit, key_fact_hide, key_fact_pin
 
 SESSION_PAGE = "chat/session.html"
 MANAGE_PAGE = "chat/session_manage.html"
@@ -247,6 +255,128 @@ async def session_compress(request: HtmxHttpRequest, session_id: int) -> HttpRes
     # from the requesting element, which is then detached ("oobErrorNoTarget"). The event goes
     # to <body> then; chat.js puts the text in #announce.
     return trigger_client_event(response, ANNOUNCE_EVENT, {"text": text}, after="swap")
+
+
+@require_GET
+def session_key_facts(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
+    """The inspector's Key facts section: its partial for htmx, else the chat page."""
+    session = session_get_for_owner(request, session_id)
+    if request.htmx:
+        return render(request, f"{SESSION_PAGE}#key-facts", {"key_facts": key_facts_section_get(session_id=session.pk)})
+    return render(request, SESSION_PAGE, _session_page_context(request, session))
+
+
+@require_GET
+def session_recall(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
+    """The inspector's Recall section (docs/memory.md §12): its partial for htmx, else the chat
+    page. 404 for anyone but the session's owner."""
+    session = session_get_for_owner(request, session_id)
+    if request.htmx:
+        return render(request, f"{SESSION_PAGE}#recall", {"recall": recall_section_get(session_id=session.pk)})
+    return render(request, SESSION_PAGE, _session_page_context(request, session))
+
+
+@require_POST
+def session_fact_pin(request: HtmxHttpRequest, session_id: int, fact_id: int) -> HttpResponse:
+    """Pin (``pinned=true``) or unpin (``pinned=false``) one of the session's key facts
+    (docs/memory.md §11): a pinned fact is in every request's key-facts block, first, and no
+    extraction supersedes it. Answers as :func:`_key_fact_answer`."""
+    session, fact_id = _key_fact_target(request, session_id, fact_id)
+    form = KeyFactPinForm(request.POST)
+    if not form.is_valid():
+        return _key_fact_answer(request, session, fact_id=fact_id, error=_form_error(form))
+    with _fact_404():
+        fact = key_fact_pin(memory_key=_memory_key(session), fact_id=fact_id, pinned=form.cleaned_data["pinned"])
+    done = f"{'Pinned' if fact.pinned_by_user else 'Unpinned'} {_fact_name(fact)}."
+    return _key_fact_answer(request, session, fact_id=fact_id, done=done)
+
+
+@require_POST
+def session_fact_hide(request: HtmxHttpRequest, session_id: int, fact_id: int) -> HttpResponse:
+    """Hide (``hidden=true``) one of the session's key facts from every request, or restore it
+    (``hidden=false``). Answers as :func:`_key_fact_answer`."""
+    session, fact_id = _key_fact_target(request, session_id, fact_id)
+    form = KeyFactHideForm(request.POST)
+    if not form.is_valid():
+        return _key_fact_answer(request, session, fact_id=fact_id, error=_form_error(form))
+    with _fact_404():
+        fact = key_fact_hide(memory_key=_memory_key(session), fact_id=fact_id, hidden=form.cleaned_data["hidden"])
+    done = f"{'Hid' if fact.hidden_by_user else 'Restored'} {_fact_name(fact)}."
+    return _key_fact_answer(request, session, fact_id=fact_id, done=done)
+
+
+@require_POST
+def session_fact_edit(request: HtmxHttpRequest, session_id: int, fact_id: int) -> HttpResponse:
+    """Correct the value of one of the session's key facts (``value``, 1 to 200 characters): a
+    new fact of the same slot with ``extractor`` ``user`` supersedes it, which is kept
+    (docs/memory.md §11). Answers as :func:`_key_fact_answer`."""
+    session, fact_id = _key_fact_target(request, session_id, fact_id)
+    form = KeyFactEditForm(request.POST)
+    if not form.is_valid():
+        return _key_fact_answer(request, session, fact_id=fact_id, error=_form_error(form))
+    try:
+        with _fact_404():
+            fact = key_fact_edit(memory_key=_memory_key(session), fact_id=fact_id, value=form.cleaned_data["value"])
+    except ValueError as exc:
+        return _key_fact_answer(request, session, fact_id=fact_id, error=str(exc))
+    return _key_fact_answer(request, session, fact_id=fact.id, done=f"Changed {_fact_name(fact)}.")
+
+
+def _key_fact_target(request: HtmxHttpRequest, session_id: int, fact_id: int) -> tuple[ChatSession, int]:
+    """The caller's session and the fact id of a key-fact action; ``Http404`` for a session that
+    is not the caller's and for an id no database key can have."""
+    session = session_get_for_owner(request, session_id)
+    if not 0 < fact_id <= SESSION_ID_MAX:
+        raise Http404("No such key fact.")
+    return session, fact_id
+
+
+@contextmanager
+def _fact_404() -> Iterator[None]:
+    """``KeyFactNotFound`` (a fact that is not this chat's, or none) as ``Http404``."""
+    try:
+        yield
+    except KeyFactNotFound:
+        raise Http404("No such key fact.") from None
+
+
+def _memory_key(session: ChatSession) -> str:
+    return ChatSession.memory_key_for(session.pk)
+
+
+def _fact_name(fact: KeyFact) -> str:
+    return f"{fact.key} {fact.value}"
+
+
+def _form_error(form: KeyFactPinForm | KeyFactHideForm | KeyFactEditForm) -> str:
+    return " ".join(str(message) for messages in form.errors.values() for message in messages)
+
+
+def _key_fact_answer(
+    request: HtmxHttpRequest, session: ChatSession, *, fact_id: int, done: str = "", error: str = ""
+) -> HttpResponse:
+    """The answer to a key-fact action. Done: htmx gets the re-rendered Key facts section and
+    ``done`` announced; a plain request goes back to the chat page. ``error`` (nothing was
+    changed): the section with the error next to fact ``fact_id``, 422 to htmx (swapped, see
+    ``htmx-config`` in ``base.html``) and the chat page with it, 400, to a plain request; but
+    ``Http404`` when the session has no fact ``fact_id``."""
+    if not error and not request.htmx:
+        return redirect(reverse("session-detail", kwargs={"session_id": session.pk}) + "#key-facts")
+    section = key_facts_section_get(session_id=session.pk)
+    if not error:
+        response = render(request, f"{SESSION_PAGE}#key-facts", {"key_facts": section})
+        return trigger_client_event(response, ANNOUNCE_EVENT, {"text": done}, after="swap")
+    if fact_id not in section.fact_ids:
+        raise Http404("No such key fact.")
+    if request.htmx:
+        section = replace(section, error=error, error_fact_id=fact_id)
+        return render(request, f"{SESSION_PAGE}#key-facts", {"key_facts": section}, status=422)
+    context = _session_page_context(request, session)
+    page = context["page"]
+    context["page"] = replace(
+        page, inspector=replace(page.inspector, key_facts=replace(section, error=error, error_fact_id=fact_id))
+    )
+    return render(request, SESSION_PAGE, context, status=400)
 
 
 def _announcement(text: str) -> str:

@@ -6,7 +6,8 @@
 //     in #outbox until the server's rendered copy arrives in #messages;
 //   - after every (re)connect, pending bubbles are sent again (the server ignores duplicates);
 //   - reflects the socket state in data-ws on #chat-page (browser tests wait on it);
-//   - keeps focus, open <details> and the scroll position across swaps;
+//   - keeps focus, open <details>, text typed into the inspector's forms (a key fact's new value)
+//     and the scroll position across swaps;
 //   - drawers (chat list, inspector) on narrow screens, and "Copy" buttons.
 // Text is only ever inserted with textContent.
 (function () {
@@ -65,6 +66,9 @@
     const thread = document.getElementById("thread");
     kept = {
       open: Array.from(document.querySelectorAll("details[open][id]"), (d) => d.id),
+      typed: Array.from(document.querySelectorAll("#inspector input[type=text][id]"))
+        .filter((input) => input.value !== input.defaultValue)
+        .map((input) => [input.id, input.defaultValue, input.value]),
       focus: document.activeElement && document.activeElement.id,
       atBottom: thread ? thread.scrollHeight - thread.scrollTop - thread.clientHeight < 80 : false,
     };
@@ -75,6 +79,12 @@
     kept.open.forEach((id) => {
       const details = document.getElementById(id);
       if (details && details.tagName === "DETAILS") details.open = true;
+    });
+    // Only into the same field showing the same stored value: a socket push re-renders the
+    // inspector, but the answer to the user's own form (a new default) wins.
+    kept.typed.forEach(([id, before, value]) => {
+      const input = document.getElementById(id);
+      if (input && input.defaultValue === before && input.value === before) input.value = value;
     });
     if (kept.focus && (!document.activeElement || document.activeElement === document.body)) {
       const again = document.getElementById(kept.focus);

@@ -53,19 +53,39 @@ def check_context(
     expanded = [part for source in sources for part in (source, *source.get("merged", []))]
     folded = [i for source in expanded for i in source.get("folded", [])]
     # F-38: the window after the summary block starts with a user message (no split turn)
-    kinds = [s["kind"] for s in sources]
-    if "summary" in kinds:
-        k = kinds.index("summary")
-        if sources[k].get("merged"):
-            assert messages[k]["role"] == "user" and sources[k]["merged"][0]["kind"] in ("history", "current")
-        elif k + 1 < len(messages):
-            assert messages[k + 1]["role"] == "user", (
-                f"F-38: the window after the summary starts with {messages[k + 1]}"
+    holder = next(
+        (i for i, s in enumerate(sources) if "summary" in [p["kind"] for p in (s, *s.get("merged", []))]), None
+    )
+    if holder is not None:
+        # The recall block (docs/memory.md §12) sits between the summary and the window.
+        parts = [sources[holder], *sources[holder].get("merged", [])]
+        after = [p for p in parts[[p["kind"] for p in parts].index("summary") + 1 :] if p["kind"] != "recall"]
+        following = holder + 1
+        while following < len(messages) and sources[following]["kind"] == "recall" and not after:
+            following += 1
+        if after:
+            assert messages[holder]["role"] == "user" and after[0]["kind"] in ("history", "current")
+        elif following < len(messages) and sources[following].get("merged"):
+            assert messages[following]["role"] == "user"
+        elif following < len(messages):
+            assert messages[following]["role"] == "user", (
+                f"F-38: the window after the summary starts with {messages[following]}"
             )
+    # docs/memory.md §12: the recall block comes after the summary (or the key facts / system
+    # prompt when there is none), once
+    recall_at = [i for i, s in enumerate(expanded) if s["kind"] == "recall"]
+    assert len(recall_at) <= 1
+    if recall_at:
+        assert all(s["kind"] in ("system", "facts", "summary") for s in expanded[: recall_at[0]])
+    # docs/memory.md §11: the key-facts block comes right after the system prompt, once
+    facts_at = [i for i, s in enumerate(expanded) if s["kind"] == "facts"]
+    assert facts_at in ([], [1]), f"the key-facts block is at {facts_at}"
+    if facts_at:
+        assert expanded[1]["fact_ids"] and expanded[1]["message_ids"], "a key-facts block without provenance"
     if strict_alternation:
-        for before, after in itertools.pairwise(messages):
-            assert not (before["role"] == after["role"] and before["role"] in ("user", "assistant")), (
-                f"F-38: two {before['role']} messages in a row"
+        for first, second in itertools.pairwise(messages):
+            assert not (first["role"] == second["role"] and first["role"] in ("user", "assistant")), (
+                f"F-38: two {first['role']} messages in a row"
             )
     # I1
     assert messages[0] == {"role": "system", "content": system_prompt}
@@ -107,7 +127,7 @@ def check_context(
     )
     assert set(expected) <= set(present) | set(folded)
     if boundary:
-        assert any(s["kind"] == "summary" for s in sources)
+        assert any(s["kind"] == "summary" for s in expanded)
     # the estimate is the one of what is sent
     assert context.tokens == counter.count_request(messages, tools)
     # I5

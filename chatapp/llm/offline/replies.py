@@ -6,7 +6,9 @@ fact that memory compression dropped is visibly forgotten (docs/memory.md §6).
 
 Decision order for one request:
 
-1. a summarizer prompt (it carries a ``<transcript>`` section) gets an extractive summary;
+1. a summarizer prompt (it carries a ``<transcript>`` section) gets an extractive summary, and
+   a key-facts extraction prompt (it carries ``<new_messages>``) the JSON facts of
+   :mod:`chatapp.llm.offline.facts`;
 2. trailing tool results get a text answer that quotes them;
 3. a user message asking to search (when ``kb_search`` is offered) or to compute (when
    ``calculator`` is offered) gets one tool call;
@@ -36,6 +38,7 @@ from chatapp.llm.offline.evidence import (
     plain_text,
     word_list,
 )
+from chatapp.llm.offline.facts import extraction_reply, is_extraction_request
 from chatapp.llm.offline.intents import search_query, tool_call_for, tool_names
 from memory.api import extractive_summary, split_summary_prompt
 
@@ -66,6 +69,12 @@ def summary_prompt_parts(messages: list[Message]) -> tuple[str, str] | None:
     return split_summary_prompt(plain_text(messages[-1].get("content")))
 
 
+def is_summarizer_request(messages: list[Message]) -> bool:
+    """Whether a request is for the summarizer model: a summary prompt or a key-facts
+    extraction prompt (``OFFLINE_FAIL_SUMMARY`` and ``OFFLINE_SUMMARY_DELAY_SECONDS`` apply)."""
+    return summary_prompt_parts(messages) is not None or is_extraction_request(messages)
+
+
 def offline_reply(
     messages: list[Message], *, tools: list[dict[str, Any]] | None, summary_max_tokens: int
 ) -> OfflineReply:
@@ -75,6 +84,8 @@ def offline_reply(
     ``summary_max_tokens``: the output cap, in tokens, of an extractive summary.
     A summary may be ``""`` when nothing in the transcript is worth keeping.
     """
+    if is_extraction_request(messages):
+        return OfflineReply(text=extraction_reply(messages))
     summary_parts = summary_prompt_parts(messages)
     if summary_parts is not None:
         previous, transcript = summary_parts

@@ -11,8 +11,9 @@ Replies are deterministic (no randomness, no clock: ``created`` is 0); what they
 :mod:`chatapp.llm.offline.replies`. Demo switches are read from settings at request time:
 ``OFFLINE_DELAY_SECONDS`` (sleep before answering), ``OFFLINE_SUMMARY_DELAY_SECONDS`` (a further
 sleep before answering summarizer requests only, to show and measure what background memory jobs
-save, docs/memory.md §10), ``OFFLINE_FAIL_SUMMARY`` (summarizer
-requests get HTTP 500) and ``OFFLINE_FAIL_CHAT`` (all other chat requests get HTTP 500).
+save, docs/memory.md §10), ``OFFLINE_FAIL_SUMMARY`` (summarizer requests get HTTP 500) and
+``OFFLINE_FAIL_CHAT`` (all other chat requests get HTTP 500). Summarizer requests are summary
+prompts and key-facts extraction prompts (docs/memory.md §11).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import httpx2
 import tiktoken
 from django.conf import settings
 
-from chatapp.llm.offline.replies import OfflineReply, offline_reply, summary_prompt_parts
+from chatapp.llm.offline.replies import OfflineReply, is_summarizer_request, offline_reply
 from memory.api import TokenCounter
 
 OFFLINE_MODEL = "offline-engine"
@@ -69,7 +70,7 @@ def _models_payload() -> dict[str, Any]:
 async def _chat_completions(request: httpx2.Request, body: dict[str, Any]) -> httpx2.Response:
     messages: list[dict[str, Any]] = [m for m in body["messages"] if isinstance(m, dict)]
     tools = body.get("tools") if isinstance(body.get("tools"), list) else None
-    is_summary = summary_prompt_parts(messages) is not None
+    is_summary = is_summarizer_request(messages)  # summaries and key-facts extractions
     delay = settings.OFFLINE_DELAY_SECONDS + (settings.OFFLINE_SUMMARY_DELAY_SECONDS if is_summary else 0.0)
     await _delay(request, delay)
     if is_summary and settings.OFFLINE_FAIL_SUMMARY:

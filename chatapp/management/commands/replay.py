@@ -1,17 +1,26 @@
 """``python manage.py replay PATH --format tau-bench|locomo [--limit N] [--context-window TOKENS]
-[--mode agent|quick-answer] --out FILE.jsonl``: replay recorded conversations through the live
-memory path and write one JSON line per model call (contract in docs/replay.md)."""
+[--mode agent|quick-answer] [--questions [--questions-from OTHER.json]] --out FILE.jsonl``: replay
+recorded conversations through the live memory path and write one JSON line per model call, then
+(LoCoMo, ``--questions``) one per annotated question asked as the next, unstored user turn
+(contract in docs/replay.md)."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
+from itertools import chain
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from chatapp.conversation.replay import ReplayInputError, conversation_replay, conversations_read, replay_engine
+from chatapp.conversation.replay import (
+    Question,
+    ReplayInputError,
+    ReplaySession,
+    conversations_read,
+    replay_engine,
+)
 
 
 class Command(BaseCommand):
@@ -27,6 +36,17 @@ class Command(BaseCommand):
             "--context-window", type=int, default=None, help="the chat model's context window in tokens"
         )
         parser.add_argument("--mode", choices=["agent", "quick-answer"], default="agent")
+        parser.add_argument(
+            "--questions",
+            action="store_true",
+            help="LoCoMo: after each conversation, ask its annotated questions (categories 1-4) as unstored turns",
+        )
+        parser.add_argument(
+            "--questions-from",
+            type=Path,
+            default=None,
+            help="with --questions: ask the questions of this LoCoMo file (or folder) instead (noise check)",
+        )
         parser.add_argument("--out", required=True, type=Path, help="output JSON Lines file")
 
     def handle(
@@ -38,29 +58,47 @@ class Command(BaseCommand):
         context_window: int | None,
         mode: str,
         out: Path,
+        questions: bool = False,
+        questions_from: Path | None = None,
         **options: object,
     ) -> None:
         if limit is not None and limit < 1:
             raise CommandError("--limit must be at least 1")
         if context_window is not None and context_window < 256:
             raise CommandError("--context-window must be at least 256 tokens")
+        if questions and fmt != "locomo":
+            raise CommandError("--questions needs --format locomo (only LoCoMo annotates questions)")
+        if questions_from is not None and not questions:
+            raise CommandError("--questions-from needs --questions")
         engine = replay_engine(context_window)
         started = time.perf_counter()
-        calls = compressions = largest = conversations = 0
+        calls = compressions = largest = conversations = asked = 0
         try:
+            foreign: list[Question] | None = None
+            if questions_from is not None:
+                foreign = [q for c in conversations_read(questions_from, "locomo") for q in c.questions]
             with out.open("w", encoding="utf-8") as sink:
                 for conversation in conversations_read(path, fmt):  # type: ignore[arg-type]
                     if limit is not None and conversations >= limit:
                         break
                     conversations += 1
-                    for record in conversation_replay(conversation, engine=engine, mode=mode):  # type: ignore[arg-type]
+                    session = ReplaySession(conversation, engine=engine, mode=mode)  # type: ignore[arg-type]
+                    records = session.records()
+                    if questions:
+                        asked_here = foreign if foreign is not None else conversation.questions
+                        records = chain(records, session.questions(asked_here))
+                    for record in records:
                         sink.write(json.dumps(record, ensure_ascii=False) + "\n")
-                        calls += 1
+                        if "question" in record:
+                            asked += 1
+                        else:
+                            calls += 1
                         events = [*record["job_events"], *record["events"]]
                         compressions += sum(event["kind"] == "compression" for event in events)
                         largest = max(largest, record["tokens"])
                     print(
-                        f"[{conversations}] {conversation.name}: {calls} model calls so far, {compressions} compressions",
+                        f"[{conversations}] {conversation.name}: {calls} model calls so far, {compressions} compressions"
+                        + (f", {asked} questions asked" if questions else ""),
                         file=sys.stderr,
                     )
         except ReplayInputError as exc:
@@ -69,7 +107,9 @@ class Command(BaseCommand):
             raise CommandError(f"cannot write {out}: {exc}") from None
         seconds = time.perf_counter() - started
         print(
-            f"replayed {conversations} conversations: {calls} model calls, {compressions} compressions, "
+            f"replayed {conversations} conversations: {calls} model calls, "
+            + (f"{asked} questions, " if questions else "")
+            + f"{compressions} compressions, "
             f"largest request {largest} tokens (window {engine.budget.context_window}), {seconds:.1f} s",
             file=sys.stderr,
         )

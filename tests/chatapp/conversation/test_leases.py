@@ -3,9 +3,13 @@ finished or was closed as interrupted, and never brought back by a late heartbea
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from asgiref.sync import sync_to_async
+from django.utils import timezone
 
+from chatapp.conversation import leases
 from chatapp.conversation.leases import (
     INTERRUPTED_TEXT,
     turn_in_flight_list,
@@ -57,3 +61,22 @@ def test_a_late_heartbeat_does_not_bring_an_ended_turns_lease_back(alice):
     turn_lease_renew(user_message_id=unleased.pk)
 
     assert list(TurnLease.objects.values_list("user_message_id", flat=True)) == [unleased.pk]
+
+
+def test_on_one_process_a_lease_older_than_the_process_is_interrupted_at_once(alice, settings, monkeypatch):
+    """The embedded default after a restart: turns left by the previous process are closed by the
+    next request at once instead of counting as in flight (and "busy") for the lease time."""
+    settings.CHAT_TURN_LEASES_ONE_PROCESS = True
+    monkeypatch.setattr(leases, "PROCESS_STARTED", timezone.now() - timedelta(hours=1))
+    session = chat_session_make(alice.owner)
+    before_restart = message_make(session, "user", "asked just before the restart")
+    lease_make(before_restart, age_seconds=2)
+    assert turn_in_flight_list(session_id=session.pk) == [before_restart.pk]  # the same process
+
+    monkeypatch.setattr(leases, "PROCESS_STARTED", timezone.now())  # a new process
+    after_restart = message_make(session, "user", "asked after the restart")
+    lease_make(after_restart)
+
+    assert turn_in_flight_list(session_id=session.pk) == [after_restart.pk]
+    [reply] = turns_interrupted_close(session_id=session.pk)
+    assert (reply.reply_to_id, reply.content) == (before_restart.pk, INTERRUPTED_TEXT)

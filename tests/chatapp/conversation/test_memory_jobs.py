@@ -18,7 +18,7 @@ from chatapp.conversation.runner import chat_turn_run
 from chatapp.models import ChatSession, Message, ModelCall
 from chatapp.ui.inspector import inspector_state_get
 from memory.api import memory_job_state_get, session_summary_get
-from memory.models import CompressionEvent, MemoryJobState
+from memory.models import CompressionEvent
 from tests.chatapp.conftest import chat_session_make, message_make
 from tests.chatapp.conversation.test_honest_history import Gate, held_summarizer, rows_left
 
@@ -84,7 +84,11 @@ async def test_after_a_reply_the_job_precompresses_so_the_next_turn_calls_no_sum
     await memory_job_run_now(session_id=session.pk)
     job = await sync_to_async(memory_job_state_get)(memory_key=str(session.pk))
     last_id = await Message.objects.filter(session=session).order_by("-id").values_list("id", flat=True).afirst()
-    assert (job.status, job.watermarks, job.runs) == ("idle", {"precompress": last_id}, 1)
+    assert (job.status, job.watermarks, job.runs) == (
+        "idle",
+        {"extract_facts": last_id, "precompress": last_id, "index": last_id},
+        1,
+    )
     compressions = [e async for e in CompressionEvent.objects.filter(memory_key=str(session.pk), kind="compression")]
     assert [(e.origin, e.degraded) for e in compressions] == [("job", False)]
     assert compressions[0].attempts, "the job called the summarizer"
@@ -164,7 +168,7 @@ async def test_a_session_deleted_while_its_job_runs_leaves_no_rows(alice, monkey
     assert await sync_to_async(rows_left)(session_id, []) == {}
 
 
-async def test_in_sync_mode_the_request_compresses_and_the_job_does_nothing(alice, settings):
+async def test_in_sync_mode_the_request_compresses_and_the_job_only_extracts_facts(alice, settings):
     settings.LLM_CHAT_CONTEXT_WINDOW = 1024
     settings.MEMORY_COMPRESSION = "sync"
     session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.QUICK_ANSWER)
@@ -173,11 +177,14 @@ async def test_in_sync_mode_the_request_compresses_and_the_job_does_nothing(alic
     assert call.context["path"] == "compressed" and summarizer_called(call)
     await memory_job_run_now(session_id=session.pk)
     assert not await CompressionEvent.objects.filter(memory_key=str(session.pk), origin="job").aexists()
-    assert not await MemoryJobState.objects.filter(memory_key=str(session.pk)).aexists(), "nothing was due"
+    job = await sync_to_async(memory_job_state_get)(memory_key=str(session.pk))
+    assert set(job.watermarks) == {"extract_facts", "index"}, "pre-compression was not due"
 
 
 @pytest.mark.usefixtures("small_window")
-async def test_a_turn_far_under_the_trigger_schedules_no_job_and_one_near_it_does(alice):
+async def test_a_turn_far_under_the_trigger_schedules_no_job_and_one_near_it_does(alice, settings):
+    # Without key-fact extraction (which is due after every reply), only pre-compression decides.
+    settings.MEMORY_FACTS_EXTRACTION = False
     session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.AGENT)
     memory_key = str(session.pk)
     await turn(session, "calculate 6 * 7")

