@@ -195,7 +195,9 @@ class PreCompression:
             summarize_below=await self.orm(leases.turn_in_flight_first_id)(session_id=session_id),
             origin="job",
         )
-        return engine, request, settings.MEMORY_PRECOMPRESS_TOKENS + allowance, last_id
+        # Room for the next request's recall block too, which only its question decides (§12).
+        recall = engine.budget.recall_budget_tokens
+        return engine, request, settings.MEMORY_PRECOMPRESS_TOKENS + allowance + recall, last_id
 
 
 class FactExtraction:
