@@ -1,6 +1,7 @@
 # Two commands set everything up on a fresh machine (Python 3.11 with venv):
 #   make run   - virtual environment, pinned requirements, migrations, demo knowledge base,
 #                then the app on the embedded default at http://127.0.0.1:8000/
+#   make demo  - the same, then open the printed /demo/ address and press Run the demo: a scripted chat shows memory at work
 #   make test  - the same environment plus test requirements, then the whole suite
 #   make lint  - ruff (lint and format check), mypy and the import-linter contracts (pyproject.toml)
 PYTHON ?= python3
@@ -9,7 +10,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test lint install install-dev migrate bench replay clean
+.PHONY: run demo test lint install install-dev migrate bench replay clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,9 +30,19 @@ install-dev: $(VENV)/.installed-dev
 migrate: install
 	$(BIN)/python manage.py migrate --noinput
 
+# Daphne through chatapp/serve.py, which prints the address to open once it listens.
 run: migrate
 	$(BIN)/python manage.py load_demo_kb
-	$(BIN)/daphne -b $(HOST) -p $(PORT) chatapp.asgi:application
+	$(BIN)/python -m chatapp.serve -b $(HOST) -p $(PORT) chatapp.asgi:application
+
+# The demo walk-through (docs/demo.md): set up and serve exactly like `make run`; the printed /demo/
+# address leads to "Run the demo", which starts a chat that talks to the assistant by itself for about a minute
+# (DEMO_SECONDS). A wildcard HOST is opened through the loopback address.
+DEMO_HOST = $(if $(filter 0.0.0.0 ::,$(HOST)),127.0.0.1,$(HOST))
+demo: migrate
+	$(BIN)/python manage.py load_demo_kb
+	@echo "Demo walk-through: open http://$(DEMO_HOST):$(PORT)/demo/ once the server listens and press Run the demo."
+	$(BIN)/python -m chatapp.serve -b $(HOST) -p $(PORT) chatapp.asgi:application
 
 test: install-dev
 	$(BIN)/python -m pytest

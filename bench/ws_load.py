@@ -172,6 +172,43 @@ def database_prepare(sockets: int) -> list[tuple[str, int]]:
     return visitors
 
 
+def jobs_settle(pids: list[int], cpu_start: float, deadline: float) -> tuple[float, float]:
+    """``(cpu seconds, wall seconds)`` the workers spent after the last turn until they went quiet:
+    at least ``MEMORY_JOB_IDLE_SECONDS`` (the memory jobs of chats that went idle start then,
+    docs/memory.md §10), then until two half-second windows in a row used under 10 ms of CPU, at
+    most until ``deadline`` (monotonic)."""
+    from django.conf import settings
+
+    started = time.monotonic()
+    time.sleep(min(max(0.0, deadline - started), settings.MEMORY_JOB_IDLE_SECONDS + 0.5))
+    quiet, last = 0, sum(cpu_seconds(pid) for pid in pids)
+    while quiet < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = sum(cpu_seconds(pid) for pid in pids)
+        quiet = quiet + 1 if now - last < 0.01 else 0
+        last = now
+    return last - cpu_start, time.monotonic() - started
+
+
+def jobs_check(visitors: list[tuple[str, int]]) -> int:
+    """How many chats' memory jobs indexed every message (the ``index`` step's watermark is the
+    chat's newest message id): the deferred work was done, not skipped."""
+    from django.db import connections
+
+    from chatapp.models import ChatSession, Message
+    from memory.models import MemoryJobState
+
+    done = 0
+    for _, chat_id in visitors:
+        rows = Message.objects.filter(session_id=chat_id).exclude(origin=Message.Origin.APP)
+        newest = rows.order_by("-id").values_list("id", flat=True).first()
+        state = MemoryJobState.objects.filter(memory_key=ChatSession.memory_key_for(chat_id)).first()
+        if newest is not None and state is not None and (state.watermarks or {}).get("index") == newest:
+            done += 1
+    connections.close_all()
+    return done
+
+
 def database_check(visitors: list[tuple[str, int]], turns: int) -> tuple[int, int]:
     """``(lost, duplicated)`` as stored: per chat, each sent ``client_message_id`` must be stored
     once, with exactly one final reply of status complete. A message missing or without a
@@ -606,11 +643,13 @@ def main(args: argparse.Namespace) -> int:
             wall = time.monotonic() - began
             chat_cpu = sum(cpu_seconds(pid) for pid in pids) - cpu_before
             pg_cpu = backends.stop() if backends else 0.0
+            jobs_cpu, jobs_wall = jobs_settle(pids, cpu_before + chat_cpu, deadline) if args.jobs else (0.0, 0.0)
         handshake_wall = began - wall_start
         for server in servers:
             server.stop()
         servers = []
         db_lost, db_duplicated = database_check(visitors, args.turns)
+        jobs_done = jobs_check(visitors) if args.jobs else 0
 
         sent_turns = args.sockets * args.turns
         finished = [turn for turn in chat.turns if turn.done is not None]
@@ -666,6 +705,13 @@ def main(args: argparse.Namespace) -> int:
         problems = collections.Counter(problem for turn in chat.turns for problem in turn.problems)
         if problems:
             print(f"client-side problems: {dict(problems)}")
+        jobs_ms = 1000 * jobs_cpu / max(1, len(finished))
+        if args.jobs:
+            print(
+                f"memory jobs after the last turn: {jobs_wall:.1f} s until the workers went quiet, "
+                f"{jobs_cpu:.1f} s cpu = {jobs_ms:.1f} ms per turn; chats indexed to their last message: "
+                f"{jobs_done}/{len(visitors)}"
+            )
         print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         if args.profile is not None:
             profile_top(args.profile)
@@ -673,6 +719,7 @@ def main(args: argparse.Namespace) -> int:
         print(
             f"ratio_p99_vs_echo={ratio:.2f} lost={lost} duplicated={duplicated} sockets={args.sockets} "
             f"cpu_ms_per_turn={cpu_ms:.1f}"
+            + (f" cpu_ms_per_turn_with_jobs={cpu_ms + jobs_ms:.1f} jobs_done={jobs_done}" if args.jobs else "")
         )
         return 0
     finally:
@@ -694,6 +741,11 @@ if __name__ == "__main__":
     parser.add_argument("--workers", type=int, default=0, help="Daphne workers (default 1, or 2 with --production)")
     parser.add_argument("--turn-timeout", type=float, default=60.0, help="seconds one turn may take (default 60)")
     parser.add_argument("--deadline", type=float, default=600.0, help="seconds the whole run may take (default 600)")
+    parser.add_argument(
+        "--jobs",
+        action="store_true",
+        help="after the last turn, also count the CPU of the memory jobs (they wait for idle chats) until quiet",
+    )
     parser.add_argument("--profile", type=Path, default=None, help="record the chat workers with py-spy into DIR")
     parser.add_argument("--profile-gil", action="store_true", help="with --profile: only the thread holding the GIL")
     parsed = parser.parse_args()

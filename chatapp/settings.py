@@ -324,6 +324,10 @@ OFFLINE_DELAY_SECONDS = env_float("OFFLINE_DELAY", 0.0, minimum=0.0, maximum=120
 OFFLINE_SUMMARY_DELAY_SECONDS = env_float("OFFLINE_SUMMARY_DELAY", 0.0, minimum=0.0, maximum=120.0)
 OFFLINE_FAIL_SUMMARY = env_bool("OFFLINE_FAIL_SUMMARY", False)
 OFFLINE_FAIL_CHAT = env_bool("OFFLINE_FAIL_CHAT", False)
+# Seconds of the demo walk-through's pace, spread over its steps: the offline engine's thinking
+# time before each reply and a pause after each step (docs/demo.md). Its memory jobs and the
+# agent's second model call of a search add the rest: about a minute in all. 0: as fast as possible.
+DEMO_SECONDS = env_float("DEMO_SECONDS", 35.0, minimum=0.0, maximum=3600.0)
 
 # --- Memory engine (docs/memory.md §1 and §3).
 MEMORY_TRIGGER_RATIO = env_float("MEMORY_TRIGGER_RATIO", 0.5, minimum=0.05, maximum=0.95)
@@ -334,6 +338,10 @@ MEMORY_SUMMARY_ROLE = env_choice("MEMORY_SUMMARY_ROLE", "system", ("system", "us
 # Chat templates that reject two user or two assistant messages in a row: merge such neighbours
 # in the model-facing copy only (docs/memory.md F-38).
 LLM_STRICT_ALTERNATION = env_bool("LLM_STRICT_ALTERNATION", False)
+# Compare the estimate with the provider's usage.prompt_tokens of every chat call and scale the
+# budget by the per-model factor it learns (docs/memory.md §5, "Calibration"); never for the
+# offline engine, which counts with our own tokenizer.
+LLM_TOKEN_CALIBRATION = env_bool("LLM_TOKEN_CALIBRATION", True)
 MEMORY_SUMMARY_ATTEMPTS = env_int("MEMORY_SUMMARY_ATTEMPTS", 3, minimum=1, maximum=10)
 # Memory jobs (docs/memory.md §10): "background" compresses after each reply, off the request
 # path (pre-compression), and a request over the trigger waits at most MEMORY_SYNC_WAIT_MS for a
@@ -344,6 +352,11 @@ MEMORY_SYNC_WAIT_MS = env_int("MEMORY_SYNC_WAIT_MS", 250, minimum=0, maximum=60_
 # A memory job starts this long (milliseconds) after the reply that scheduled it; replies within it
 # make one job.
 MEMORY_JOB_DEBOUNCE_MS = env_int("MEMORY_JOB_DEBOUNCE_MS", 200, minimum=0, maximum=60_000)
+# When nothing is urgent (the next request cannot cross the trigger), a reply's memory job waits
+# until the chat has had no reply for this many seconds, or starts on the this-many-th such reply
+# (1: after every reply), docs/memory.md §10 "when the job runs".
+MEMORY_JOB_IDLE_SECONDS = env_float("MEMORY_JOB_IDLE_SECONDS", 15.0, minimum=0.0, maximum=3600.0)
+MEMORY_JOB_BATCH_TURNS = env_int("MEMORY_JOB_BATCH_TURNS", 4, minimum=1, maximum=1000)
 # A job's lease on its conversation (seconds without renewal; renewed every third of it).
 MEMORY_JOB_LEASE_SECONDS = env_int("MEMORY_JOB_LEASE_SECONDS", 30, minimum=5, maximum=3600)
 # Pre-compression plans the next request as if a user message of this many tokens arrived.

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from django.urls import path
 
-from chatapp.ui import views
+from chatapp.ui import demo, views
 
 urlpatterns = [
     path("", views.index, name="index"),
+    path("favicon.ico", views.favicon, name="favicon"),
     path("s/new/", views.session_create, name="session-create"),
+    path("demo/", demo.demo_start_view, name="demo"),
     path("s/<int:session_id>/", views.session_detail, name="session-detail"),
     path("s/<int:session_id>/item/", views.session_item, name="session-item"),
     path("s/<int:session_id>/rename/", views.session_rename, name="session-rename"),
@@ -17,8 +19,10 @@ urlpatterns = [
     path("s/<int:session_id>/mode/", views.session_mode, name="session-mode"),
     path("s/<int:session_id>/inspector/", views.session_inspector, name="session-inspector"),
     path("s/<int:session_id>/compress/", views.session_compress, name="session-compress"),
+    path("s/<int:session_id>/composer/count/", views.session_composer_count, name="session-composer-count"),
     path("s/<int:session_id>/facts/", views.session_key_facts, name="session-key-facts"),
     path("s/<int:session_id>/recall/", views.session_recall, name="session-recall"),
+    path("s/<int:session_id>/export.<slug:fmt>", views.session_export, name="session-export"),
     path("s/<int:session_id>/facts/<int:fact_id>/pin/", views.session_fact_pin, name="session-fact-pin"),
     path("s/<int:session_id>/facts/<int:fact_id>/hide/", views.session_fact_hide, name="session-fact-hide"),
     path("s/<int:session_id>/facts/<int:fact_id>/edit/", views.session_fact_edit, name="session-fact-edit"),

@@ -7,7 +7,8 @@ grouped by role; each is documented where it is defined.
 from __future__ import annotations
 
 from memory.budget import MemoryBudget, Mode, SummaryRole
-from memory.core import RAW_ARCHIVE_MARKER, Message, to_wire
+from memory.calibration import MAX_FACTOR, MIN_FACTOR, MIN_SAMPLE_TOKENS, Calibration
+from memory.core import RAW_ARCHIVE_MARKER, Message, summary_block, to_wire
 from memory.engine import (
     AgentMemoryMiddleware,
     Compression,
@@ -25,6 +26,7 @@ from memory.facts import (
     EXTRACTION_SCHEMA,
     EXTRACTION_SCHEMA_NAME,
     FACT_KINDS,
+    FACTS_HEADER,
     ExtractionError,
     ExtractionInput,
     FactCandidate,
@@ -37,6 +39,7 @@ from memory.facts import (
     rule_facts,
     tool_call_facts,
     validate_extraction,
+    value_spans,
 )
 from memory.fulltext import SEARCH_STOPWORDS
 from memory.index import IndexPiece, message_pieces
@@ -44,11 +47,13 @@ from memory.jobs import JobRun, JobState, JobStep, MemoryJobRunner
 from memory.models import CompressionEvent
 from memory.prompts import split_summary_prompt
 from memory.recall import (
+    RECALL_HEADER,
     Embedder,
     RecallCandidate,
     RecallInput,
     RecallItem,
     RecallResult,
+    TermRarity,
     message_text,
     recall_report,
 )
@@ -57,6 +62,7 @@ from memory.services import (
     OrmJobStore,
     OrmSummaryStore,
     compression_event_list,
+    compression_event_list_after,
     key_fact_edit,
     key_fact_hide,
     key_fact_list,
@@ -65,6 +71,7 @@ from memory.services import (
     key_facts_apply,
     key_facts_store_rule,
     memory_index_status,
+    memory_item_embeddings_exist,
     memory_item_embeddings_save,
     memory_items_unembedded,
     memory_items_unembedded_exist,
@@ -72,20 +79,34 @@ from memory.services import (
     memory_job_state_get,
     recall_cache_clear,
     recall_candidates,
+    recall_term_rarity,
     session_memory_delete,
     session_summary_get,
     summarizer_health_get,
+    token_calibration_get,
+    token_calibration_record,
 )
 from memory.store import CompressionRecord, InMemorySummaryStore, Summary, SummaryStore
-from memory.summarizer import Summarizer, SummarizerChain, SummaryReply, SummaryRequest
+from memory.summarizer import (
+    METHOD_EXTRACTIVE,
+    METHOD_LLM,
+    Summarizer,
+    SummarizerChain,
+    SummaryReply,
+    SummaryRequest,
+)
 from memory.tokens import TokenCounter, get_counter
 
 __all__ = [
     "EXTRACTION_MARKER",
     "EXTRACTION_SCHEMA",
     "EXTRACTION_SCHEMA_NAME",
+    "FACTS_HEADER",
     "FACT_KINDS",
+    "METHOD_EXTRACTIVE",
+    "METHOD_LLM",
     "RAW_ARCHIVE_MARKER",
+    "RECALL_HEADER",
     "SEARCH_STOPWORDS",
     "AgentMemoryMiddleware",
     "Compression",
@@ -125,6 +146,7 @@ __all__ = [
     "TokenCounter",
     "Validation",
     "compression_event_list",
+    "compression_event_list_after",
     "extraction_prompt",
     "extractive_summary",
     "get_counter",
@@ -143,9 +165,11 @@ __all__ = [
     "session_summary_get",
     "split_summary_prompt",
     "summarizer_health_get",
+    "summary_block",
     "to_wire",
     "tool_call_facts",
     "validate_extraction",
+    "value_spans",
 ]
 
 # The recall index (docs/memory.md §12).
@@ -156,7 +180,9 @@ __all__ += [
     "RecallInput",
     "RecallItem",
     "RecallResult",
+    "TermRarity",
     "memory_index_status",
+    "memory_item_embeddings_exist",
     "memory_item_embeddings_save",
     "memory_items_unembedded",
     "memory_items_unembedded_exist",
@@ -166,4 +192,15 @@ __all__ += [
     "recall_cache_clear",
     "recall_candidates",
     "recall_report",
+    "recall_term_rarity",
+]
+
+# Token-estimate calibration (docs/memory.md §5, "Calibration").
+__all__ += [
+    "MAX_FACTOR",
+    "MIN_FACTOR",
+    "MIN_SAMPLE_TOKENS",
+    "Calibration",
+    "token_calibration_get",
+    "token_calibration_record",
 ]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from memory.calibration import MAX_FACTOR, MIN_FACTOR
+
 SummaryRole = Literal["system", "user"]
 # The summary block's header and message overhead take about 25 tokens; leave room for text too.
 MIN_SUMMARY_RESERVE = 64
@@ -41,8 +43,14 @@ class MemoryBudget:
     (docs/memory.md §11); a share or maximum of 0 turns the block off. ``recall_share``: the recall block may take this share of the target
     (default 25 %, docs/memory.md §12), reserved only when something was recalled; 0 turns
     recall off.
-    Raises ``ValueError`` for a window under 64 tokens, ratios outside (0, 1], an unknown role or
-    a reply reserve that is negative or leaves no room under the window.
+    ``token_factor``: provider tokens per token of our estimate for this model (default 1.0,
+    within [0.5, 2.0]; docs/memory.md §5, "Calibration"). The budget treats a request estimated at
+    ``E`` tokens as ``E × token_factor``; equivalently the window, trigger, target and request
+    limit are expressed in estimated tokens by dividing by it (:attr:`window_tokens`). Every
+    other figure here is in estimated tokens, except ``context_window`` and the reply reserve.
+    Raises ``ValueError`` for a window under 64 tokens, ratios outside (0, 1], an unknown role,
+    a reply reserve that is negative or leaves no room under the window, or a ``token_factor``
+    outside its bounds.
     """
 
     context_window: int
@@ -59,6 +67,7 @@ class MemoryBudget:
     facts_share: float = 0.08
     facts_min_tokens: int = 96
     recall_share: float = 0.25
+    token_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if self.context_window < 64:
@@ -71,10 +80,18 @@ class MemoryBudget:
             raise ValueError(f"reply_reserve_tokens must be in [0, context_window), got {self.reply_reserve_tokens}")
         if self.facts_max_tokens < 0 or not 0 <= self.facts_share <= 1 or not 0 <= self.recall_share <= 1:
             raise ValueError("facts_max_tokens must be >= 0, facts_share and recall_share in [0, 1]")
+        if not MIN_FACTOR <= self.token_factor <= MAX_FACTOR:
+            raise ValueError(f"token_factor must be in [{MIN_FACTOR}, {MAX_FACTOR}], got {self.token_factor}")
+
+    @property
+    def window_tokens(self) -> int:
+        """The context window in tokens of our estimate: ``context_window / token_factor``
+        (docs/memory.md §5, "Calibration"); ``context_window`` itself at factor 1.0."""
+        return int(self.context_window / self.token_factor)
 
     @property
     def trigger_tokens(self) -> int:
-        return int(self.context_window * self.trigger_ratio)
+        return int(self.window_tokens * self.trigger_ratio)
 
     @property
     def target_tokens(self) -> int:
@@ -119,7 +136,7 @@ class MemoryBudget:
 
     @property
     def request_limit_tokens(self) -> int:
-        """The most a request whose current turn alone is over the target may take (tokens):
-        the window minus the reply reserve. Elision and in-turn folding aim here, not at the
-        target (docs/memory.md I5)."""
-        return self.context_window - self.reply_reserve
+        """The most a request whose current turn alone is over the target may take (estimated
+        tokens): the window minus the reply reserve, divided by ``token_factor``. Elision and
+        in-turn folding aim here, not at the target (docs/memory.md I5)."""
+        return int((self.context_window - self.reply_reserve) / self.token_factor)

@@ -148,6 +148,10 @@ class MemoryContext:
     ``{"pinned", "in_window", "over_budget", "tokens"}`` (see :class:`memory.facts.FactsBlock`;
     empty when the request carried no facts loader). ``recall``: what recall brought and why
     (:func:`memory.recall.recall_report`; empty without a recall loader).
+    ``token_factor``: the estimate calibration the budget applied (provider tokens per estimated
+    token, docs/memory.md §5, "Calibration"); ``window_tokens``: the context window in estimated
+    tokens (``context_window / token_factor``), what ``tokens``, ``trigger_tokens`` and
+    ``target_tokens`` compare with (0 means ``context_window``).
     """
 
     messages: list[Message]
@@ -166,6 +170,8 @@ class MemoryContext:
     waited_ms: int = 0
     facts: dict[str, Any] = field(default_factory=dict)
     recall: dict[str, Any] = field(default_factory=dict)
+    token_factor: float = 1.0
+    window_tokens: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form stored with each model call and sent to the inspector."""
@@ -186,6 +192,8 @@ class MemoryContext:
             "waited_ms": self.waited_ms,
             "facts": self.facts,
             "recall": self.recall,
+            "token_factor": self.token_factor,
+            "window_tokens": self.window_tokens or self.context_window,
         }
 
 
@@ -505,6 +513,7 @@ class MemoryEngine:
             tools=request.tools,
             mode=request.mode,
             summarize_below=request.summarize_below,
+            in_flight_yields=request.origin != "job",
             force=request.force,
             facts=facts,
             recall=recall[1] if recall is not None else None,
@@ -625,6 +634,8 @@ class MemoryEngine:
             overflow=built.overflow,
             facts=built.facts.as_dict(),
             recall=recall_report(plan.recall_input, plan.recall) if plan.recall_input is not None else {},
+            token_factor=self.budget.token_factor,
+            window_tokens=self.budget.window_tokens,
         )
 
     async def _finish(
@@ -645,7 +656,7 @@ class MemoryEngine:
             notes.append(f"elided {len(built.elisions)} message(s) of the current turn in the model-facing copy")
             if built.overflow:
                 notes.append(
-                    f"request is {built.assembly.tokens} tokens, over the context window of {self.budget.context_window}"
+                    f"request is {built.assembly.tokens} tokens, over the context window of {self.budget.window_tokens}"
                 )
             events.append(
                 await self._record(

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from memory.core import RAW_ARCHIVE_MARKER
 from memory.prompts import split_summary_prompt
-from memory.summarizer import SummaryRequest, is_marker_line
+from memory.summarizer import METHOD_EXTRACTIVE, SummaryRequest, is_marker_line
 from memory.tokens import TokenCounter, get_counter
 
 _LINE_RE = re.compile(r"^- (?P<label>[^:\n]{1,80}): ?(?P<text>.*)$")
@@ -322,6 +322,7 @@ class ExtractiveSummarizer:
     """:class:`memory.summarizer.Summarizer` backed by :func:`extractive_summary`; no LLM."""
 
     model = SUMMARY_MODEL
+    method = METHOD_EXTRACTIVE
 
     def __init__(self, counter: TokenCounter | None = None) -> None:
         self.counter = counter

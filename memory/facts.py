@@ -195,6 +195,10 @@ _PATTERNS: tuple[tuple[FactKind | Literal["secret"], re.Pattern[str]], ...] = (
     ),
     # A Chinese mobile number: 11 digits starting 13-19.
     ("phone", re.compile(r"(?<!\d)1[3-9]\d{9}(?!\d)")),
+    # International numbers with their groups ("+44 7700 900123", "0044 20 7946 0958", "+49 30
+    # 12345678") and national ones with a trunk 0 ("07700 900123", "020 7946 0958").
+    ("phone", re.compile(r"(?<![\w/+])(?:\+|00)\d{1,3}(?:[\s.-]?(?:\(\d{1,4}\)|\d{2,5})){2,4}(?![\w/])")),
+    ("phone", re.compile(r"(?<![\w/.,-])0\d{2,4}[\s.-]?\d{3,4}[\s.-]?\d{3,4}(?![\w/])")),
     (
         "phone",
         re.compile(r"(?<![\w/])(?:\+\d{1,3}[\s.-]?)?(?:\(\d{2,4}\)\s?|\d{2,4}[\s.-])\d{3,4}[\s.-]\d{3,4}(?![\w/])"),
@@ -284,6 +288,47 @@ def rule_facts(text: str, *, message_id: int) -> list[FactCandidate]:
                 )
             )
     return [candidate for _, candidate in sorted(found, key=lambda item: item[0])]
+
+
+def value_spans(text: str) -> list[tuple[int, int, str]]:
+    """Where rule extraction sees a value in ``text``: ``(start, end, kind)`` character offsets,
+    ordered by ``start``, never overlapping. The same patterns, in the same priority, as
+    :func:`rule_facts` (docs/memory.md §11), for removing values from a text rather than
+    pinning them (e.g. a chat's title made from its first message).
+
+    ``kind`` is one of :data:`FACT_KINDS` (``url``, ``email``, ``date``, ``money``, ``phone``,
+    ``id``) or ``"secret"``: a whole card or social security number, a value shortly after a
+    secret word ("password", "PIN", "CVV", "token", "密码" …), and the rest of that word's clause
+    (a password without digits matches no value pattern). A card tail ("card ending in 4421")
+    spans its four digits. Never raises.
+    """
+    spans: list[tuple[int, int, str]] = []
+
+    def free(start: int, end: int) -> bool:
+        return end > start and not any(start < s_end and s_start < end for s_start, s_end, _ in spans)
+
+    for kind, pattern in _PATTERNS:
+        for match in pattern.finditer(text):
+            group = 1 if match.re.groups else 0
+            start = match.start(group)
+            end = start + len(match.group(group).rstrip(".,;:!?)"))
+            if not free(start, end) or (kind == "id" and group == 0 and not _is_identifier(text[start:end])):
+                continue
+            clause = _SECRET_CLAUSE.split(text[max(0, start - 32) : start])[-1]
+            secret = kind == "secret" or _SECRET_WORDS.search(clause)
+            spans.append((start, end, "secret" if secret else kind))
+    for word in _SECRET_WORDS.finditer(text):
+        clause_end = _SECRET_CLAUSE.search(text, word.end())
+        start, end = word.end(), clause_end.start() if clause_end else len(text)
+        while start < end and text[start].isspace():
+            start += 1
+        overlapping = [span for span in spans if start < span[1] and span[0] < end]
+        spans = [span for span in spans if span not in overlapping]
+        start = min([start, *(span[0] for span in overlapping)])
+        end = max([end, *(span[1] for span in overlapping)])
+        if end > start:
+            spans.append((start, end, "secret"))
+    return sorted(spans)
 
 
 def _is_identifier(value: str) -> bool:

@@ -12,6 +12,11 @@ its watermark where it was, so the next job, or the next request, does the work 
 - **debounced and coalescing**: :meth:`MemoryJobRunner.schedule` waits ``debounce_seconds``
   before starting; a schedule while a job is pending merges into it, and a schedule while one runs
   makes it run once more when it ends;
+- **batched when nothing is urgent** (docs/memory.md §10, "when the job runs"): a schedule with
+  ``idle=True`` (a reply after which the next request cannot cross the trigger) starts the job
+  only once the conversation has had no other reply for ``idle_seconds``, or at once on the
+  ``batch_turns``-th such reply since the last job; an urgent schedule, or a request waiting
+  for the job, starts a pending idle job at once;
 - **single-flight across workers**: a job runs only while it holds the conversation's lease in a
   :class:`JobStore` (one row per conversation in the database, see
   :class:`memory.services.OrmJobStore`); the lease is renewed while the job runs, and a job whose
@@ -224,8 +229,9 @@ class MemoryJobRunner:
     worker's name in leases (unique per process); ``debounce_seconds``: how long
     :meth:`schedule` waits before starting, so replies in quick succession make one job;
     ``lease_seconds``: how long a lease lasts without renewal (renewed every third of it);
-    ``on_done``: called with each finished :class:`JobRun` (e.g. to tell the inspector).
-    Must be used from one event loop.
+    ``on_done``: called with each finished :class:`JobRun` (e.g. to tell the inspector);
+    ``idle_seconds`` and ``batch_turns``: see :meth:`schedule` (``batch_turns`` 1 makes every
+    idle schedule urgent). Must be used from one event loop.
     """
 
     def __init__(
@@ -237,6 +243,8 @@ class MemoryJobRunner:
         debounce_seconds: float = 0.2,
         lease_seconds: float = 60.0,
         on_done: Callable[[JobRun], object] | None = None,
+        idle_seconds: float = 15.0,
+        batch_turns: int = 4,
     ) -> None:
         self.store = store
         self.steps = list(steps)
@@ -244,22 +252,50 @@ class MemoryJobRunner:
         self.debounce_seconds = debounce_seconds
         self.lease_seconds = lease_seconds
         self.on_done = on_done
+        self.idle_seconds = idle_seconds
+        self.batch_turns = max(1, batch_turns)
         self._tasks: dict[str, asyncio.Task[JobRun | None]] = {}
-        self._again: set[str] = set()
+        # Conversations whose pending job waits for idleness (not yet running), and how many idle
+        # schedules each has had since its last job started.
+        self._idle: set[str] = set()
+        self._idle_calls: dict[str, int] = {}
+        # Conversations to run once more after their running job; True when that may wait.
+        self._again: dict[str, bool] = {}
         self._running: set[str] = set()
 
     # --- scheduling -----------------------------------------------------------------------------
 
-    def schedule(self, memory_key: str) -> None:
-        """Queue a job for the conversation. A pending job absorbs this call; a running one runs
-        once more after it ends. Returns at once (needs a running event loop)."""
+    def schedule(self, memory_key: str, *, idle: bool = False) -> None:
+        """Queue a job for the conversation and return at once (needs a running event loop).
+
+        ``idle=False`` (urgent): the job starts after ``debounce_seconds``; a pending urgent job
+        absorbs this call, a pending idle one is started at once instead, a running one runs
+        once more after it ends. ``idle=True``: the job starts once no other schedule came for
+        ``idle_seconds`` (each idle schedule pushes a pending idle job back), or like an urgent
+        one when this is the ``batch_turns``-th idle schedule since the conversation's last job
+        started; it never delays a pending urgent job."""
+        if idle:
+            calls = self._idle_calls.get(memory_key, 0) + 1
+            self._idle_calls[memory_key] = calls
+            idle = calls < self.batch_turns
         task = self._tasks.get(memory_key)
         if task is not None and not task.done():
             if memory_key in self._running:
-                self._again.add(memory_key)
-            return
+                self._again[memory_key] = self._again.get(memory_key, True) and idle
+                return
+            if memory_key not in self._idle:
+                return  # a pending urgent job absorbs any schedule
+            task.cancel()  # a pending idle job: pushed back, or started at once
+        self._start(memory_key, self.idle_seconds if idle else self.debounce_seconds, idle=idle)
+
+    def _start(self, memory_key: str, delay: float, *, idle: bool) -> None:
+        """A new task for the conversation's job after ``delay`` seconds."""
+        if idle:
+            self._idle.add(memory_key)
+        else:
+            self._idle.discard(memory_key)
         self._tasks[memory_key] = asyncio.get_running_loop().create_task(
-            self._loop(memory_key, self.debounce_seconds), name=f"memory-job:{memory_key}"
+            self._loop(memory_key, delay), name=f"memory-job:{memory_key}"
         )
 
     async def run_now(self, memory_key: str) -> JobRun | None:
@@ -269,14 +305,12 @@ class MemoryJobRunner:
         lease throughout."""
         task = self._tasks.get(memory_key)
         if task is not None and not task.done():
-            self._again.discard(memory_key)
+            self._again.pop(memory_key, None)
             if memory_key not in self._running:
                 task.cancel()  # still in its debounce pause: this run replaces it
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await task
-        self._tasks[memory_key] = asyncio.get_running_loop().create_task(
-            self._loop(memory_key, 0.0), name=f"memory-job:{memory_key}"
-        )
+        self._start(memory_key, 0.0, idle=False)
         return await self._tasks[memory_key]
 
     def busy(self, memory_key: str) -> bool:
@@ -286,10 +320,12 @@ class MemoryJobRunner:
 
     async def wait(self, memory_key: str, timeout_seconds: float, *, poll_seconds: float = 0.05) -> bool:
         """Wait at most ``timeout_seconds`` for the conversation's job to end: this process's
-        pending or running one, then one another worker runs (its lease is polled every
+        pending (an idle one is started at once) or running one, then one another worker runs (its lease is polled every
         ``poll_seconds``). True when none is left; False at the deadline. Never raises on the
         job's own failure; storage errors propagate."""
         deadline = time.monotonic() + timeout_seconds
+        if memory_key in self._idle and memory_key not in self._running:
+            self.schedule(memory_key)  # a request needs it now: a job waiting for idleness starts
         while (task := self._tasks.get(memory_key)) is not None and not task.done():
             done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline - time.monotonic()))
             if not done:
@@ -308,6 +344,9 @@ class MemoryJobRunner:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
+        self._idle.clear()
+        self._idle_calls.clear()
+        self._again.clear()
 
     # --- running ----------------------------------------------------------------------------------
 
@@ -316,6 +355,8 @@ class MemoryJobRunner:
         next job as a new task (after the debounce), so whoever awaits this one is not held."""
         if delay:
             await asyncio.sleep(delay)
+        self._idle.discard(memory_key)
+        self._idle_calls.pop(memory_key, None)
         self._running.add(memory_key)
         try:
             run = await self._run_with_lease(memory_key)
@@ -329,10 +370,8 @@ class MemoryJobRunner:
         finally:
             self._running.discard(memory_key)
         if memory_key in self._again:
-            self._again.discard(memory_key)
-            self._tasks[memory_key] = asyncio.get_running_loop().create_task(
-                self._loop(memory_key, self.debounce_seconds), name=f"memory-job:{memory_key}"
-            )
+            idle = self._again.pop(memory_key)
+            self._start(memory_key, self.idle_seconds if idle else self.debounce_seconds, idle=idle)
         return run
 
     async def _run_with_lease(self, memory_key: str) -> JobRun | None:
@@ -373,11 +412,17 @@ class MemoryJobRunner:
             except Exception:
                 logger.exception("memory job callback failed for %s", run.memory_key)
 
+    def waits_for_idle(self, memory_key: str) -> bool:
+        """True while the conversation's pending job waits for idleness (``schedule(idle=True)``)."""
+        return memory_key in self._idle and self.busy(memory_key) and memory_key not in self._running
+
     def status(self, memory_key: str) -> str | None:
-        """``running`` or ``queued`` while a job of this process is running or pending for the
-        conversation, else None (ask the store)."""
+        """``running``, ``queued`` or ``batched`` (pending until the conversation goes idle) while
+        a job of this process is running or pending for the conversation, else None (ask the store)."""
         if memory_key in self._running:
             return "running"
+        if self.waits_for_idle(memory_key):
+            return "batched"
         return "queued" if self.busy(memory_key) else None
 
     async def _acquire(self, memory_key: str) -> JobState | None:

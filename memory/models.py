@@ -1,7 +1,8 @@
 """Persisted memory state: one :class:`SessionSummary` per conversation, a
 :class:`CompressionEvent` per compression (docs/memory.md §1, §3, §4), one
 :class:`MemoryJobState` per conversation whose memory job has run (docs/memory.md §10) and its
-:class:`KeyFact` rows (docs/memory.md §11).
+:class:`KeyFact` rows (docs/memory.md §11), and one :class:`TokenCalibration` per chat model
+(docs/memory.md §5).
 
 Conversations are named by an opaque ``memory_key`` string, so this app never depends on the chat
 app's models (the chat app uses its session's primary key).
@@ -15,7 +16,7 @@ from typing import Any
 from django.db import models
 from django.db.models import Q
 
-from memory import facts
+from memory import calibration, facts
 from memory.jobs import JobState
 from memory.store import CompressionRecord, Summary
 
@@ -253,3 +254,22 @@ class MemoryItem(models.Model):
 
     def __str__(self) -> str:
         return f"item {self.pk} of {self.memory_key} (message {self.last_message_id}.{self.piece})"
+
+
+class TokenCalibration(models.Model):
+    """The token-estimate calibration of one chat model (docs/memory.md §5, "Calibration"): the
+    columns of :class:`memory.calibration.Calibration` (``model`` the model's name, ``factor``
+    provider tokens per estimated token, ``samples`` the calls that moved it) and when it last
+    moved."""
+
+    model = models.CharField(max_length=200, unique=True)
+    factor = models.FloatField(default=1.0)
+    samples = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"token calibration of {self.model}: x{self.factor:.3f} ({self.samples} samples)"
+
+    def as_calibration(self) -> calibration.Calibration:
+        """This row as the pure :class:`memory.calibration.Calibration` value."""
+        return calibration.Calibration(model=self.model, factor=self.factor, samples=self.samples)

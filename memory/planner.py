@@ -89,6 +89,7 @@ def plan_request(
     tools: list[dict[str, Any]] | None = None,
     mode: Mode = "quick-answer",
     summarize_below: int | None = None,
+    in_flight_yields: bool = True,
     force: bool = False,
     facts: Sequence[KeyFact] = (),
     recall: RecallResult | None = None,
@@ -101,7 +102,10 @@ def plan_request(
     budget forced fewer than ``budget.preserve_turns`` whole turns to be kept.
     ``summarize_below``: no message with this id or above may be summarized (the start of a
     concurrent turn still in flight, docs/memory.md F-26); units from there on stay verbatim, unless
-    that would put the request over the context window (the window always wins).
+    that would put the request over the context window (the window wins) and ``in_flight_yields``
+    is true. A memory job plans with ``in_flight_yields`` false: it never folds a turn in flight,
+    whose own request must still find its user message verbatim (elided, folded within the turn
+    or refused as too large: docs/memory.md I2, I5), whatever the size.
     ``force``: compress now whatever the size: all history before the current turn is summarized.
     The cut is moved forward to a turn start so the retained window after the summary begins
     with a user message; a boundary stored inside a turn forces that repair even under the
@@ -178,7 +182,13 @@ def plan_request(
     split_notes: list[str] = []
     for _ in range(FACTS_PLAN_ROUNDS):
         split_notes = _split(
-            plan, history_units, summary=summary, summarize_below=summarize_below, fixed=fixed, budget=budget
+            plan,
+            history_units,
+            summary=summary,
+            summarize_below=summarize_below,
+            in_flight_yields=in_flight_yields,
+            fixed=fixed,
+            budget=budget,
         )
         boundary = max([summary.last_message_id or 0, *(m.get("id") or 0 for m in plan.summarized_messages)])
         grown = block_for(boundary or None)
@@ -226,6 +236,7 @@ def _split(
     *,
     summary: Summary,
     summarize_below: int | None,
+    in_flight_yields: bool,
     fixed: int,
     budget: MemoryBudget,
 ) -> list[str]:
@@ -251,8 +262,9 @@ def _split(
             # The pin yields to the window: a dead turn that still looks in flight must not
             # block compression for good.
             if (
-                fixed + budget.summary_reserve_tokens + sum(unit.tokens for unit in pinned_units)
-                <= budget.context_window
+                not in_flight_yields
+                or fixed + budget.summary_reserve_tokens + sum(unit.tokens for unit in pinned_units)
+                <= budget.window_tokens
             ):
                 plan.retained = pinned_units
                 plan.to_summarize = plan.to_summarize[:pinned]
@@ -399,7 +411,8 @@ def build_request(
     and only as much as needed (docs/memory.md I5). ``steps``: older steps of the current turn
     replaced by a "steps so far" note placed right after the user's question (elided first if
     still needed). With ``budget.strict_alternation`` same-role neighbours are merged (F-38).
-    ``overflow`` is True when the request is still over the context window."""
+    ``overflow`` is True when the request is still over the context window (in estimated tokens,
+    ``budget.window_tokens``: docs/memory.md §5, "Calibration")."""
     block = summary_message(summary, budget.summary_role)
     facts = plan.facts if facts is None else facts
     note_index: list[int] = []
@@ -442,7 +455,7 @@ def build_request(
     return Request(
         assembly=assembly,
         elisions=elisions,
-        overflow=assembly.tokens > budget.context_window,
+        overflow=assembly.tokens > budget.window_tokens,
         fold_wanted=fold_wanted,
         steps=steps,
         facts=facts,

@@ -10,6 +10,7 @@ indexed pieces (:func:`split_for_index`). The index itself lives in the database
 from __future__ import annotations
 
 import json
+import math
 import re
 from bisect import bisect_left
 from collections.abc import Sequence
@@ -252,8 +253,17 @@ class RecallThresholds:
     ``moderate_share`` of the query's content terms); both None when cosines of the model are not
     trusted for admission (they still rank). Without a usable cosine an item is admitted when it
     holds at least ``lexical_share`` of the query's content terms and at least ``lexical_terms``
-    of them (:func:`lexical_overlap`). An exact identifier match always admits. Calibrated on
-    LoCoMo by ``bench/recall_calibrate.py``.
+    of them (:func:`lexical_overlap`). When the owner's term frequencies are known
+    (:class:`TermRarity`), that count-based floor gives way to the rarity floor: the matched terms'
+    rarity weights (:meth:`TermRarity.weight`, 0..~1) sum to at least ``rarity_mass``, make at
+    least ``rarity_share`` of the query's weight (``rarity_single_share`` when a single term
+    matched: one word admits only when it is most of what the query asks about, so a name in a
+    greeting does not), and at least ``rarity_relative`` of the best
+    candidate's matched weight (:func:`rarity_overlap`). An exact identifier match always admits.
+    ``dense_weight``: the weight of the dense rank in the fused score (:func:`rrf`), lower for a
+    model whose cosines rank poorly.
+    Calibrated on LoCoMo by ``bench/recall_calibrate.py`` (count floor) and
+    ``bench/locomo_recall.py`` (rarity floor, docs/benchmarks.md).
     """
 
     model: str
@@ -262,6 +272,11 @@ class RecallThresholds:
     moderate_share: float
     lexical_share: float
     lexical_terms: int
+    rarity_mass: float = 0.8
+    rarity_share: float = 0.2
+    rarity_single_share: float = 0.5
+    rarity_relative: float = 0.5
+    dense_weight: float = DENSE_WEIGHT
 
 
 # Without an embedder, or with a model nobody calibrated: the conservative lexical floor.
@@ -282,6 +297,9 @@ RECALL_THRESHOLDS: dict[str, RecallThresholds] = {
         moderate_share=0.25,
         lexical_share=0.4,
         lexical_terms=2,
+        # Its cosine order is close to noise on LoCoMo: fused at 0.5, evidence in context fell
+        # from 0.48 to 0.44 at 4,096 tokens; at 0.1, 0.47 (docs/benchmarks.md).
+        dense_weight=0.1,
     ),
 }
 
@@ -342,17 +360,74 @@ def lexical_overlap(query_terms: frozenset[str], text: str) -> tuple[int, float]
     return matched, matched / len(query_terms)
 
 
-def admit(candidate: RecallCandidate, *, query_terms: frozenset[str], thresholds: RecallThresholds) -> tuple[bool, str]:
+# An index smaller than this cannot tell a rare word from a common one (in two items, a word
+# both hold is "common"): rarity is measured as if it had this many items, the missing ones
+# holding none of the query's words (docs/memory.md §12, "gate").
+RARITY_MIN_DOCUMENTS = 200
+
+
+@dataclass(frozen=True, kw_only=True)
+class TermRarity:
+    """How rare the query's terms are in the owner's index (docs/memory.md §12, "gate"): a single
+    rare word shared with an item (a name, a place) says more than several common ones.
+
+    ``documents``: the number of items in the owner's index; ``frequencies``: content term
+    (:func:`content_terms`) of the query → the number of those items holding it, as the
+    database's full-text search counts them. A query term missing from ``frequencies`` counts as
+    held by every item (weight 0: it cannot admit anything on its own).
+    """
+
+    documents: int
+    frequencies: dict[str, int] = field(default_factory=dict)
+
+    def weight(self, term: str) -> float:
+        """The rarity weight of ``term``: its BM25 inverse document frequency
+        ``ln(1 + (N - n + 0.5) / (n + 0.5))`` over ``ln(1 + N)`` (n: its frequency; N:
+        ``documents``, at least :data:`RARITY_MIN_DOCUMENTS`), so a term held by one item of many
+        weighs about 1, one held by half of them about ``ln 2 / ln(1 + N)``, one no item holds a
+        little over 1. Never raises."""
+        total = max(self.documents, RARITY_MIN_DOCUMENTS)
+        held = min(total, max(0, self.frequencies.get(term, total)))
+        return math.log(1.0 + (total - held + 0.5) / (held + 0.5)) / math.log(1.0 + total)
+
+
+def rarity_overlap(query_terms: frozenset[str], text: str, rarity: TermRarity) -> tuple[float, float]:
+    """How much of a query ``text`` holds, by rarity: ``(mass, share)``, the sum of
+    :meth:`TermRarity.weight` over the ``query_terms`` (:func:`content_terms` of the query) that
+    ``text`` holds, and that sum over the weight of all of ``query_terms`` (0.0 when that is 0)."""
+    if not query_terms:
+        return 0.0, 0.0
+    matched = query_terms & content_terms(text)
+    mass = sum(rarity.weight(term) for term in matched)
+    total = sum(rarity.weight(term) for term in query_terms)
+    return mass, (mass / total if total > 0 else 0.0)
+
+
+def admit(
+    candidate: RecallCandidate,
+    *,
+    query_terms: frozenset[str],
+    thresholds: RecallThresholds,
+    rarity: TermRarity | None = None,
+    best_mass: float = 0.0,
+) -> tuple[bool, str]:
     """The admission gate for one candidate (docs/memory.md §12, "gate"; SPEC F-33): whether it
     may be recalled, and why, as a short text for the inspector.
 
     Admitted, in this order: an exact identifier match; a cosine ≥ ``thresholds.high``; the
-    lexical floor (at least ``lexical_terms`` of ``query_terms``, or all of them when the query
-    has fewer, and at least ``lexical_share`` of them); a cosine ≥ ``moderate`` with a lexical
-    hit (the full-text search found the item, ``lexical_rank`` not None, and it holds at least
-    ``moderate_share`` of ``query_terms``). Cosines count only when ``thresholds`` has them (a
-    calibrated model). Returning nothing is a valid answer: sharing a word is never enough on
-    its own. ``query_terms``: :func:`content_terms` of the query. Never raises.
+    lexical floor; a cosine ≥ ``moderate`` with a lexical hit (the full-text search found the
+    item, ``lexical_rank`` not None, and it holds at least ``moderate_share`` of
+    ``query_terms``; with ``rarity``, its matched weight also at least ``rarity_relative`` of
+    ``best_mass``). The lexical floor is, with ``rarity`` (the owner's term frequencies), the
+    rarity floor: the weight of the query terms the item holds (:func:`rarity_overlap`) at least
+    ``rarity_mass``, at least ``rarity_share`` of the query's weight (``rarity_single_share``
+    when it holds only one of them) and at least
+    ``rarity_relative`` of ``best_mass`` (the best candidate's matched weight for this query);
+    without ``rarity``, the count floor: at least ``lexical_terms`` of ``query_terms`` (or all
+    of them when the query has fewer) and at least ``lexical_share`` of them. Cosines count only
+    when ``thresholds`` has them (a calibrated model). Returning nothing is a valid answer:
+    sharing a common word is never enough on its own. ``query_terms``: :func:`content_terms` of
+    the query. Never raises.
     """
     if candidate.identifier_match:
         return True, "identifier match"
@@ -362,15 +437,31 @@ def admit(candidate: RecallCandidate, *, query_terms: frozenset[str], thresholds
     dense = cosine is not None and thresholds.high is not None and thresholds.moderate is not None
     if dense and cosine is not None and thresholds.high is not None and cosine >= thresholds.high:
         return True, f"cosine {cosine:.3f} ≥ {thresholds.high:.2f}"
-    if matched >= min(thresholds.lexical_terms, len(query_terms)) > 0 and share >= thresholds.lexical_share:
-        return True, f"lexical: {words}"
-    floor = f"{words}, needs {thresholds.lexical_share:.0%}"
+    # With rarity, a lexical hit must also be at least rarity_relative of the best one.
+    strong_enough = True
+    if rarity is not None:
+        mass, mass_share = rarity_overlap(query_terms, candidate.item.text, rarity)
+        strong_enough = mass >= thresholds.rarity_relative * best_mass
+        weighed = f"{words}, rarity {mass:.2f} ({mass_share:.0%} of the query's)"
+        needed_share = thresholds.rarity_share if matched > 1 else thresholds.rarity_single_share
+        if matched > 0 and mass >= thresholds.rarity_mass and mass_share >= needed_share and strong_enough:
+            return True, f"lexical: {weighed}"
+        floor = (
+            f"{weighed}, needs {thresholds.rarity_mass:.2f}, {needed_share:.0%} and "
+            f"{thresholds.rarity_relative:.0%} of the best {best_mass:.2f}"
+        )
+    else:
+        if matched >= min(thresholds.lexical_terms, len(query_terms)) > 0 and share >= thresholds.lexical_share:
+            return True, f"lexical: {words}"
+        floor = f"{words}, needs {thresholds.lexical_share:.0%}"
     if not dense or cosine is None or thresholds.moderate is None:
         return False, f"lexical: only {floor}"
     if cosine < thresholds.moderate:
         return False, f"cosine {cosine:.3f} < {thresholds.moderate:.2f}; {floor}"
     if candidate.lexical_rank is not None and matched > 0 and share >= thresholds.moderate_share:
-        return True, f"cosine {cosine:.3f} ≥ {thresholds.moderate:.2f} and lexical hit ({words})"
+        if strong_enough:
+            return True, f"cosine {cosine:.3f} ≥ {thresholds.moderate:.2f} and lexical hit ({words})"
+        return False, f"cosine {cosine:.3f} ≥ {thresholds.moderate:.2f} but a weak lexical hit ({floor})"
     return False, f"cosine {cosine:.3f} ≥ {thresholds.moderate:.2f} but no lexical hit ({words})"
 
 
@@ -438,11 +529,18 @@ class RecallResult:
 
 
 def score_candidates(
-    candidates: Sequence[RecallCandidate], *, query: str, now: datetime, thresholds: RecallThresholds
+    candidates: Sequence[RecallCandidate],
+    *,
+    query: str,
+    now: datetime,
+    thresholds: RecallThresholds,
+    rarity: TermRarity | None = None,
 ) -> list[ScoredCandidate]:
-    """Every candidate gated (:func:`admit`) and scored, best score first (docs/memory.md §12):
+    """Every candidate gated (:func:`admit`, with ``rarity`` and the best matched weight among
+    ``candidates`` when ``rarity`` is given) and scored, best score first (docs/memory.md §12):
     dense ranks by cosine among ``candidates`` (equal cosines share a rank), ``rrf * decay``
-    with the age in days from ``created_at`` to ``now`` (aware). Equal scores: the newer item
+    (the dense side weighted by ``thresholds.dense_weight``) with the age in days from
+    ``created_at`` to ``now`` (aware). Equal scores: the newer item
     first, then the higher id. A candidate listed twice (same item id) counts once, as listed
     with its best lexical rank."""
     unique: dict[int, RecallCandidate] = {}
@@ -458,11 +556,16 @@ def score_candidates(
         if c.cosine is not None
     }
     query_terms = content_terms(query)
+    best_mass = 0.0
+    if rarity is not None:
+        best_mass = max((rarity_overlap(query_terms, c.item.text, rarity)[0] for c in unique.values()), default=0.0)
     scored = []
     for candidate in unique.values():
-        admitted, reason = admit(candidate, query_terms=query_terms, thresholds=thresholds)
+        admitted, reason = admit(
+            candidate, query_terms=query_terms, thresholds=thresholds, rarity=rarity, best_mass=best_mass
+        )
         dense_rank = dense_ranks.get(candidate.item.id)
-        fused = rrf(candidate.lexical_rank, dense_rank)
+        fused = rrf(candidate.lexical_rank, dense_rank, dense_weight=thresholds.dense_weight)
         factor = decay((now - candidate.item.created_at).total_seconds() / 86400.0)
         scored.append(
             ScoredCandidate(
@@ -523,10 +626,12 @@ def select_recall(
     counter: TokenCounter,
     role: str = "system",
     max_items: int = RECALL_MAX_ITEMS,
+    rarity: TermRarity | None = None,
 ) -> RecallResult:
     """What to recall for ``query`` from ``candidates`` (docs/memory.md §12; SPEC F-33, F-35).
 
-    Candidates are gated and scored (:func:`score_candidates`); admitted ones are taken best
+    Candidates are gated and scored (:func:`score_candidates`, ``rarity``: the owner's term
+    frequencies for the rarity floor, None for the count floor); admitted ones are taken best
     score first while the block (header, lines and message overhead, :func:`recall_block`) stays
     within ``budget_tokens`` tokens and at most ``max_items`` are taken; one that does not fit is
     skipped and the next tried, so eviction is deterministic (lowest score first). Nothing
@@ -535,7 +640,7 @@ def select_recall(
     of an item's line (one counted with another encoding may be skipped a few tokens early).
     Never raises for any candidates.
     """
-    scored = score_candidates(candidates, query=query, now=now, thresholds=thresholds)
+    scored = score_candidates(candidates, query=query, now=now, thresholds=thresholds, rarity=rarity)
     admitted = [s for s in scored if s.admitted]
     rejected = tuple(s for s in scored if not s.admitted)[:RECALL_MAX_REJECTED]
     if not admitted or budget_tokens <= 0:
@@ -589,7 +694,9 @@ class RecallInput:
     the embedding model whose cosines the candidates carry (None: lexical only, the gate is
     then :data:`LEXICAL_THRESHOLDS`); ``now``: the request's time (aware); ``notes``: what went
     wrong on the way (an embedder past its deadline or failing: lexical only); ``latency_ms``:
-    milliseconds the search took (query embedding included)."""
+    milliseconds the search took (query embedding included); ``rarity``: how rare the query's
+    terms are in the owner's index (the gate's rarity floor), None when unknown (the count
+    floor)."""
 
     query: str
     candidates: list[RecallCandidate]
@@ -597,11 +704,13 @@ class RecallInput:
     now: datetime
     notes: list[str] = field(default_factory=list)
     latency_ms: int = 0
+    rarity: TermRarity | None = None
 
 
 def recall_for(data: RecallInput, *, budget_tokens: int, counter: TokenCounter, role: str) -> RecallResult:
     """:func:`select_recall` of ``data`` with the gate of its embedding model
-    (:func:`thresholds_for`) within ``budget_tokens`` tokens; ``role``: the summary block's."""
+    (:func:`thresholds_for`) and its term rarity within ``budget_tokens`` tokens; ``role``: the
+    summary block's."""
     return select_recall(
         data.candidates,
         query=data.query,
@@ -610,6 +719,7 @@ def recall_for(data: RecallInput, *, budget_tokens: int, counter: TokenCounter, 
         thresholds=thresholds_for(data.model),
         counter=counter,
         role=role,
+        rarity=data.rarity,
     )
 
 

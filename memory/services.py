@@ -17,12 +17,12 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
-from memory import facts
+from memory import calibration, facts
 from memory.fulltext import fts5_match, query_terms
 from memory.index import IndexPiece, VectorCache, VectorRow, vector_bytes
 from memory.jobs import JobState, JobStatus, StepAttempt
-from memory.models import CompressionEvent, KeyFact, MemoryItem, MemoryJobState, SessionSummary
-from memory.recall import RecallCandidate, RecallItem
+from memory.models import CompressionEvent, KeyFact, MemoryItem, MemoryJobState, SessionSummary, TokenCalibration
+from memory.recall import RecallCandidate, RecallItem, TermRarity, content_terms
 from memory.store import CompressionRecord, Summary
 
 logger = logging.getLogger(__name__)
@@ -100,6 +100,19 @@ def compression_event_list(*, memory_key: str, limit: int = 50) -> list[Compress
     """The conversation's most recent ``limit`` compression events, oldest first."""
     rows = list(CompressionEvent.objects.filter(memory_key=memory_key).order_by("-id")[:limit])
     return rows[::-1]
+
+
+def compression_event_list_after(
+    *, memory_key: str, after_id: int, up_to_id: int, limit: int
+) -> list[CompressionEvent]:
+    """One page of the conversation's compression events for reading them all with bounded
+    memory (an export): at most ``limit`` events with ``after_id < id <= up_to_id``, oldest
+    first; ask again after the last id until a page comes back empty. ValueError for a
+    ``limit`` below 1."""
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    rows = CompressionEvent.objects.filter(memory_key=memory_key, id__gt=after_id, id__lte=up_to_id)
+    return list(rows.order_by("id")[:limit])
 
 
 def session_memory_delete(*, memory_key: str) -> None:
@@ -427,8 +440,11 @@ def key_facts_apply(
 
     Each candidate becomes a row with its own ``extractor`` (``llm:<model>``) and
     ``valid_from[candidate.source_message_id]`` (None when missing), unless an active fact of
-    the conversation already holds the same slot and value (then it is skipped: a restatement).
-    Each id in ``candidate.supersedes`` that names an active fact of the same conversation and
+    the conversation already holds the same slot and value (then it is skipped: a restatement),
+    or a retired fact (superseded, by a later message or by the user's own edit) holds the same
+    value and was seen in a message at least as new as the candidate's: a replaced value comes
+    back only when a newer message states it again (an extraction that runs after the user
+    corrected a fact must not bring the old value back). Each id in ``candidate.supersedes`` that names an active fact of the same conversation and
     the **same slot** that the user did **not** pin is retired: ``invalidated_at`` now,
     ``superseded_by`` the new fact; its row is kept. Other ids are ignored. With ``alive`` (see
     :data:`ConversationAlive`), nothing is written and ``[]`` returned once the conversation is
@@ -448,6 +464,13 @@ def key_facts_apply(
                 value__in={candidate.value for candidate in storable},
             ).values_list("key", "value")
         )
+        retired_seen: dict[str, int] = {}
+        for value, source_id, seen_id in KeyFact.objects.filter(
+            memory_key=memory_key,
+            invalidated_at__isnull=False,
+            value__in={candidate.value for candidate in storable},
+        ).values_list("value", "source_message_id", "last_seen_message_id"):
+            retired_seen[value] = max(retired_seen.get(value, 0), source_id or 0, seen_id or 0)
         wanted = {fact_id for candidate in storable for fact_id in candidate.supersedes}
         retirable: dict[int, KeyFact] = {}
         if wanted:
@@ -461,6 +484,8 @@ def key_facts_apply(
         for candidate in storable:
             if (candidate.key, candidate.value) in active:
                 continue
+            if candidate.source_message_id <= retired_seen.get(candidate.value, -1):
+                continue  # replaced after that message: not revived by a late extraction
             active.add((candidate.key, candidate.value))
             row = _fact_row(
                 candidate,
@@ -584,6 +609,13 @@ EMBED_BATCH = 16
 # The full-text expression that migration 0005_memoryitem indexes (PostgreSQL: the GIN index is
 # used only when a query repeats it exactly).
 _PG_BODY = "to_tsvector('english', CASE WHEN i.search_text = '' THEN i.text ELSE i.search_text END)"
+# Candidates of one recall search from each side (full-text hits, nearest by cosine): a wide
+# pool, since the gate and not the search decides (docs/memory.md §12; 200 found the evidence of
+# 83 % of the LoCoMo questions, 50 of 73 %).
+RECALL_POOL = 200
+# The nearest items by cosine taken into one search (the dense side's thresholds were calibrated
+# on 50, bench/recall_calibrate.py).
+RECALL_DENSE_POOL = 50
 # Identifier kinds of memory.facts.rule_facts that make an exact identifier match.
 IDENTIFIER_KINDS = frozenset({"id", "email", "phone"})
 
@@ -656,6 +688,12 @@ def memory_items_unembedded(*, memory_key: str, model: str, limit: int = EMBED_B
     embedding of ``model`` (none, or another model's), oldest first."""
     rows = MemoryItem.objects.filter(memory_key=memory_key).exclude(embedding_model=model).order_by("id")
     return list(rows.values_list("id", "text", "last_message_id")[:limit])
+
+
+def memory_item_embeddings_exist(*, scope_key: str, model: str) -> bool:
+    """Whether any item of owner ``scope_key`` has an embedding of ``model`` (one query): without
+    one, a query vector would find nothing (docs/memory.md §12)."""
+    return MemoryItem.objects.filter(scope_key=scope_key, embedding_model=model).exists()
 
 
 def memory_items_unembedded_exist(*, memory_key: str, model: str) -> bool:
@@ -734,6 +772,47 @@ def _lexical_ids(terms: list[str], scope_params: list[Any], limit: int) -> list[
         return [row[0] for row in cursor.fetchall()]
 
 
+def recall_term_rarity(*, scope_key: str, query: str) -> TermRarity:
+    """How rare the terms of ``query`` are among the items of owner ``scope_key``
+    (docs/memory.md §12, "gate"): the number of the owner's items, and for each content term of
+    the query (:func:`memory.recall.content_terms` of each search term of
+    :func:`memory.fulltext.query_terms`) the number of those items the full-text search finds
+    for it (SQLite FTS5, PostgreSQL ``to_tsvector``; the same stemming as the search itself). One
+    statement. On another database, no frequencies (every term then counts as held by every
+    item and weighs next to nothing: only identifiers and cosines admit). Storage errors
+    propagate."""
+    terms = query_terms(query)
+    # Each search term, and the content terms of the query it stands for ("东 京" for "东京").
+    stands_for = {term: content_terms(term.replace(" ", "") if " " in term else term) for term in terms}
+    searched = [term for term in terms if stands_for[term]]
+    if connection.vendor == "sqlite":
+        matches = [fts5_match([term]) for term in searched]
+        searched = [term for term, match in zip(searched, matches, strict=True) if match]
+        # The full-text match first (a join lets SQLite test MATCH row by row: 100 times slower).
+        counts = [
+            "(SELECT count(*) FROM memory_memoryitem i WHERE i.scope_key = %s AND i.id IN "
+            "(SELECT rowid FROM memory_memoryitem_fts WHERE memory_memoryitem_fts MATCH %s))"
+        ] * len(searched)
+        params: list[Any] = [value for match in matches if match for value in (scope_key, match)]
+    elif connection.vendor == "postgresql":
+        counts = [
+            "(SELECT count(*) FROM memory_memoryitem i "
+            f"WHERE {_PG_BODY} @@ phraseto_tsquery('english', %s) AND i.scope_key = %s)"
+        ] * len(searched)
+        params = [value for term in searched for value in (term, scope_key)]
+    else:
+        searched, counts, params = [], [], []
+    sql = "SELECT " + ", ".join(["(SELECT count(*) FROM memory_memoryitem WHERE scope_key = %s)", *counts])
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [scope_key, *params])
+        row = cursor.fetchone()
+    frequencies: dict[str, int] = {}
+    for term, count in zip(searched, row[1:], strict=True):
+        for content in stands_for[term]:
+            frequencies[content] = max(frequencies.get(content, 0), int(count))
+    return TermRarity(documents=int(row[0]), frequencies=frequencies)
+
+
 def _vector_reader(scope_key: str) -> Callable[[int, Sequence[int]], Iterable[VectorRow]]:
     def read(after: int, ids: Sequence[int]) -> Iterable[VectorRow]:
         rows = MemoryItem.objects.filter(Q(id__gt=after) | Q(id__in=list(ids)), scope_key=scope_key)
@@ -752,8 +831,9 @@ def recall_candidates(
     scope: Literal["chat", "owner"],
     query: str,
     query_vector: np.ndarray | None,
-    limit: int = 50,
+    limit: int = RECALL_POOL,
     embedding_model: str | None = None,
+    dense_limit: int | None = None,
 ) -> list[RecallCandidate]:
     """The items that may be recalled for ``query`` in conversation ``memory_key`` of owner
     ``scope_key`` (docs/memory.md §12, "scope"), unranked: the caller's admission gate decides.
@@ -762,7 +842,8 @@ def recall_candidates(
     every query) and are either of this conversation with every message id ≤ ``boundary`` (its
     summary's boundary; None: none of them), or, with ``scope`` ``owner``, of the owner's other
     conversations. Candidates: the ``limit`` best full-text hits (``lexical_rank`` 1, 2, …; any
-    term of :func:`memory.fulltext.query_terms` matching), the ``limit`` items whose embedding is
+    term of :func:`memory.fulltext.query_terms` matching), the ``dense_limit`` (default: ``limit``, at most
+    :data:`RECALL_DENSE_POOL`) items whose embedding is
     most similar to ``query_vector`` (an L2-normalised vector, None for lexical-only; compared
     only with embeddings of ``embedding_model`` when given, else of the same dimension) through
     the per-owner :class:`memory.index.VectorCache`, and the items holding an identifier of the
@@ -796,7 +877,7 @@ def recall_candidates(
             query=vector,
             read=_vector_reader(scope_key),
             eligible=eligible,
-            limit=limit,
+            limit=dense_limit if dense_limit is not None else min(limit, RECALL_DENSE_POOL),
             also=[*lexical, *exact],
         )
         dense = [hit.id for hit in hits]
@@ -859,3 +940,41 @@ def recall_candidates(
 def recall_cache_clear() -> None:
     """Forget this process's cached vectors (tests; after switching the embedding model)."""
     _vectors.clear()
+
+
+def token_calibration_get(*, model: str) -> calibration.Calibration:
+    """The estimate calibration of chat model ``model`` (docs/memory.md §5, "Calibration"):
+    the stored one, or factor 1.0 with no samples when none is stored. One SELECT."""
+    row = TokenCalibration.objects.filter(model=model).first()
+    return calibration.Calibration(model=model) if row is None else row.as_calibration()
+
+
+def token_calibration_record(
+    *, model: str, estimated_tokens: int, prompt_tokens: int | None
+) -> calibration.Calibration:
+    """Move ``model``'s calibration by one chat call: ``estimated_tokens`` our estimate of the
+    request sent, ``prompt_tokens`` the provider's ``usage.prompt_tokens`` (None: not reported).
+    The rule is :func:`memory.calibration.calibration_observe`; a call that gives no sample (no
+    figure, a tiny request, an outlier) writes nothing. The row is read and written in one
+    transaction under a row lock (SQLite: the transaction's write lock, taken at its start), so
+    calls on several workers all count. Returns the calibration now."""
+    if calibration.sample_ratio(estimated_tokens=estimated_tokens, prompt_tokens=prompt_tokens) is None:
+        return token_calibration_get(model=model)
+    with transaction.atomic():
+        row = TokenCalibration.objects.select_for_update().filter(model=model).first()
+        current = calibration.Calibration(model=model) if row is None else row.as_calibration()
+        moved = calibration.calibration_observe(current, estimated_tokens=estimated_tokens, prompt_tokens=prompt_tokens)
+        if row is None:
+            try:
+                with transaction.atomic():
+                    TokenCalibration.objects.create(model=model, factor=moved.factor, samples=moved.samples)
+            except IntegrityError:  # another worker stored the first sample meanwhile: count ours on top
+                row = TokenCalibration.objects.select_for_update().get(model=model)
+                moved = calibration.calibration_observe(
+                    row.as_calibration(), estimated_tokens=estimated_tokens, prompt_tokens=prompt_tokens
+                )
+        if row is not None:
+            TokenCalibration.objects.filter(pk=row.pk).update(
+                factor=moved.factor, samples=moved.samples, updated_at=timezone.now()
+            )
+        return moved

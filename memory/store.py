@@ -58,7 +58,8 @@ class CompressionRecord:
     summarized) or ``overflow`` (content of the current turn was elided, or the request is still
     over the context window). Token figures are estimates of the model-facing request (tokens);
     ``attempts`` lists every summarizer try ``{"model", "phase", "number", "latency_ms", "ok",
-    "error"}``; ``duration_ms`` in milliseconds; ``notes`` plain sentences saying why;
+    "error", "wait_ms", "method"}`` (:class:`memory.summarizer.Attempt`; older records lack the
+    last two); ``duration_ms`` in milliseconds; ``notes`` plain sentences saying why;
     ``elisions`` one ``{"id", "role", "tokens_before", "tokens_after"}`` per shortened message;
     ``origin``: ``request`` (a model call or "compress now") or ``job`` (pre-compression in the
     conversation's memory job, docs/memory.md §10).

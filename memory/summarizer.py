@@ -126,7 +126,10 @@ class Summarizer(Protocol):
     ``model`` names it in attempt records. ``summarize`` returns the new self-contained summary
     text, or a :class:`SummaryReply` that also says whether the provider finished it; it may raise
     any exception, which the chain records as a failed attempt. The chain judges every reply with
-    :func:`check_reply`.
+    :func:`check_reply`. An optional ``method`` attribute says how it writes summaries
+    (:data:`METHOD_LLM`, the default when absent, or :data:`METHOD_EXTRACTIVE` for one that copies
+    sentences without a language model); the chain records it on each attempt, so the inspector
+    can say who wrote a summary. (Not a protocol member: ``isinstance`` would then require it.)
     """
 
     model: str
@@ -134,9 +137,17 @@ class Summarizer(Protocol):
     async def summarize(self, request: SummaryRequest) -> str | SummaryReply: ...
 
 
+# How a summarizer writes summaries (``Summarizer.method``, recorded on every attempt).
+METHOD_LLM = "llm"
+METHOD_EXTRACTIVE = "extractive"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Attempt:
-    """One summarizer try: ``latency_ms`` in milliseconds, ``error`` empty on success."""
+    """One summarizer try: ``latency_ms`` in milliseconds, ``error`` empty on success.
+    ``wait_ms``: the backoff slept just before this try, in milliseconds (0 for a layer's first
+    try), so that the attempts and their waits add up to the time the chain took.
+    ``method``: the summarizer's ``method`` (:data:`METHOD_LLM` or :data:`METHOD_EXTRACTIVE`)."""
 
     model: str
     phase: Phase
@@ -144,6 +155,8 @@ class Attempt:
     latency_ms: int
     ok: bool
     error: str = ""
+    wait_ms: int = 0
+    method: str = METHOD_LLM
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -188,9 +201,13 @@ class SummarizerChain:
         if self.failover is not None:
             layers.append(("failover", self.failover))
         for phase, summarizer in layers:
+            method = str(getattr(summarizer, "method", METHOD_LLM))
             for number in range(1, self.attempts + 1):
+                wait_ms = 0
                 if number > 1 and self.backoff > 0:
+                    waiting = time.perf_counter()
                     await asyncio.sleep(self.backoff * (number - 1))
+                    wait_ms = _elapsed_ms(waiting)
                 started = time.perf_counter()
                 try:
                     reply = await asyncio.wait_for(summarizer.summarize(request), timeout=self.timeout)
@@ -206,12 +223,20 @@ class SummarizerChain:
                             latency_ms=_elapsed_ms(started),
                             ok=False,
                             error=_describe(exc),
+                            wait_ms=wait_ms,
+                            method=method,
                         )
                     )
                     continue
                 result.attempts.append(
                     Attempt(
-                        model=summarizer.model, phase=phase, number=number, latency_ms=_elapsed_ms(started), ok=True
+                        model=summarizer.model,
+                        phase=phase,
+                        number=number,
+                        latency_ms=_elapsed_ms(started),
+                        ok=True,
+                        wait_ms=wait_ms,
+                        method=method,
                     )
                 )
                 result.text = text

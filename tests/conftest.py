@@ -42,9 +42,10 @@ def refused_base_url() -> Iterator[str]:
 @pytest.fixture(autouse=True)
 def memory_jobs_only_when_asked(settings: Any) -> None:
     """Memory jobs scheduled after a turn (docs/memory.md §10) start only when a test runs them
-    (``run_now``, ``wait``) or lowers this debounce: a job still running when its test ends would
+    (``run_now``, ``wait``) or lowers this debounce and idle time: a job still running when its test ends would
     write into the next test's database."""
     settings.MEMORY_JOB_DEBOUNCE_MS = 3_600_000
+    settings.MEMORY_JOB_IDLE_SECONDS = 3_600.0
 
 
 @pytest.fixture(autouse=True)

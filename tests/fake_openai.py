@@ -7,6 +7,12 @@ replies (:func:`embeddings`). Every request is
 recorded, so a test can assert exactly how many HTTP requests a client made. It runs in a thread
 (stdlib ``http.server``) and really speaks HTTP, so clients exercise their real network stack.
 
+Two switches imitate providers whose token counts differ from ours (docs/memory.md §5,
+"Calibration"): ``usage_scale`` rewrites the ``usage.prompt_tokens`` of every reply to the
+request's own estimate (tiktoken, :mod:`memory.tokens`) times the scale, so 1.2 is a provider
+whose tokenizer yields 20 % more tokens; ``reject_stream_options`` answers HTTP 400 to any request
+carrying ``stream_options``, as servers that do not know the option do.
+
 The fixtures ``fake_openai`` and ``fake_openai_failover`` (two independent servers) and
 ``refused_base_url`` (a port where connections are refused) are in ``tests/conftest.py``, so every
 test receives them by name.
@@ -17,9 +23,11 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from memory.tokens import get_counter
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,6 +144,8 @@ class FakeOpenAI:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _released: threading.Event = field(default_factory=threading.Event)
     _server: ThreadingHTTPServer | None = None
+    usage_scale: float | None = None
+    reject_stream_options: bool = False
 
     @property
     def base_url(self) -> str:
@@ -162,7 +172,39 @@ class FakeOpenAI:
     def _take(self, recorded: Recorded) -> Reply:
         with self._lock:
             self.requests.append(recorded)
-            return self._replies.pop(0) if len(self._replies) > 1 else self._replies[0]
+            if self.reject_stream_options and isinstance(recorded.json, dict) and "stream_options" in recorded.json:
+                return error(400, "Unrecognized request argument supplied: stream_options")
+            reply = self._replies.pop(0) if len(self._replies) > 1 else self._replies[0]
+        if self.usage_scale is not None and isinstance(recorded.json, dict):
+            return _usage_rescaled(reply, round(request_estimate(recorded.json) * self.usage_scale))
+        return reply
+
+
+def request_estimate(body: dict[str, Any]) -> int:
+    """Our estimate (tokens) of a chat request ``body``: its messages and tools counted with the
+    encoding of its model (:meth:`memory.tokens.TokenCounter.count_request`)."""
+    counter = get_counter(str(body.get("model") or ""))
+    return counter.count_request(body.get("messages") or [], body.get("tools"))
+
+
+def _usage_rescaled(reply: Reply, prompt_tokens: int) -> Reply:
+    """``reply`` with ``prompt_tokens`` (and the total) in every usage object it carries."""
+
+    def rescale(text: str) -> str:
+        try:
+            payload = json.loads(text)
+        except ValueError:
+            return text
+        usage = payload.get("usage") if isinstance(payload, dict) else None
+        if not isinstance(usage, dict):
+            return text
+        usage["prompt_tokens"] = prompt_tokens
+        usage["total_tokens"] = prompt_tokens + int(usage.get("completion_tokens") or 0)
+        return json.dumps(payload)
+
+    if reply.events is not None:
+        return replace(reply, events=[rescale(event) for event in reply.events])
+    return replace(reply, body=rescale(reply.body.decode()).encode()) if reply.body else reply
 
 
 def _handler_for(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:

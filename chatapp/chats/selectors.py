@@ -22,6 +22,15 @@ def session_list_for_owner(*, owner: Owner) -> QuerySet[ChatSession]:
     return session_queryset_for_owner(owner).order_by("-updated", "-id")
 
 
+def session_newest_of_owner(*, owner: Owner, session_ids: frozenset[int]) -> int | None:
+    """The newest (highest id) of the chat sessions ``session_ids`` that ``owner`` owns, or None
+    (also for an empty set, without a query)."""
+    if not session_ids:
+        return None
+    rows = session_queryset_for_owner(owner).filter(pk__in=session_ids)
+    return rows.order_by("-pk").values_list("pk", flat=True).first()
+
+
 def chat_session_get(*, session_id: int) -> ChatSession:
     """The chat session ``session_id`` (no access check: for code acting on a stored turn).
     Raises ``ChatSession.DoesNotExist``."""
@@ -49,6 +58,21 @@ def message_list_after(*, session_id: int, after_id: int, limit: int = SYNC_MAX_
     ascending; ``more`` is True when further messages follow (ask again after the last id)."""
     rows = list(Message.objects.filter(session_id=session_id, id__gt=after_id).order_by("id")[: limit + 1])
     return rows[:limit], len(rows) > limit
+
+
+def message_last_id(*, session_id: int) -> int | None:
+    """The id of the session's newest message (None when it has none or is gone)."""
+    return Message.objects.filter(session_id=session_id).order_by("-id").values_list("id", flat=True).first()
+
+
+def message_list_between(*, session_id: int, after_id: int, up_to_id: int, limit: int) -> list[Message]:
+    """One page for reading a whole session with bounded memory (an export): at most ``limit``
+    of its messages with ``after_id < id <= up_to_id``, ascending; ask again after the last id
+    until a page comes back empty. ValueError for a ``limit`` below 1."""
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    rows = Message.objects.filter(session_id=session_id, id__gt=after_id, id__lte=up_to_id)
+    return list(rows.order_by("id")[:limit])
 
 
 def message_list_for_context(*, session_id: int, boundary: int | None, turn_message_id: int) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ a message tells the session's sockets about it only after the commit
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.db import connection, transaction
@@ -18,9 +19,25 @@ from chatapp.llm.clients import chat_endpoint
 from chatapp.models import ChatSession, Message, ModelCall, TurnLease
 from chatapp.realtime.broadcast import event_broadcast_on_commit, session_sockets_close_on_commit
 from chatapp.realtime.protocol import ChatMessageEvent
-from memory.api import KeyFact, get_counter, key_facts_store_rule, message_rule_facts, session_memory_delete
+from memory.api import (
+    KeyFact,
+    get_counter,
+    key_facts_store_rule,
+    message_rule_facts,
+    session_memory_delete,
+    value_spans,
+)
 
+# The longest title a chat gets from its first message, in characters (a rename allows 200).
 TITLE_MAX_CHARS = 60
+# What a title made from a message never shows: identifiers, contact data and secrets, as the
+# key-fact rules find them (memory.api.value_spans, docs/memory.md §11). Amounts and dates stay.
+TITLE_HIDDEN_KINDS = frozenset({"id", "email", "phone", "url", "secret"})
+# Stands for each value left out of a title, and for the cut end of a long one.
+TITLE_ELISION = "…"
+# A title with fewer letters than this (values left out) is replaced by the neutral one.
+TITLE_MIN_LETTERS = 2
+_ELISIONS = re.compile(r"…(?:[\s,;:/&+-]*…)+")
 
 
 def chat_session_create(*, owner: Owner, mode: str, title: str = "") -> ChatSession:
@@ -39,6 +56,36 @@ def chat_session_create(*, owner: Owner, mode: str, title: str = "") -> ChatSess
         mode=mode,
         title=title[:200],
     )
+
+
+def chat_session_title_from_text(*, text: str, session_id: int) -> str:
+    """The title of chat ``session_id`` made from its first message ``text``: the text on one line
+    with every identifier, email, phone number, URL, card number and secret left out (each
+    becomes ``…``; :data:`TITLE_HIDDEN_KINDS`), cut at a word to at most :data:`TITLE_MAX_CHARS`
+    characters. When fewer than :data:`TITLE_MIN_LETTERS` letters are left, the neutral
+    ``"Chat <session_id>"`` (what the page shows for an untitled chat). Pure; never raises.
+
+    Values are removed before the text is cut, so a value cut in half cannot slip through.
+    """
+    kept: list[str] = []
+    position = 0
+    for start, end, kind in value_spans(text):
+        if kind in TITLE_HIDDEN_KINDS:
+            kept += [text[position:start], TITLE_ELISION]
+            position = end
+    kept.append(text[position:])
+    title = " ".join("".join(kept).split())
+    title = _ELISIONS.sub(TITLE_ELISION, title)
+    title = title.replace(f"{TITLE_ELISION}.", TITLE_ELISION)  # "account ACC-7731." -> "account …"
+    if sum(character.isalpha() for character in title) < TITLE_MIN_LETTERS:
+        return f"Chat {session_id}"
+    if len(title) > TITLE_MAX_CHARS:
+        cut = title[: TITLE_MAX_CHARS - 1]
+        space = cut.rfind(" ")
+        if space > TITLE_MAX_CHARS // 2:
+            cut = cut[:space]
+        title = cut.rstrip(" ,;:-") + TITLE_ELISION
+    return title
 
 
 def chat_session_rename(*, session: ChatSession, title: str) -> ChatSession:

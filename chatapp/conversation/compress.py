@@ -13,6 +13,7 @@ from chatapp.conversation.agent import AGENT_PROMPT
 from chatapp.conversation.quick_answer import QUICK_ANSWER_PROMPT
 from chatapp.conversation.tools import TOOL_SCHEMAS
 from chatapp.conversation.turn import memory_engine_build
+from chatapp.llm.calibration import token_factor_get
 from chatapp.llm.clients import chat_endpoint
 from chatapp.models import ChatSession
 from chatapp.realtime.broadcast import event_broadcast
@@ -62,7 +63,10 @@ async def session_memory_compress(*, session_id: int) -> list[dict[str, Any]]:
         summarize_below=summarize_below,
         force=True,
     )
-    context = await memory_engine_build(chat_endpoint()).build_context(request)
+    endpoint = chat_endpoint()
+    # The budget of the session's next request, calibration included (docs/memory.md §5).
+    token_factor = await sync_to_async(token_factor_get)(endpoint=endpoint)
+    context = await memory_engine_build(endpoint, token_factor=token_factor).build_context(request)
     for event in context.events:
         await event_broadcast(session_id, MemoryCompressionEvent(turn_id=None, step=0, event=event))
     await event_broadcast(session_id, MemorySummaryEvent(turn_id=None, step=0, summary=context.summary.as_dict()))

@@ -25,8 +25,8 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from chatapp.chats.services import (
-    TITLE_MAX_CHARS,
     chat_session_scope_key,
+    chat_session_title_from_text,
     message_facts_store,
     message_token_count,
     reply_message_store,
@@ -152,8 +152,9 @@ def user_message_submit(
     A resend with a known ``client_message_id`` (after a reconnect, docs/memory.md F-27) stores nothing
     and returns the stored message with ``created`` False, also when two resends race. A new
     message opens a turn: it is stored with the turn's lease (:class:`TurnLease`, fresh until the
-    turn's own heartbeat takes over), names an untitled session and moves it to the top of the
-    list. With ``max_pending``, a new message is refused with :class:`TurnLimitReached`, storing
+    turn's own heartbeat takes over), names an untitled session (without the message's
+    identifiers and contact data, :func:`chatapp.chats.services.chat_session_title_from_text`)
+    and moves it to the top of the list. With ``max_pending``, a new message is refused with :class:`TurnLimitReached`, storing
     nothing, when the session already has that many turns in flight (counted in the same
     transaction, under a lock on the session row, so concurrent sends cannot pass the bound
     together). The message's key facts are stored in the same transaction
@@ -182,7 +183,7 @@ def user_message_submit(
             TurnLease.objects.create(user_message=message, heartbeat=timezone.now())
             ChatSession.objects.filter(pk=session.pk).update(updated=timezone.now())
             if not session.title:  # as loaded; the filter re-checks the stored title
-                title = " ".join(text.split())[:TITLE_MAX_CHARS]
+                title = chat_session_title_from_text(text=text, session_id=session.pk)
                 if ChatSession.objects.filter(pk=session.pk, title="").update(title=title):
                     session.title = title
             message_facts_store(

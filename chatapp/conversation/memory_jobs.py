@@ -1,6 +1,8 @@
 """Memory jobs of this worker process (docs/memory.md §10, "memory job" and "pre-compression").
 
-After every turn the session's memory job is scheduled (:func:`memory_job_schedule`): a
+After every turn the session's memory job is scheduled (:func:`memory_job_schedule`), at once
+when the next request may cross the trigger, else batched until the chat goes idle or a few
+replies gathered (docs/memory.md §10 "when the job runs"): a
 :class:`memory.api.MemoryJobRunner` per event loop runs it as an asyncio task, debounced and
 coalescing, holding the session's lease in the database (:class:`memory.api.OrmJobStore`) so
 that one job per session runs at a time across all workers. Its pipeline has four steps, in this
@@ -39,6 +41,7 @@ from chatapp.conversation.agent import AGENT_PROMPT
 from chatapp.conversation.quick_answer import quick_answer_system_prompt
 from chatapp.conversation.tools import TOOL_SCHEMAS
 from chatapp.conversation.turn import PASSAGES_TARGET_SHARE, memory_engine_build
+from chatapp.llm.calibration import calibration_applies, token_factor_get
 from chatapp.llm.clients import chat_endpoint, failover_endpoint, summary_endpoint
 from chatapp.llm.embeddings import embedder_choice, embedder_get
 from chatapp.llm.summarizer import build_summarizer_chain
@@ -102,16 +105,18 @@ def next_request_of_mode(mode: str, engine: MemoryEngine) -> NextRequest:
     return quick_answer_system_prompt([]), None, int(engine.budget.target_tokens * PASSAGES_TARGET_SHARE)
 
 
-def live_engine() -> MemoryEngine:
-    """The engine a live turn uses (no jobs: a job never hands work to itself)."""
-    return memory_engine_build(chat_endpoint())
+def live_engine(token_factor: float = 1.0) -> MemoryEngine:
+    """The engine a live turn uses (no jobs: a job never hands work to itself), budgeted with
+    the chat model's estimate calibration ``token_factor`` (docs/memory.md §5, "Calibration")."""
+    return memory_engine_build(chat_endpoint(), token_factor=token_factor)
 
 
 class PreCompression:
     """The pipeline step that compresses ahead of the next request (docs/memory.md §10,
     "pre-compression"). Its watermark is the id of the newest message it planned with.
 
-    ``engine_build`` makes the engine to compress with (the live app's by default);
+    ``engine_build(token_factor)`` makes the engine to compress with (the live app's by default),
+    given the chat model's estimate calibration, so that it plans as the next request will;
     ``next_request`` says what the next request carries (:func:`next_request_of_mode` by default;
     the replay command passes its recorded system prompt); ``orm`` turns the synchronous ORM
     functions it calls into awaitables (:func:`chatapp.orm_threads.orm_async` by default; the
@@ -124,7 +129,7 @@ class PreCompression:
     def __init__(
         self,
         *,
-        engine_build: Callable[[], MemoryEngine] = live_engine,
+        engine_build: Callable[[float], MemoryEngine] = live_engine,
         next_request: Callable[[str, MemoryEngine], NextRequest] = next_request_of_mode,
         orm: Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]] = orm_async,
     ) -> None:
@@ -174,7 +179,9 @@ class PreCompression:
         if subject is None:
             return None
         mode, last_id = subject
-        engine = self.engine_build()
+        endpoint = chat_endpoint()
+        factor = await self.orm(token_factor_get)(endpoint=endpoint) if calibration_applies(endpoint) else 1.0
+        engine = self.engine_build(factor)
         system_prompt, tools, allowance = self.next_request(mode, engine)
 
         async def load_increment(boundary: int | None) -> list[dict[str, Any]]:
@@ -702,6 +709,8 @@ def memory_job_runner() -> MemoryJobRunner:
             debounce_seconds=settings.MEMORY_JOB_DEBOUNCE_MS / 1000,
             lease_seconds=settings.MEMORY_JOB_LEASE_SECONDS,
             on_done=_job_done,
+            idle_seconds=settings.MEMORY_JOB_IDLE_SECONDS,
+            batch_turns=settings.MEMORY_JOB_BATCH_TURNS,
         )
         _runners[loop] = runner
     return runner
@@ -725,16 +734,20 @@ async def _job_tell(session_id: int) -> None:
 
 
 def memory_job_local_status(*, session_id: int) -> str | None:
-    """``running`` or ``queued`` while a job of this process is running or pending for session
-    ``session_id`` (any event loop), else None. Safe to call from the database threads."""
+    """``running``, ``queued`` or ``batched`` (waiting for the chat to go idle, docs/memory.md §10)
+    while a job of this process is running or pending for session ``session_id`` (any event
+    loop), else None. Safe to call from the database threads."""
     memory_key = ChatSession.memory_key_for(session_id)
     statuses = {runner.status(memory_key) for runner in list(_runners.values())} - {None}
-    return "running" if "running" in statuses else next(iter(statuses), None)
+    return next((status for status in ("running", "queued", "batched") if status in statuses), None)
 
 
-def memory_job_schedule(*, session_id: int) -> None:
-    """Queue the memory job of session ``session_id`` in this process (returns at once)."""
-    memory_job_runner().schedule(ChatSession.memory_key_for(session_id))
+def memory_job_schedule(*, session_id: int, idle: bool = False) -> None:
+    """Queue the memory job of session ``session_id`` in this process (returns at once);
+    ``idle=True`` when nothing is urgent: the job waits for ``MEMORY_JOB_IDLE_SECONDS`` without
+    a reply, or for the ``MEMORY_JOB_BATCH_TURNS``-th such reply (:meth:`memory.api.
+    MemoryJobRunner.schedule`, docs/memory.md §10 "when the job runs")."""
+    memory_job_runner().schedule(ChatSession.memory_key_for(session_id), idle=idle)
 
 
 async def memory_job_run_now(*, session_id: int) -> None:

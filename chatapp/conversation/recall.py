@@ -22,10 +22,18 @@ from django.conf import settings
 from django.utils import timezone
 
 from chatapp.chats.services import chat_session_scope_key
-from chatapp.llm.embeddings import embedder_get
+from chatapp.llm.embeddings import embedder_choice, embedder_get
 from chatapp.models import ChatSession, Message
 from chatapp.orm_threads import orm_async
-from memory.api import RecallCandidate, RecallInput, message_text, recall_candidates
+from memory.api import (
+    RecallCandidate,
+    RecallInput,
+    TermRarity,
+    memory_item_embeddings_exist,
+    message_text,
+    recall_candidates,
+    recall_term_rarity,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -80,17 +88,26 @@ async def recall_search(
     """Search the owner's memory index for the text of message ``user_message_id`` of session
     ``session_id``, or for ``query`` when given (see the module docstring): the query embedded
     within the deadline if an embedder is configured, then :func:`memory.api.recall_candidates`
-    with ``MEMORY_RECALL_SCOPE``, chat titles filled. An empty query (no text, or the session or
+    with ``MEMORY_RECALL_SCOPE``, chat titles filled, and the rarity of the query's terms for the
+    gate (:func:`memory.api.recall_term_rarity`). An empty query (no text, or the session or
     message gone) finds nothing. ``orm`` as for :class:`TurnRecall`. Storage errors propagate."""
     started = time.perf_counter()
-    subject = await orm(_subject)(session_id=session_id, user_message_id=user_message_id, query=query)
+    choice = embedder_choice()
+    configured = None if choice.backend == "none" else choice.model
+    subject = await orm(_subject)(
+        session_id=session_id, user_message_id=user_message_id, query=query, embedding_model=configured
+    )
     if subject is None:
         return RecallInput(query="", candidates=[], model=None, now=timezone.now())
-    scope_key, query = subject
+    scope_key, query, has_vectors = subject
     notes: list[str] = []
     vector: np.ndarray | None = None
     model: str | None = None
-    embedder = await orm(embedder_get)() if query.strip() else None
+    # No item of this owner has an embedding of the model yet: a query vector would find nothing,
+    # so it is not computed (about 6 ms of CPU per turn with the bundled model, bench/ws_load.py).
+    embedder = await orm(embedder_get)() if query.strip() and has_vectors else None
+    if configured and query.strip() and not has_vectors:
+        notes.append("nothing of this owner is embedded yet: lexical only")
     if embedder is not None:
         deadline = settings.MEMORY_RECALL_DEADLINE_MS / 1000
         try:
@@ -101,7 +118,7 @@ async def recall_search(
         except Exception as exc:  # an embedder failure degrades recall, never the request
             logger.warning("recall embedding failed for chat %s: %s", session_id, exc)
             notes.append(f"the embedder failed ({type(exc).__name__}: {exc}): lexical only")
-    candidates = await orm(_candidates)(
+    candidates, rarity = await orm(_candidates)(
         scope_key=scope_key,
         memory_key=ChatSession.memory_key_for(session_id),
         boundary=boundary,
@@ -116,34 +133,47 @@ async def recall_search(
         now=timezone.now(),
         notes=notes,
         latency_ms=int((time.perf_counter() - started) * 1000),
+        rarity=rarity,
     )
 
 
-def _subject(*, session_id: int, user_message_id: int | None, query: str | None) -> tuple[str, str] | None:
-    """The owner's scope key and the question's text: ``query`` when given, else the text of
-    message ``user_message_id`` (None when the session or message is gone, or neither is given)."""
+def _subject(
+    *, session_id: int, user_message_id: int | None, query: str | None, embedding_model: str | None = None
+) -> tuple[str, str, bool] | None:
+    """The owner's scope key, the question's text (``query`` when given, else the text of message
+    ``user_message_id``) and whether any item of the owner has an embedding of
+    ``embedding_model`` (False when None); None when the session or message is gone, or neither
+    is given. One query, two with a model."""
     if query is not None:
         owner = ChatSession.objects.filter(pk=session_id).values_list("owner_id", "owner_session_key").first()
         if owner is None:
             return None
-        return chat_session_scope_key(owner_id=owner[0], owner_session_key=owner[1]), query
-    if user_message_id is None:
+        scope_key, text = chat_session_scope_key(owner_id=owner[0], owner_session_key=owner[1]), query
+    elif user_message_id is None:
         return None
-    row = (
-        Message.objects.filter(pk=user_message_id, session_id=session_id)
-        .values_list("content", "session__owner_id", "session__owner_session_key")
-        .first()
+    else:
+        row = (
+            Message.objects.filter(pk=user_message_id, session_id=session_id)
+            .values_list("content", "session__owner_id", "session__owner_session_key")
+            .first()
+        )
+        if row is None:
+            return None
+        content, owner_id, owner_session_key = row
+        scope_key = chat_session_scope_key(owner_id=owner_id, owner_session_key=owner_session_key)
+        text = message_text(content)
+    has_vectors = bool(embedding_model) and memory_item_embeddings_exist(
+        scope_key=scope_key, model=embedding_model or ""
     )
-    if row is None:
-        return None
-    content, owner_id, owner_session_key = row
-    return chat_session_scope_key(owner_id=owner_id, owner_session_key=owner_session_key), message_text(content)
+    return scope_key, text, has_vectors
 
 
 def _candidates(
     *, scope_key: str, memory_key: str, boundary: int | None, query: str, vector: np.ndarray | None, model: str | None
-) -> list[RecallCandidate]:
-    """:func:`memory.api.recall_candidates` with each item's chat title filled (one query)."""
+) -> tuple[list[RecallCandidate], TermRarity | None]:
+    """:func:`memory.api.recall_candidates` with each item's chat title filled (one query), and
+    the rarity of the query's terms in the owner's index (:func:`memory.api.recall_term_rarity`;
+    None when nothing was found, so no gate needs it)."""
     found = recall_candidates(
         scope_key=scope_key,
         memory_key=memory_key,
@@ -153,6 +183,7 @@ def _candidates(
         query_vector=vector,
         embedding_model=model,
     )
+    rarity = recall_term_rarity(scope_key=scope_key, query=query) if found else None
     ids = {ChatSession.session_id_for(c.item.memory_key) for c in found}
     titles = dict(ChatSession.objects.filter(pk__in=ids).values_list("pk", "title")) if ids else {}
     return [
@@ -160,4 +191,4 @@ def _candidates(
             c, item=replace(c.item, chat_title=titles.get(ChatSession.session_id_for(c.item.memory_key)) or "untitled")
         )
         for c in found
-    ]
+    ], rarity

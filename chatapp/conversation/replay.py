@@ -256,7 +256,8 @@ class ReplaySession:
             return conversation.system_prompt, None, 0
 
         step = (
-            PreCompression(engine_build=lambda: self.engine, next_request=recorded_prompt, orm=sync_to_async)
+            # A replay calls no model: its engine stays uncalibrated, whatever the live factor is.
+            PreCompression(engine_build=lambda _factor: self.engine, next_request=recorded_prompt, orm=sync_to_async)
             if self.compression == "background"
             else None
         )

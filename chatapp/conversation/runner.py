@@ -31,9 +31,11 @@ from chatapp.chats import selectors
 from chatapp.conversation import leases, stopping
 from chatapp.conversation.agent import agent_turn_run
 from chatapp.conversation.leases import turn_lease_kept
-from chatapp.conversation.memory_jobs import fact_extraction_enabled, memory_job_runner, memory_job_schedule
+from chatapp.conversation.memory_jobs import memory_job_runner, memory_job_schedule
 from chatapp.conversation.quick_answer import quick_answer_run
 from chatapp.conversation.turn import Turn
+from chatapp.llm.calibration import token_factor_get
+from chatapp.llm.clients import chat_endpoint
 from chatapp.models import ChatSession, Message
 from chatapp.orm_threads import orm_async
 from chatapp.realtime.protocol import INTERNAL_ERROR, ChatTurnEvent
@@ -83,7 +85,7 @@ async def chat_turn_run(*, session_id: int, user_message_id: int) -> Message:
     ):
         # Never this process's own turns: one started a moment ago may not have its lease stored yet.
         try:
-            session, in_flight_first_id = await orm_async(_turn_open)(
+            session, in_flight_first_id, token_factor = await orm_async(_turn_open)(
                 session_id=session_id, exclude=leases.turns_leased_here()
             )
         except ChatSession.DoesNotExist:
@@ -95,6 +97,7 @@ async def chat_turn_run(*, session_id: int, user_message_id: int) -> Message:
             mode=mode,
             in_flight_first_id=in_flight_first_id,
             jobs=memory_job_runner(),
+            token_factor=token_factor,
         )
         _running[user_message_id] = turn
         try:
@@ -103,11 +106,11 @@ async def chat_turn_run(*, session_id: int, user_message_id: int) -> Message:
                 reply = await agent_turn_run(turn)
             else:
                 reply = await quick_answer_run(turn)
-            # Off the request path: key-fact extraction from this turn's messages (docs/memory.md
-            # §11) and pre-compression for the next turn (§10). Without extraction a job is
-            # scheduled only when pre-compression may be due; the job itself is cheap when idle.
-            if fact_extraction_enabled() or turn.precompression_may_help(reply):
-                memory_job_schedule(session_id=session_id)
+            # Off the request path (docs/memory.md §10 "when the job runs"): at once when the next
+            # request may cross the trigger (pre-compression, then key-fact extraction and
+            # indexing of what is about to leave the retained window); otherwise batched: when
+            # the chat goes idle, or every MEMORY_JOB_BATCH_TURNS replies.
+            memory_job_schedule(session_id=session_id, idle=not turn.precompression_may_help(reply))
             return reply
         except Exception:
             # A write of a deleted session's turn fails (a foreign key, a row gone): not a bug.
@@ -129,12 +132,14 @@ async def chat_turn_run(*, session_id: int, user_message_id: int) -> Message:
             _running.pop(user_message_id, None)
 
 
-def _turn_open(*, session_id: int, exclude: frozenset[int]) -> tuple[ChatSession, int | None]:
+def _turn_open(*, session_id: int, exclude: frozenset[int]) -> tuple[ChatSession, int | None, float]:
     """Close the session's interrupted turns but those in ``exclude``, then load the session; also
-    the first turn in flight (``leases.turn_in_flight_first_id``). One trip to the database
-    thread instead of three. Raises ``ChatSession.DoesNotExist``."""
+    the first turn in flight (``leases.turn_in_flight_first_id``) and the chat model's estimate
+    calibration (:func:`chatapp.llm.calibration.token_factor_get`, no query for the offline
+    engine). One trip to the database thread instead of four. Raises ``ChatSession.DoesNotExist``."""
     first = leases.turns_interrupted_close_first_in_flight(session_id=session_id, exclude=exclude)
-    return selectors.chat_session_get(session_id=session_id), first
+    session = selectors.chat_session_get(session_id=session_id)
+    return session, first, token_factor_get(endpoint=chat_endpoint())
 
 
 class ChatSessionDeleted(Exception):

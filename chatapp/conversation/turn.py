@@ -12,15 +12,18 @@ turn from 1.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from django.conf import settings
+from django.db import DatabaseError
 
 from chatapp.chats import selectors, services
 from chatapp.conversation import leases
 from chatapp.conversation.recall import TurnRecall
+from chatapp.llm.calibration import calibration_report, token_calibration_observe
 from chatapp.llm.clients import Endpoint, LLMError, chat_endpoint, chat_stream
 from chatapp.llm.summarizer import build_summarizer_chain
 from chatapp.models import ChatSession, Message
@@ -50,6 +53,8 @@ from memory.api import (
     get_counter,
     key_fact_list_active,
 )
+
+logger = logging.getLogger(__name__)
 
 # Streamed text is sent at most this often (seconds), in pieces, to keep channel traffic bounded:
 # each chat.delta costs every socket of the session a channel-layer message and a frame, and on a
@@ -97,10 +102,14 @@ class ModelCallFailed(Exception):
         return f"{self.partial.text}\n\n{note}" if self.partial.text else note
 
 
-def memory_engine_build(endpoint: Endpoint, *, jobs: CompressionJobs | None = None) -> MemoryEngine:
+def memory_engine_build(
+    endpoint: Endpoint, *, jobs: CompressionJobs | None = None, token_factor: float = 1.0
+) -> MemoryEngine:
     """The memory engine for the chat model at ``endpoint``, its budget from settings. ``jobs``:
     where its requests in background mode hand their compression (this process's memory jobs,
-    :mod:`chatapp.conversation.memory_jobs`; None: they only read)."""
+    :mod:`chatapp.conversation.memory_jobs`; None: they only read). ``token_factor``: the
+    model's estimate calibration (:func:`chatapp.llm.calibration.token_factor_get`, docs/memory.md
+    §5, "Calibration"), 1.0 for none."""
     return MemoryEngine(
         budget=MemoryBudget(
             context_window=endpoint.context_window,
@@ -115,6 +124,7 @@ def memory_engine_build(endpoint: Endpoint, *, jobs: CompressionJobs | None = No
             facts_max_tokens=settings.MEMORY_FACTS_MAX_TOKENS,
             facts_min_tokens=settings.MEMORY_FACTS_MIN_TOKENS,
             recall_share=settings.MEMORY_RECALL_SHARE,
+            token_factor=token_factor,
         ),
         chain=build_summarizer_chain(),
         counter=get_counter(endpoint.model),
@@ -127,7 +137,9 @@ def memory_engine_build(endpoint: Endpoint, *, jobs: CompressionJobs | None = No
 
 class Turn:
     """One running turn: its session, the user message that opened it, the chat model and memory
-    engine it uses, and whether the user asked it to stop."""
+    engine it uses, and whether the user asked it to stop. ``token_factor``: the chat model's
+    estimate calibration when the turn opened (docs/memory.md §5, "Calibration"); each call that
+    moves it updates the engine's budget for the turn's next call."""
 
     def __init__(
         self,
@@ -137,6 +149,7 @@ class Turn:
         mode: Mode,
         in_flight_first_id: int | None = None,
         jobs: CompressionJobs | None = None,
+        token_factor: float = 1.0,
     ) -> None:
         self.session_id = session_id
         self.user_message_id = user_message_id
@@ -144,7 +157,7 @@ class Turn:
         # The first in-flight id read when the turn opened (a query saved for the first context).
         self._in_flight_first_id = in_flight_first_id
         self.endpoint = chat_endpoint()
-        self.engine = memory_engine_build(self.endpoint, jobs=jobs)
+        self.engine = memory_engine_build(self.endpoint, jobs=jobs, token_factor=token_factor)
         self._stop = asyncio.Event()
         self._stream_task: asyncio.Task[None] | None = None
         # The estimated size of this turn's last request (tokens), 0 before the first.
@@ -248,7 +261,7 @@ class Turn:
             mode=self.mode,
             step=step,
             model=self.endpoint.model,
-            context={**ctx.as_dict(), "tools": tools or []},
+            context={**ctx.as_dict(), "tools": tools or [], "calibration": self.calibration(ctx)},
             estimated_tokens=ctx.tokens,
         )
         await self.context_emit(ctx, step=step, model_call_id=record.pk)
@@ -273,7 +286,28 @@ class Turn:
                 completion_tokens=reply.completion_tokens,
                 finish_reason=reply.finish_reason or ("stopped" if self.stop_requested() else ""),
             )
+        await self.calibrate(estimated_tokens=ctx.tokens, prompt_tokens=reply.prompt_tokens)
         return reply
+
+    def calibration(self, ctx: MemoryContext) -> dict[str, Any]:
+        """The calibration ``ctx`` was budgeted with (see :func:`chatapp.llm.calibration.calibration_report`)."""
+        return calibration_report(self.endpoint, token_factor=ctx.token_factor, window_tokens=ctx.window_tokens)
+
+    async def calibrate(self, *, estimated_tokens: int, prompt_tokens: int | None) -> None:
+        """Count a finished call in the chat model's estimate calibration (docs/memory.md §5,
+        "Calibration"; nothing for the offline engine or with ``LLM_TOKEN_CALIBRATION`` off) and
+        budget this turn's next call with the factor it has now."""
+        if prompt_tokens is None:
+            return
+        try:
+            now = await orm_async(token_calibration_observe)(
+                endpoint=self.endpoint, estimated_tokens=estimated_tokens, prompt_tokens=prompt_tokens
+            )
+        except DatabaseError:  # a lost sample is no reason to fail a reply that arrived
+            logger.warning("token calibration of %s not stored", self.endpoint.model, exc_info=True)
+            return
+        if now is not None and now.factor != self.engine.budget.token_factor:
+            self.engine.budget = replace(self.engine.budget, token_factor=now.factor)
 
     async def context_emit(self, ctx: MemoryContext, *, step: int, model_call_id: int | None) -> None:
         """Emit ``memory.compression`` for each compression event of ``ctx``, then ``memory.context``
@@ -300,6 +334,7 @@ class Turn:
                 waited_ms=ctx.waited_ms,
                 facts=ctx.facts or None,
                 recall=ctx.recall or None,
+                calibration=self.calibration(ctx),
             )
         )
 
@@ -376,7 +411,7 @@ class Turn:
         await self.context_emit(ctx, step=step, model_call_id=None)
         text = (
             f"This message is too large for the model's context window ({ctx.tokens} of "
-            f"{ctx.context_window} tokens even after compression), so it was not sent. "
+            f"{ctx.window_tokens or ctx.context_window} tokens even after compression), so it was not sent. "
             "Please send a shorter message or start a new chat."
         )
         return await self.finish(content=text, status=Message.Status.ERROR, step=step, error=(CONTEXT_OVERFLOW, text))

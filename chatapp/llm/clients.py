@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Iterator
@@ -26,6 +27,8 @@ from django.conf import settings
 
 from chatapp.llm.offline.transport import OFFLINE_BASE_URL, OfflineTransport
 from memory.api import to_wire
+
+logger = logging.getLogger(__name__)
 
 LLMErrorKind = Literal["connection", "timeout", "rate_limit", "server", "status", "malformed", "empty"]
 
@@ -246,7 +249,8 @@ async def chat_stream(
     the stream ends, ``{"type": "tool_calls", "tool_calls": [...]}`` (complete OpenAI-format calls
     assembled from the deltas) if the model called tools, ``{"type": "usage", "prompt_tokens",
     "completion_tokens"}`` if the endpoint reported usage, and ``{"type": "finish",
-    "finish_reason"}``.
+    "finish_reason"}``. Usage is asked for (``stream_options``); an endpoint that refuses the
+    option (HTTP 400 or 422) is asked again without it, and without it from then on.
 
     Raises :class:`LLMError` for any endpoint failure, including a reply with neither text nor
     tool calls (kind ``empty``). Deltas already yielded stay valid: a failure mid-stream raises
@@ -258,22 +262,27 @@ async def chat_stream(
         "model": endpoint.model,
         "messages": wire_messages(messages),
         "stream": True,
-        "stream_options": {"include_usage": True},
         "max_tokens": max_tokens or settings.LLM_CHAT_MAX_OUTPUT_TOKENS,
     }
+    # Usage of a stream is sent only when asked for (docs/memory.md §5, "Calibration").
+    ask_usage = _asks_usage(endpoint)
+    if ask_usage:
+        body["stream_options"] = {"include_usage": True}
     if temperature is not None:
         body["temperature"] = temperature
     if tools:  # some OpenAI-compatible servers reject an empty "tools" list: leave the key out
         body["tools"] = tools
-    with translated_errors(endpoint):
-        # The SDK's generic request method (its way to custom requests), not
-        # ``chat.completions.create``: the same client, headers, timeouts, SSE parsing and error
-        # classes, without re-walking the whole request through its type transforms and without
-        # building a model object per streamed chunk (together a fifth of a busy worker's CPU,
-        # bench/ws_load.py). Chunks arrive as the JSON objects the server sent.
-        stream = await client.post(
-            "/chat/completions", cast_to=object, body=body, stream=True, stream_cls=openai.AsyncStream[object]
-        )
+    try:
+        stream = await _stream_open(client, body, endpoint)
+    except LLMError as exc:
+        if not (ask_usage and _rejects_request(exc)):
+            raise
+        # Servers that do not know ``stream_options`` (older vLLM, some proxies) refuse the whole
+        # request: ask once more without it and, if that works, never again while this process runs.
+        del body["stream_options"]
+        stream = await _stream_open(client, body, endpoint)
+        _NO_STREAM_OPTIONS.add((endpoint.base_url, endpoint.model))
+        logger.info("%s refused stream_options: streaming without usage from now on", endpoint.label)
     assembler = _ToolCallAssembler()
     usage: UsageEvent | None = None
     finish_reason: str | None = None
@@ -309,6 +318,39 @@ async def chat_stream(
     if usage is not None:
         yield usage
     yield {"type": "finish", "finish_reason": finish_reason}
+
+
+# Endpoints (base URL, model) that refused ``stream_options``: their streams are asked without it.
+_NO_STREAM_OPTIONS: set[tuple[str, str]] = set()
+
+
+def _asks_usage(endpoint: Endpoint) -> bool:
+    """Whether a stream of ``endpoint`` asks for usage (``stream_options.include_usage``): yes,
+    unless the endpoint refused the option before in this process."""
+    return (endpoint.base_url, endpoint.model) not in _NO_STREAM_OPTIONS
+
+
+def _rejects_request(exc: LLMError) -> bool:
+    """Whether ``exc`` is the endpoint refusing the request itself (HTTP 400 or 422), as a server
+    that does not accept ``stream_options`` does; whatever it names, one retry without the option
+    costs little, and only a retry that succeeds is remembered."""
+    cause = exc.__cause__
+    return isinstance(cause, openai.APIStatusError) and cause.status_code in (400, 422)
+
+
+async def _stream_open(
+    client: openai.AsyncOpenAI, body: dict[str, Any], endpoint: Endpoint
+) -> openai.AsyncStream[object]:
+    """Send the streamed request ``body``; raises :class:`LLMError` when the endpoint refuses it."""
+    with translated_errors(endpoint):
+        # The SDK's generic request method (its way to custom requests), not
+        # ``chat.completions.create``: the same client, headers, timeouts, SSE parsing and error
+        # classes, without re-walking the whole request through its type transforms and without
+        # building a model object per streamed chunk (together a fifth of a busy worker's CPU,
+        # bench/ws_load.py). Chunks arrive as the JSON objects the server sent.
+        return await client.post(
+            "/chat/completions", cast_to=object, body=body, stream=True, stream_cls=openai.AsyncStream[object]
+        )
 
 
 def _token_figure(value: object) -> int | None:

@@ -23,7 +23,7 @@ from chatapp.llm.clients import (
     summary_endpoint,
     translated_errors,
 )
-from memory.api import SummarizerChain, SummaryReply, SummaryRequest
+from memory.api import METHOD_EXTRACTIVE, METHOD_LLM, SummarizerChain, SummaryReply, SummaryRequest
 
 
 @dataclass(kw_only=True)
@@ -33,7 +33,9 @@ class OpenAISummarizer:
     ``temperature``: sampling temperature of the summarizer (default 0.3, docs/memory.md §3), separate from the
     chat model's. ``stream``: ask for a streamed reply (``SUMMARY_STREAM``, for servers that only
     stream) instead of one chat completion. ``model`` (the endpoint's model) names it in the
-    chain's attempt records.
+    chain's attempt records, and ``method`` says how its summaries are written: ``extractive``
+    when the endpoint is the offline engine (it copies sentences, no language model), else
+    ``llm`` (:data:`memory.api.METHOD_EXTRACTIVE`, :data:`memory.api.METHOD_LLM`).
 
     ``response_format`` of a request (a key-facts extraction, docs/memory.md §11) is sent on the
     non-streamed path with a fallback within the same call: the format as given, then
@@ -48,11 +50,13 @@ class OpenAISummarizer:
     temperature: float = 0.3
     stream: bool = False
     model: str = field(init=False)
+    method: str = field(init=False)
     # ``response_format`` types (``json_schema``, ``json_object``) this endpoint rejected.
     _rejected_formats: set[str] = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.model = self.endpoint.model
+        self.method = METHOD_EXTRACTIVE if self.endpoint.offline else METHOD_LLM
 
     async def summarize(self, request: SummaryRequest) -> SummaryReply:
         """The reply to ``request.prompt``, capped at ``request.max_tokens`` tokens, with the

@@ -457,7 +457,8 @@ class MemoryCompressionEvent(ServerEvent):
     ``context_window``, ``trigger_tokens``, ``target_tokens``, ``tokens_before``,
     ``tokens_after`` (tokens), ``messages_summarized``, ``boundary_before``, ``boundary_after``
     (message ids or null), ``result_type`` (none/llm/raw), ``degraded``, ``attempts`` (every
-    summarizer try: ``{model, phase, number, latency_ms, ok, error}``), ``duration_ms``,
+    summarizer try: ``{model, phase, number, latency_ms, ok, error, wait_ms, method}``; ``wait_ms``
+    the backoff slept before it, ``method`` ``llm`` or ``extractive``), ``duration_ms``,
     ``summary_content``, ``summary_version``, ``notes``, ``elisions``."""
 
 
@@ -526,6 +527,13 @@ class MemoryContextEvent(ServerEvent):
     memory_key, chat_title, message_ids, role, created_at, text, lexical_rank, cosine,
     dense_rank, rrf, decay, score, reason}``. The recall block's entry in ``sources`` has kind
     ``recall`` with ``item_ids`` and ``message_ids``."""
+    calibration: dict[str, Any] | None = None
+    """The token-estimate calibration the request was budgeted with (docs/memory.md §5,
+    "Calibration"): ``factor`` (provider tokens per estimated token, 1.0 when none applies),
+    ``window_tokens`` (the context window in estimated tokens, ``context_window / factor``: what
+    ``tokens``, ``trigger_tokens`` and ``target_tokens`` compare with), ``enabled``
+    (``LLM_TOKEN_CALIBRATION``) and ``offline`` (the offline engine, which counts with the same
+    tokenizer: nothing to compare)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,4 +1,4 @@
-"""Template filters of the chat pages: ``markdown``, ``pretty_json``, ``mark_label``, ``tokens``."""
+"""Template filters of the chat pages: ``markdown``, ``pretty_json``, ``mark_label``, ``tokens``, ``ms``."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def pretty_json(value: Any) -> str:
 
 @register.filter
 def mark_label(mark: str) -> str:
-    """What a transcript mark (``summarized``/``retained``/``current``) says to people."""
+    """What a transcript mark (``summarized``/``retained``/``current``/``not-sent``/``next``,
+    :meth:`chatapp.ui.inspector.MarkBasis.mark`) says to people; ``""`` for none."""
     return MARK_LABELS.get(mark, "")
 
 
@@ -41,3 +42,11 @@ def mark_label(mark: str) -> str:
 def tokens(value: int | None) -> str:
     """A token count with thousands separators (``1,234``); ``—`` for None."""
     return "—" if value is None else f"{value:,}"
+
+
+@register.filter
+def ms(value: int | None) -> str:
+    """A duration in milliseconds as the inspector shows it: thousands separators like
+    :func:`tokens`, and a no-break space before the unit so a line never splits the figure from it
+    (``1,509\u00a0ms``); ``—`` for None."""
+    return "—" if value is None else f"{value:,}\u00a0ms"

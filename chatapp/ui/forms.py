@@ -17,9 +17,17 @@ KEY_FACT_VALUE_MAX_CHARS = 200
 
 
 class SessionCreateForm(forms.Form):
-    """A new chat session: its mode (agent or quick-answer)."""
+    """A new chat session. ``mode`` (agent or quick-answer) is optional: the page's "New chat"
+    buttons post none, and the chat starts in the visitor's last used mode (the view knows it);
+    an unknown or empty posted mode is an error."""
 
-    mode = forms.ChoiceField(choices=ChatSession.Mode.choices, initial=ChatSession.Mode.AGENT)
+    mode = forms.ChoiceField(choices=ChatSession.Mode.choices, required=False)
+
+    def clean_mode(self) -> str:
+        mode: str = self.cleaned_data["mode"]
+        if not mode and "mode" in self.data:
+            raise forms.ValidationError("Choose a mode: agent or quick answer.", code="required")
+        return mode
 
 
 class SessionModeForm(forms.Form):

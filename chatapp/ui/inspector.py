@@ -11,6 +11,7 @@ callers use ``database_sync_to_async``.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -23,6 +24,8 @@ from chatapp.conversation.memory_jobs import memory_job_local_status
 from chatapp.llm.embeddings import embedder_choice
 from chatapp.models import ChatSession, Message, ModelCall
 from memory.api import (
+    METHOD_EXTRACTIVE,
+    METHOD_LLM,
     CompressionEvent,
     KeyFact,
     compression_event_list,
@@ -46,7 +49,16 @@ MESSAGE_SECTIONS: tuple[tuple[str, str, str], ...] = (
     ("current", "Current turn", "current"),
 )
 
-SUMMARY_TYPE_LABELS = {"none": "none yet", "llm": "LLM summary", "raw": "raw archive"}
+# How a summary was written (:func:`summary_kind`): the type stored (none / llm / raw), except that
+# an ``llm`` result every successful attempt of which came from an extractive summarizer (the
+# offline engine copies sentences; no language model wrote it) is ``extractive``.
+SUMMARY_KIND_EXTRACTIVE = "extractive"
+SUMMARY_TYPE_LABELS = {
+    "none": "none yet",
+    "llm": "LLM summary",
+    SUMMARY_KIND_EXTRACTIVE: "extractive summary",
+    "raw": "raw archive",
+}
 HEALTH_LABELS = {
     "idle": "idle",
     "ok": "ok",
@@ -62,14 +74,20 @@ PATH_LABELS = {
         "was elided or folded."
     ),
     "compressed": "Compressed inside this request, before the first token (MEMORY_COMPRESSION=sync).",
-    "waited": "Waited {waited_ms} ms for the memory job's compression, then under the trigger.",
+    "waited": "Waited {waited_ms:,}\u00a0ms for the memory job's compression, then under the trigger.",
     "deferred": (
         "Over the trigger: sent the stored summary plus a raw archive of the overflow (nothing written) "
-        "and left the compression to the memory job (waited {waited_ms} ms)."
+        "and left the compression to the memory job (waited {waited_ms:,}\u00a0ms)."
     ),
     "degraded": "Degraded context: the stored summary plus a raw archive of the overflow, nothing written.",
 }
-JOB_STATUS_LABELS = {"idle": "idle", "queued": "queued", "running": "running", "failed": "failed"}
+JOB_STATUS_LABELS = {
+    "idle": "idle",
+    "queued": "queued",
+    "batched": "batched: starts when the chat goes idle",
+    "running": "running",
+    "failed": "failed",
+}
 # Where a current key fact was in the last request (its snapshot's "facts" groups, docs/memory.md §11).
 FACT_PINNED = "pinned"
 FACT_IN_WINDOW = "in_window"
@@ -84,11 +102,21 @@ MARK_RETAINED = "retained"
 MARK_CURRENT = "current"
 # A note the app wrote in place of a reply: shown, never sent to the model (docs/memory.md F-37).
 MARK_NOT_SENT = "not-sent"
+# Stored after the last request was built (above all, the reply to it): the next request carries it.
+MARK_NEXT = "next"
 MARK_LABELS = {
     MARK_SUMMARIZED: "in summary",
     MARK_RETAINED: "retained window",
     MARK_CURRENT: "current turn",
     MARK_NOT_SENT: "not sent to the model",
+    MARK_NEXT: "next request",
+}
+# The gauge's level (Gauge.level) in words: the bar's colour and pattern never say it alone.
+GAUGE_LEVEL_LABELS = {
+    "low": "under the target",
+    "mid": "over the target",
+    "high": "over the trigger",
+    "over": "over the context window",
 }
 
 
@@ -117,7 +145,7 @@ class Gauge:
     @property
     def level(self) -> str:
         """``low`` (at most the target), ``mid`` (up to the trigger), ``high`` (over the trigger,
-        within the window) or ``over`` (over the window): the gauge's colour."""
+        within the window) or ``over`` (over the window): the gauge's colour and pattern."""
         if self.used > self.context_window:
             return "over"
         if self.used > self.trigger_tokens:
@@ -125,6 +153,21 @@ class Gauge:
         if self.used > self.target_tokens:
             return "mid"
         return "low"
+
+    @property
+    def level_label(self) -> str:
+        """:attr:`level` in words (``under the target``, ``over the target``, ``over the
+        trigger``, ``over the context window``), shown beside the bar and read by screen readers."""
+        return GAUGE_LEVEL_LABELS[self.level]
+
+    @property
+    def value_text(self) -> str:
+        """The whole gauge in one sentence for assistive technology (the meter's
+        ``aria-valuetext``): used and window, the level, then the marks with their figures."""
+        return (
+            f"{self.used:,} of {self.context_window:,} tokens, {self.level_label}; "
+            f"target {self.target_tokens:,}, trigger {self.trigger_tokens:,}, window {self.context_window:,}"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,21 +192,92 @@ class MarkBasis:
     history_ids: frozenset[int] = frozenset()
     current_ids: frozenset[int] = frozenset()
 
+    @property
+    def newest_id(self) -> int | None:
+        """The largest message id the last request covered (its summary's boundary, its retained
+        window and its current turn); None before any request and any summary."""
+        ids = [*self.history_ids, *self.current_ids]
+        if self.boundary is not None:
+            ids.append(self.boundary)
+        return max(ids, default=None)
+
     def mark(self, message_id: int) -> str:
-        """``summarized``, ``retained``, ``current`` or ``""`` (not in the last request, e.g. a
-        reply stored after it)."""
+        """``summarized``, ``retained``, ``current``; ``next`` for a message stored after the last
+        request was built -- above all the reply to it, which no request has carried yet, so every
+        bubble says where it stands; ``""`` for an older message the last request did not carry."""
         if self.boundary is not None and message_id <= self.boundary:
             return MARK_SUMMARIZED
         if message_id in self.history_ids:
             return MARK_RETAINED
         if message_id in self.current_ids:
             return MARK_CURRENT
+        newest = self.newest_id
+        if newest is None or message_id > newest:
+            return MARK_NEXT
         return ""
 
     def mark_of(self, message_id: int, origin: str) -> str:
         """:meth:`mark`, except :data:`MARK_NOT_SENT` for a row of ``origin`` ``app``, which no
         request ever holds nor any summary covers (docs/memory.md F-37)."""
         return MARK_NOT_SENT if origin == Message.Origin.APP else self.mark(message_id)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EstimateCheck:
+    """Our estimate of one request against the provider's ``usage.prompt_tokens`` and the
+    calibration the request was budgeted with (docs/memory.md §5, "Calibration"); tokens.
+
+    ``estimated_tokens``: the engine's estimate; ``prompt_tokens``: the provider's figure (None
+    until the reply ended, or when it reports none); ``factor``: provider tokens per estimated
+    token the budget applied; ``context_window`` the model's window and ``window_tokens`` the
+    same in estimated tokens; ``enabled``: ``LLM_TOKEN_CALIBRATION``; ``offline``: the offline
+    engine, which counts with our own tokenizer, so the page shows no comparison; ``recorded``:
+    the call was recorded with its calibration (False for calls older than calibration)."""
+
+    estimated_tokens: int
+    prompt_tokens: int | None
+    factor: float = 1.0
+    context_window: int
+    window_tokens: int
+    enabled: bool = False
+    offline: bool = False
+    recorded: bool = False
+
+    @property
+    def shown(self) -> bool:
+        """Whether the page compares the figures: not for the offline engine."""
+        return not self.offline
+
+    @property
+    def ratio(self) -> float | None:
+        """This request's provider figure per estimated token (None when not reported)."""
+        if self.prompt_tokens is None or self.estimated_tokens <= 0:
+            return None
+        return self.prompt_tokens / self.estimated_tokens
+
+    @property
+    def difference(self) -> int | None:
+        """Provider-reported minus estimated tokens (None when not reported)."""
+        return None if self.prompt_tokens is None else self.prompt_tokens - self.estimated_tokens
+
+
+def estimate_check_build(
+    calibration: dict[str, Any] | None, *, estimated_tokens: int, prompt_tokens: int | None, context_window: int
+) -> EstimateCheck:
+    """The :class:`EstimateCheck` of a request from the ``calibration`` its record or its
+    ``memory.context`` event carries (``{factor, window_tokens, enabled, offline}``, see
+    :func:`chatapp.llm.calibration.calibration_report`; None for calls older than calibration)."""
+    calibration = calibration or {}
+    return EstimateCheck(
+        estimated_tokens=estimated_tokens,
+        prompt_tokens=prompt_tokens,
+        factor=float(calibration.get("factor") or 1.0),
+        context_window=context_window,
+        window_tokens=int(calibration.get("window_tokens") or context_window),
+        enabled=bool(calibration.get("enabled")),
+        offline=bool(calibration.get("offline")),
+        recorded=bool(calibration),
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,6 +307,7 @@ class RequestSnapshot:
     current_ids: frozenset[int]
     memory_path: str = ""
     waited_ms: int = 0
+    estimate_check: EstimateCheck | None = None
 
     @property
     def path_label(self) -> str:
@@ -204,6 +319,135 @@ class RequestSnapshot:
     def prompt_tokens_difference(self) -> int | None:
         """Provider-reported minus estimated prompt tokens (None when not reported)."""
         return None if self.prompt_tokens is None else self.prompt_tokens - self.gauge.used
+
+
+def summary_kind(result_type: str, attempts: Iterable[dict[str, Any]]) -> str:
+    """How a summary of stored type ``result_type`` (``none``, ``llm``, ``raw``) was written,
+    from the summarizer ``attempts`` recorded with it (``{"ok", "method", ...}``, see
+    :class:`memory.summarizer.Attempt`): ``extractive`` when it is an ``llm`` result and every
+    successful attempt came from an extractive summarizer (``method`` ``extractive``: the offline
+    engine), else ``result_type``. Attempts recorded before ``method`` existed count as LLM ones."""
+    if result_type != "llm":
+        return result_type
+    methods = {str(attempt.get("method") or METHOD_LLM) for attempt in attempts if attempt.get("ok")}
+    return SUMMARY_KIND_EXTRACTIVE if methods == {METHOD_EXTRACTIVE} else result_type
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttemptStep:
+    """One entry of an :class:`AttemptLog`: a summarizer try (``kind`` ``try``: its ``number``
+    in its layer, ``ok``, and for a failed one ``error_index``, the 1-based position of its error
+    in :attr:`AttemptLog.errors` when the log has several) or the backoff wait before one
+    (``kind`` ``wait``). ``ms``: milliseconds."""
+
+    kind: str
+    ms: int
+    number: int = 0
+    ok: bool = True
+    error_index: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttemptGroup:
+    """Consecutive tries of one summarizer: ``phase`` ``primary`` or ``failover``, its ``model``,
+    and its tries with the waits between them, in order."""
+
+    phase: str
+    model: str
+    steps: list[AttemptStep]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErrorLine:
+    """One distinct error of an :class:`AttemptLog` and how many tries failed with it."""
+
+    text: str
+    count: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttemptLog:
+    """A compression's summarizer attempts as the inspector lists them: each distinct error once
+    (``errors``, first seen first), the tries and backoff waits in order (``groups``), and
+    milliseconds that add up: ``total_ms = tries_ms + waits_ms + other_ms``, where ``other_ms`` is
+    the rest of the compression's recorded duration (transcript, raw archive, bookkeeping; also
+    the waits of attempts recorded before waits were)."""
+
+    groups: list[AttemptGroup]
+    errors: list[ErrorLine]
+    tries: int
+    failed: int
+    tries_ms: int
+    waits_ms: int
+    other_ms: int
+
+    @property
+    def total_ms(self) -> int:
+        return self.tries_ms + self.waits_ms + self.other_ms
+
+
+# An endpoint's error names the endpoint, then quotes the provider's message, which may name the
+# same engine again ("LLMError: The offline engine failed with HTTP 500: offline engine: ...",
+# after the exception's class as the summarizer records it). A label with a colon (an endpoint's
+# URL) never matches.
+_REPEATED_LABEL = re.compile(r"^(?P<head>(?:\w+: )?(?:The )?(?P<label>[^:]+?) [^:]*?: )(?P=label): ", re.IGNORECASE)
+
+
+def error_text(text: str) -> str:
+    """A summarizer error as the inspector shows it: ``text`` with the engine's name said once
+    (``LLMError: The offline engine failed with HTTP 500: injected`` for ``... HTTP 500: offline
+    engine: injected``); any other text unchanged. Pure."""
+    return _REPEATED_LABEL.sub(r"\g<head>", text, count=1)
+
+
+def attempt_log_build(attempts: Iterable[dict[str, Any]], *, duration_ms: int) -> AttemptLog:
+    """The :class:`AttemptLog` of a compression event's ``attempts`` (``{"model", "phase",
+    "number", "latency_ms", "ok", "error", "wait_ms"}``, :class:`memory.summarizer.Attempt`) and
+    its ``duration_ms``. Pure. A try numbered 1, or of another phase or model, starts a new group
+    (a long transcript is summarized in chunks, each with its own tries). When the parts add up to
+    more than ``duration_ms`` (an event that recorded no duration, or rounding to whole
+    milliseconds), ``other_ms`` is 0 and the total is the parts' sum. Errors are tidied by
+    :func:`error_text`."""
+    rows = list(attempts)
+    distinct: dict[str, int] = {}
+    for row in rows:
+        if not row.get("ok"):
+            error = error_text(str(row.get("error") or "(no message)"))
+            distinct[error] = distinct.get(error, 0) + 1
+    numbered = len(distinct) > 1
+    indexes = {error: index for index, error in enumerate(distinct, 1)}
+    groups: list[AttemptGroup] = []
+    for row in rows:
+        phase, model, number = str(row.get("phase") or ""), str(row.get("model") or ""), int(row.get("number") or 0)
+        last = groups[-1] if groups else None
+        if last is None or number <= 1 or (last.phase, last.model) != (phase, model):
+            last = AttemptGroup(phase=phase, model=model, steps=[])
+            groups.append(last)
+        wait_ms = int(row.get("wait_ms") or 0)
+        if wait_ms > 0:
+            last.steps.append(AttemptStep(kind="wait", ms=wait_ms))
+        ok = bool(row.get("ok"))
+        error_index = None if ok else indexes.get(error_text(str(row.get("error") or "(no message)")))
+        last.steps.append(
+            AttemptStep(
+                kind="try",
+                ms=int(row.get("latency_ms") or 0),
+                number=number,
+                ok=ok,
+                error_index=error_index if numbered else None,
+            )
+        )
+    tries_ms = sum(int(row.get("latency_ms") or 0) for row in rows)
+    waits_ms = sum(int(row.get("wait_ms") or 0) for row in rows)
+    return AttemptLog(
+        groups=groups,
+        errors=[ErrorLine(text=text, count=count) for text, count in distinct.items()],
+        tries=len(rows),
+        failed=sum(distinct.values()),
+        tries_ms=tries_ms,
+        waits_ms=waits_ms,
+        other_ms=max(0, duration_ms - tries_ms - waits_ms),
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -224,16 +468,20 @@ class SummaryVersion:
     tokens_after: int
     content: str
     previous_chars: int | None = None
+    summary_kind: str = ""
 
     @property
     def result_label(self) -> str:
-        return SUMMARY_TYPE_LABELS.get(self.result_type, self.result_type)
+        """How this version was written, in words (see :func:`summary_kind`)."""
+        kind = self.summary_kind or self.result_type
+        return SUMMARY_TYPE_LABELS.get(kind, kind)
 
 
 @dataclass(frozen=True, kw_only=True)
 class CurrentSummary:
     """The session's stored summary now (``summary_type`` none/llm/raw; ``boundary`` the id of
-    the last message it covers) and its versions, newest first."""
+    the last message it covers) and its versions, newest first. ``summary_kind``: how it was
+    written (:func:`summary_kind`; ``""`` when its version is not among the events read)."""
 
     summary_type: str
     content: str
@@ -241,10 +489,17 @@ class CurrentSummary:
     compressed_count: int
     version: int
     versions: list[SummaryVersion] = field(default_factory=list)
+    summary_kind: str = ""
+
+    @property
+    def kind(self) -> str:
+        """``none``, ``llm``, ``extractive`` or ``raw``: the stored type, told apart by who wrote it."""
+        return self.summary_kind or self.summary_type
 
     @property
     def type_label(self) -> str:
-        return SUMMARY_TYPE_LABELS.get(self.summary_type, self.summary_type)
+        """``LLM summary``, ``extractive summary``, ``raw archive`` or ``none yet``."""
+        return SUMMARY_TYPE_LABELS.get(self.kind, self.kind)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -271,8 +526,18 @@ class TimelineEvent:
     origin: str = "request"
 
     @property
+    def summary_kind(self) -> str:
+        """How its summary was written (:func:`summary_kind`)."""
+        return summary_kind(self.result_type, self.attempts)
+
+    @property
     def result_label(self) -> str:
-        return SUMMARY_TYPE_LABELS.get(self.result_type, self.result_type)
+        return SUMMARY_TYPE_LABELS.get(self.summary_kind, self.summary_kind)
+
+    @property
+    def attempt_log(self) -> AttemptLog:
+        """Its attempts with their waits, each error once (:func:`attempt_log_build`)."""
+        return attempt_log_build(self.attempts, duration_ms=self.duration_ms)
 
     @property
     def kind_label(self) -> str:
@@ -281,16 +546,24 @@ class TimelineEvent:
 
 @dataclass(frozen=True, kw_only=True)
 class Health:
-    """The summarizer's health as of the last compression (``memory.services.summarizer_health_get``)."""
+    """The summarizer's health as of the last compression (``memory.services.summarizer_health_get``).
+    ``event_id``: that compression event in the timeline, where its attempts and error are listed
+    (None when the timeline does not hold it)."""
 
     status: str
     last_error: str
     attempts: list[dict[str, Any]]
     at: datetime | None
+    event_id: int | None = None
 
     @property
     def label(self) -> str:
         return HEALTH_LABELS.get(self.status, self.status)
+
+    @property
+    def error(self) -> str:
+        """``last_error`` as the inspector shows it (:func:`error_text`)."""
+        return error_text(self.last_error)
 
     @property
     def failed_attempts(self) -> int:
@@ -330,6 +603,13 @@ class FactRow:
     @property
     def status_label(self) -> str:
         return FACT_STATUS_LABELS.get(self.status, "")
+
+    @property
+    def note(self) -> str:
+        """The fact's one-line ``text`` when it says more than the value: ``""`` for a rule's
+        fact, whose text only restates its key and value (docs/memory.md §11)."""
+        text = self.fact.text
+        return "" if self.fact.extractor == "rule" or not text or text == self.fact.value else text
 
     @property
     def extractor_label(self) -> str:
@@ -634,7 +914,9 @@ def _datetime_or_none(value: Any) -> datetime | None:
 
 @dataclass(frozen=True, kw_only=True)
 class InspectorState:
-    """Everything the inspector panel shows for one session."""
+    """Everything the inspector panel shows for one session. ``can_compress``: whether "Compress
+    now" has something to fold (a message before the newest user message that the summary does
+    not cover yet); the button is disabled otherwise."""
 
     session_id: int
     request: RequestSnapshot | None
@@ -643,6 +925,7 @@ class InspectorState:
     health: Health
     job: MemoryJob
     key_facts: KeyFacts
+    can_compress: bool
     recall: RecallSection | None = None
 
     @property
@@ -666,23 +949,36 @@ def inspector_state_get(*, session_id: int) -> InspectorState:
     memory_key = ChatSession.memory_key_for(session_id)
     events = compression_event_list(memory_key=memory_key, limit=TIMELINE_MAX_EVENTS)[::-1]
     stored = session_summary_get(memory_key=memory_key)
+    versions = summary_versions_build(events)
+    written = next((version for version in versions if version.version == stored.version), None)
     summary = CurrentSummary(
         summary_type=stored.summary_type,
         content=stored.content,
         boundary=stored.last_message_id,
         compressed_count=stored.compressed_count,
         version=stored.version,
-        versions=summary_versions_build(events),
+        versions=versions,
+        summary_kind=written.summary_kind if written is not None and written.result_type == stored.summary_type else "",
     )
     health = summarizer_health_get(memory_key=memory_key)
+    # The event summarizer_health_get reads: the newest compression or superseded one.
+    health_event = next((event for event in events if event.kind in ("compression", "superseded")), None)
     last_call = ModelCall.objects.filter(session_id=session_id).order_by("-id").first()
     job = memory_job_state_get(memory_key=memory_key)
     job_status: str = memory_job_local_status(session_id=session_id) or job.status
     last_error = job.last_error
     if job_status == "running" and job.lease_expires_at is not None and job.lease_expires_at < timezone.now():
         job_status, last_error = "failed", "the worker running it stopped before it finished (its lease ran out)"
+    # What "Compress now" folds (chatapp.conversation.compress): the messages before the newest
+    # user message, past the summary's boundary.
+    messages = Message.objects.filter(session_id=session_id)
+    last_user_id = messages.filter(role=Message.Role.USER).order_by("-id").values_list("id", flat=True).first()
+    can_compress = (
+        last_user_id is not None and messages.filter(id__lt=last_user_id, id__gt=stored.last_message_id or 0).exists()
+    )
     return InspectorState(
         session_id=session_id,
+        can_compress=can_compress,
         request=request_snapshot_build(last_call) if last_call is not None else None,
         key_facts=key_facts_get(session_id=session_id, request=key_facts_of_call(last_call)),
         recall=recall_get(session_id=session_id, request=recall_of_call(last_call)),
@@ -693,6 +989,7 @@ def inspector_state_get(*, session_id: int) -> InspectorState:
             last_error=health["last_error"],
             attempts=list(health["attempts"]),
             at=datetime.fromisoformat(health["at"]) if health["at"] else None,
+            event_id=health_event.pk if health_event is not None else None,
         ),
         job=MemoryJob(
             status=job_status,
@@ -715,11 +1012,19 @@ def request_snapshot_build(call: ModelCall) -> RequestSnapshot:
 
     Sections are the engine's own per-section counts; ``Reply priming`` is the rest of the
     estimate (the tokens every request adds for the reply to start) and ``Free`` what is left of
-    the context window, so the rows add up to the window exactly.
+    the context window, so the rows add up to the window exactly. The gauge's window is the
+    context window in estimated tokens (divided by the calibration factor the request was
+    budgeted with, docs/memory.md §5, "Calibration"), the unit of every other figure.
     """
     context = call.context
-    window = int(context["context_window"])
     used = int(context["tokens"])
+    check = estimate_check_build(
+        context.get("calibration"),
+        estimated_tokens=used,
+        prompt_tokens=call.prompt_tokens,
+        context_window=int(context["context_window"]),
+    )
+    window = check.window_tokens
     counts: dict[str, int] = context.get("sections") or {}
     messages: list[dict[str, Any]] = context.get("messages") or []
     sources: list[dict[str, Any]] = context.get("sources") or []
@@ -770,6 +1075,7 @@ def request_snapshot_build(call: ModelCall) -> RequestSnapshot:
         prompt_tokens=call.prompt_tokens,
         completion_tokens=call.completion_tokens,
         finish_reason=call.finish_reason,
+        estimate_check=check,
         summary=context.get("summary") or {},
         elisions=list(context.get("elisions") or []),
         memory_path=str(context.get("path") or ""),
@@ -835,6 +1141,7 @@ def _summary_version(event: CompressionEvent) -> SummaryVersion:
         tokens_before=event.tokens_before,
         tokens_after=event.tokens_after,
         content=event.summary_content,
+        summary_kind=summary_kind(event.result_type, event.attempts or []),
     )
 
 

@@ -8,6 +8,8 @@ sanitizer then keeps only the tags and attributes below and only ``http``, ``htt
 
 from __future__ import annotations
 
+import re
+
 import markdown
 import nh3
 from django.utils.safestring import SafeString, mark_safe
@@ -59,6 +61,27 @@ class _RawHtmlAsText(Extension):
         md.inlinePatterns.deregister("html")
 
 
+_DIGIT_STAR = re.compile(r"(?<=\d)\*(?=\s*\d)|(?<=\d\s)\*(?=\d)")
+_FENCE = ("```", "~~~")
+
+
+def _multiplication_kept(text: str) -> str:
+    """``text`` with every ``*`` between digits (``2*3*4``, ``3 *4``) escaped, so Markdown shows
+    arithmetic as written instead of reading it as emphasis (a newcomer saw "Calculate 2*3*4"
+    shown as "Calculate 234"). Fenced and indented code blocks and code spans are left alone:
+    they show their text verbatim anyway."""
+    lines: list[str] = []
+    fenced = False
+    for line in text.split("\n"):
+        if line.lstrip().startswith(_FENCE):
+            fenced = not fenced
+        elif not fenced and not line.startswith(("    ", "\t")):
+            spans = line.split("`")  # even positions are outside code spans
+            line = "`".join(_DIGIT_STAR.sub(r"\\*", span) if i % 2 == 0 else span for i, span in enumerate(spans))
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def markdown_render(text: str | None) -> SafeString:
     """``text`` (Markdown written by a user or a model) as sanitized HTML, safe to insert as is.
 
@@ -68,7 +91,9 @@ def markdown_render(text: str | None) -> SafeString:
     if not text:
         return mark_safe("")
     html = markdown.markdown(
-        text, extensions=["fenced_code", "tables", "sane_lists", _RawHtmlAsText()], output_format="html"
+        _multiplication_kept(text),
+        extensions=["fenced_code", "tables", "sane_lists", _RawHtmlAsText()],
+        output_format="html",
     )
     return mark_safe(
         nh3.clean(

@@ -22,9 +22,9 @@ chat.message         the message appended to ``#messages``, rendered     a user 
                      refreshes the title and its sidebar entry; a        (and the sidebar entry
                      turn's tool step resets its live reply to           showing it)
                      "thinking", its final reply removes it
-chat.turn            a live reply (``#stream-<turn id>``, "thinking")    the turns in flight (a
-                     and the turn status                                 turn queued on any worker
-                                                                         counts too)
+chat.turn            a live reply (``#stream-<turn id>``, "thinking"),   the turns in flight (a
+                     the turn status and an empty announcement (the      turn queued on any worker
+                     last one is cleared)                                counts too)
 chat.delta           the text appended to the live reply                 none
 chat.retrieval       a line in the live reply naming the passages found  none
 memory.compression   an announcement (and, within a turn, a line in the  none
@@ -34,8 +34,8 @@ memory.context       the inspector's "Last request" panel (gauge and     none: t
                      chat.done), its Recall section and the changed      and recall report (the
                      transcript marks                                    index status as the feed
                                                                          remembers it)
-memory.summary       the inspector and the changed marks                 the inspector's state
-                                                                         ("compress now" changed
+memory.summary       the inspector, the changed marks and a refresh of   the inspector's state
+                     the composer's count (it posts what is typed)       ("compress now" changed
                                                                          the summary, its versions
                                                                          and the timeline; no
                                                                          chat.done follows)
@@ -44,8 +44,8 @@ memory.facts         the inspector's Key facts section, rendered from    none: t
                      ones)                                               key-facts groups as the
                                                                          feed remembers them
 chat.done            the live reply removed; the inspector, the          the inspector's state, once
-                     changed marks and the turn status                   per turn (summary,
-                                                                         timeline, health and the
+                     changed marks, the turn status and a refresh of     per turn (summary,
+                     the composer's count                                timeline, health and the
                                                                          provider's token counts
                                                                          changed), and the turns in
                                                                          flight
@@ -90,16 +90,20 @@ from chatapp.ui.inspector import (
     MARK_NOT_SENT,
     MESSAGE_SECTIONS,
     PATH_LABELS,
+    SUMMARY_TYPE_LABELS,
+    EstimateCheck,
     Gauge,
     InspectorState,
     KeyFacts,
     MarkBasis,
     RecallSection,
     Section,
+    estimate_check_build,
     inspector_state_get,
     key_fact_from_dict,
     key_facts_build,
     recall_build,
+    summary_kind,
 )
 
 PAGE_TEMPLATE = "chat/session.html"
@@ -162,6 +166,7 @@ class LiveRequest:
     texts_pending: bool = True
     memory_path: str = ""
     waited_ms: int = 0
+    estimate_check: EstimateCheck | None = None
 
     @property
     def path_label(self) -> str:
@@ -173,8 +178,12 @@ def live_request_build(event: MemoryContextEvent, *, model_call_id: int, mode: s
     """The "Last request" panel of the request ``event`` describes (pure). Sections are the
     engine's own counts in the order of :func:`chatapp.ui.inspector.request_snapshot_build`:
     the message sections, the tool schemas, the reply priming (the rest of the estimate) and the
-    free space, so that the rows add up to the context window."""
-    window = event.context_window
+    free space, so that the rows add up to the context window (in estimated tokens, as
+    :func:`chatapp.ui.inspector.request_snapshot_build`)."""
+    check = estimate_check_build(
+        event.calibration, estimated_tokens=event.tokens, prompt_tokens=None, context_window=event.context_window
+    )
+    window = check.window_tokens
     counts = event.sections
     kinds = Counter(str(source.get("kind", "")) for source in event.sources)
     sections = [
@@ -199,6 +208,7 @@ def live_request_build(event: MemoryContextEvent, *, model_call_id: int, mode: s
         repairs=[str(repair) for repair in event.repairs],
         memory_path=event.path,
         waited_ms=event.waited_ms,
+        estimate_check=check,
     )
 
 
@@ -269,7 +279,9 @@ class PageFeed:
             return self._message(event.message)
         if isinstance(event, ChatTurnEvent):
             self.modes[event.turn_id] = event.mode
-            return self._stream_ensure(event.turn_id) + self._turn_status()
+            # A new turn clears the last announcement (an earlier compression's, say): only what
+            # this turn does is announced from here on.
+            return self._stream_ensure(event.turn_id) + self._turn_status() + announce("")
         if isinstance(event, ChatRetrievalEvent):
             titles = ", ".join(dict.fromkeys(p["title"] for p in event.passages)) or "nothing matched"
             return self._step(event.turn_id, f"Searched the knowledge base: {titles}")
@@ -280,13 +292,15 @@ class PageFeed:
         if isinstance(event, MemoryContextEvent):
             return self._context(event)
         if isinstance(event, MemorySummaryEvent):
-            return self._inspector()
+            return self._inspector() + self._composer_refresh()
         if isinstance(event, MemoryFactsEvent):
             facts = [key_fact_from_dict(fact) for fact in event.facts]
             return key_facts_render(key_facts_build(session_id=self.session_id, facts=facts, request=self.fact_request))
         if isinstance(event, ChatDoneEvent):
             self.modes.pop(event.turn_id, None)
-            return self._stream_remove(event.turn_id) + self._inspector() + self._turn_status()
+            return (
+                self._stream_remove(event.turn_id) + self._inspector() + self._turn_status() + self._composer_refresh()
+            )
         if isinstance(event, ErrorEvent):
             return self._error(event)
         return ""
@@ -376,6 +390,11 @@ class PageFeed:
             '<div hx-swap-oob="beforeend:#stream-{} .stream-steps"><p>{}</p></div>', turn_id, text
         )
 
+    def _composer_refresh(self) -> str:
+        """The composer's count asks again (the summary, and so the room for a message, may have
+        changed): it posts what is typed, so the feed needs no query for it."""
+        return partial_render("composer-refresh", {"session_id": self.session_id, "oob": True})
+
     def _turn_status(self) -> str:
         return partial_render("turn-status", {"running": turns_running(self.session_id), "oob": True})
 
@@ -400,11 +419,14 @@ def compression_sentence(event: dict[str, Any]) -> str:
     kind = event.get("kind")
     before, after = event.get("tokens_before", 0), event.get("tokens_after", 0)
     if kind == "compression":
-        how = "raw archive: the summarizer failed" if event.get("degraded") else "LLM summary"
-        return (
-            f"Memory compressed: {event.get('messages_summarized', 0)} messages folded into the summary "
-            f"({how}); request {before:,} → {after:,} tokens."
-        )
+        count = event.get("messages_summarized", 0)
+        if event.get("degraded"):
+            # Nothing was summarized: the messages went into the summary word for word.
+            what = f"{count} messages archived verbatim (raw archive: the summarizer failed)"
+        else:
+            written = summary_kind(str(event.get("result_type") or "llm"), event.get("attempts") or [])
+            what = f"{count} messages folded into the summary ({SUMMARY_TYPE_LABELS.get(written, written)})"
+        return f"Memory compressed: {what}; request {before:,} → {after:,} tokens."
     if kind == "no_progress":
         return f"Memory: nothing could be summarized (request {before:,} tokens)."
     if kind == "overflow":

@@ -19,11 +19,12 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
+from django.templatetags.static import static
 from django.urls import Resolver404, resolve, reverse
 from django.utils.html import format_html
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST, require_safe
 from django_htmx.http import HttpResponseClientRedirect, trigger_client_event
 from django_htmx.middleware import HtmxDetails
 
@@ -37,6 +38,7 @@ from chatapp.chats.access import (
     session_get_for_owner,
     session_queryset_for_owner,
 )
+from chatapp.chats.export import EXPORT_FORMATS, chat_export_filename, chat_export_stream
 from chatapp.chats.selectors import session_list_for_owner
 from chatapp.chats.services import (
     chat_session_create,
@@ -48,6 +50,7 @@ from chatapp.conversation.compress import session_memory_compress
 from chatapp.kb.documents import document_delete, document_list, document_upload
 from chatapp.llm.clients import chat_endpoint
 from chatapp.models import ChatSession
+from chatapp.ui.composer import composer_count_get
 from chatapp.ui.forms import (
     DocumentUploadForm,
     KeyFactEditForm,
@@ -69,6 +72,9 @@ KB_CHANGED_EVENT = "kb-changed"
 NOTHING_TO_COMPRESS = "Nothing to compress yet: this chat has no question."
 # The client event whose ``text`` chat.js puts in the page's #announce status region.
 ANNOUNCE_EVENT = "chat:announce"
+# The visitor's (Django session's) key for the mode of the chat they last used: opened, created or
+# switched. A new chat starts in it; the page's one mode control shows the open chat's mode.
+LAST_MODE_SESSION_KEY = "chat_last_mode"
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -118,35 +124,68 @@ def _session_page_context(request: HtmxHttpRequest, session: ChatSession) -> dic
         "running": page.running,
         "modes": ChatSession.Mode.choices,
         "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
+        "composer": composer_count_get(session=session, text=""),
     }
 
 
-@require_GET
+@require_safe
 def index(request: HtmxHttpRequest) -> HttpResponse:
-    """The caller's chat sessions and a form to start one (creates an anonymous visitor's session)."""
-    return render(request, "chat/index.html", _layout_context(owner_ensure(request)))
+    """The caller's chat sessions and a form to start one (a GET creates an anonymous visitor's
+    session; a HEAD, e.g. an uptime probe, answers the same status and creates nothing)."""
+    owner = owner_ensure(request) if request.method == "GET" else owner_from(request)
+    return render(request, "chat/index.html", _index_context(request, owner))
+
+
+@require_safe
+def favicon(request: HttpRequest) -> HttpResponse:
+    """``/favicon.ico``, which browsers and tools ask for whatever the page links: a temporary
+    redirect to the SVG icon in the static files (``static/favicon.svg``)."""
+    return redirect(static("favicon.svg"))
+
+
+def _last_mode(request: HttpRequest) -> str:
+    """The mode of the chat the visitor last used (:data:`LAST_MODE_SESSION_KEY`), agent before
+    any (or for a stored value that is no mode)."""
+    mode = request.session.get(LAST_MODE_SESSION_KEY)
+    return mode if mode in ChatSession.Mode.values else ChatSession.Mode.AGENT
+
+
+def _last_mode_remember(request: HttpRequest, mode: str) -> None:
+    """Remember ``mode`` as the visitor's last used one (the session is saved only on a change)."""
+    if request.session.get(LAST_MODE_SESSION_KEY) != mode:
+        request.session[LAST_MODE_SESSION_KEY] = mode
+
+
+def _index_context(request: HttpRequest, owner: Owner, form: SessionCreateForm | None = None) -> dict[str, Any]:
+    """The start page's context: the layout's, and the label of the mode a new chat starts in."""
+    return {**_layout_context(owner, form=form), "new_chat_mode": ChatSession.Mode(_last_mode(request)).label}
 
 
 @require_POST
 def session_create(request: HtmxHttpRequest) -> HttpResponse:
-    """Start a chat session in the posted mode and go to it; 400 with the form for a bad mode."""
+    """Start a chat session and go to it: in the posted ``mode`` if any, else in the visitor's last
+    used mode (remembered in their session); 400 with the form for an unknown mode."""
     owner = owner_ensure(request)
     form = SessionCreateForm(request.POST)
     if not form.is_valid():
-        return render(request, "chat/index.html", _layout_context(owner, form=form), status=400)
-    session = chat_session_create(owner=owner, mode=form.cleaned_data["mode"])
+        return render(request, "chat/index.html", _index_context(request, owner, form), status=400)
+    mode = form.cleaned_data["mode"] or _last_mode(request)
+    session = chat_session_create(owner=owner, mode=mode)
+    _last_mode_remember(request, mode)
     return redirect("session-detail", session_id=session.pk)
 
 
-@require_GET
+@require_safe
 def session_detail(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
     """The chat page of one of the caller's sessions (404 for anyone else's): the transcript
-    with its memory marks, the composer and the memory inspector."""
+    with its memory marks, the composer and the memory inspector. Opening a chat makes its mode
+    the visitor's last used one."""
     session = session_get_for_owner(request, session_id)
+    _last_mode_remember(request, session.mode)
     return render(request, SESSION_PAGE, _session_page_context(request, session))
 
 
-@require_GET
+@require_safe
 def session_inspector(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
     """The memory inspector: its partial for htmx, else the chat page (which contains it)."""
     session = session_get_for_owner(request, session_id)
@@ -155,7 +194,7 @@ def session_inspector(request: HtmxHttpRequest, session_id: int) -> HttpResponse
     return render(request, SESSION_PAGE, _session_page_context(request, session))
 
 
-@require_GET
+@require_safe
 def session_item(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
     """The session's sidebar entry (htmx: e.g. to cancel a rename), else the chat page."""
     session = session_get_for_owner(request, session_id)
@@ -216,8 +255,9 @@ def session_delete(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
 
 @require_POST
 def session_mode(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
-    """Switch the session's mode for its next turns: htmx gets the mode switch and the sidebar
-    entry (out of band) and an announcement; a plain request goes back to the chat page."""
+    """Switch the session's mode for its next turns (the page's one mode control; the visitor's next
+    new chat starts in it too): htmx gets the mode switch and the sidebar entry (out of band) and
+    an announcement; a plain request goes back to the chat page."""
     session = session_get_for_owner(request, session_id)
     form = SessionModeForm(request.POST)
     switch = {"chat_session": session, "modes": ChatSession.Mode.choices}
@@ -226,12 +266,16 @@ def session_mode(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
             return render(request, f"{SESSION_PAGE}#mode-form", switch, status=422)
         return HttpResponse("Unknown mode.", status=400, content_type="text/plain")
     chat_session_mode_set(session=session, mode=form.cleaned_data["mode"])
+    _last_mode_remember(request, session.mode)
     if not request.htmx:
         return redirect("session-detail", session_id=session.pk)
     response = render(request, f"{SESSION_PAGE}#mode-form", switch)
     item = {"s": session, "chat_session": session, "oob": True}
     response.write(render(request, "base.html#session-item", item).content)
-    response.write(_announcement(f"Mode: {session.get_mode_display()}, from the next message on."))
+    mode = session.get_mode_display()
+    response.write(_announcement(f"Mode: {mode}, from the next message on; new chats start in it."))
+    # The room for a message depends on the mode (its system prompt, tool schemas): recount.
+    response.write(render(request, f"{SESSION_PAGE}#composer-refresh", {"session_id": session.pk, "oob": True}).content)
     return response
 
 
@@ -257,7 +301,19 @@ async def session_compress(request: HtmxHttpRequest, session_id: int) -> HttpRes
     return trigger_client_event(response, ANNOUNCE_EVENT, {"text": text}, after="swap")
 
 
-@require_GET
+@require_POST
+def session_composer_count(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
+    """The composer's token count of the posted ``text`` (the message being typed, not sent)
+    against the room this chat's context window leaves for one message
+    (:func:`chatapp.ui.composer.composer_count_get`): the ``composer-count`` partial. Any text is
+    answered (an empty one, or one over ``CHAT_MAX_MESSAGE_CHARS``, says so); 404 for anyone but
+    the session's owner."""
+    session = session_get_for_owner(request, session_id)
+    count = composer_count_get(session=session, text=request.POST.get("text", ""))
+    return render(request, f"{SESSION_PAGE}#composer-count", {"composer": count})
+
+
+@require_safe
 def session_key_facts(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
     """The inspector's Key facts section: its partial for htmx, else the chat page."""
     session = session_get_for_owner(request, session_id)
@@ -266,7 +322,7 @@ def session_key_facts(request: HtmxHttpRequest, session_id: int) -> HttpResponse
     return render(request, SESSION_PAGE, _session_page_context(request, session))
 
 
-@require_GET
+@require_safe
 def session_recall(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
     """The inspector's Recall section (docs/memory.md §12): its partial for htmx, else the chat
     page. 404 for anyone but the session's owner."""
@@ -274,6 +330,27 @@ def session_recall(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
     if request.htmx:
         return render(request, f"{SESSION_PAGE}#recall", {"recall": recall_section_get(session_id=session.pk)})
     return render(request, SESSION_PAGE, _session_page_context(request, session))
+
+
+@require_GET
+async def session_export(request: HtmxHttpRequest, session_id: int, fmt: str) -> StreamingHttpResponse:
+    """Download the session with its memory (messages, summary versions, key facts, compression
+    events, memory job; docs/export.md) as ``export.md`` (Markdown) or ``export.json``, an
+    attachment with a safe file name, streamed page by page (:mod:`chatapp.chats.export`). 404
+    for a session that is not the caller's and for any other format."""
+    export_format = EXPORT_FORMATS.get(fmt)
+    if export_format is None:
+        raise Http404("No such export format.")
+    # sync_to_async, as for "compress now": the request's connection handling is Django's here.
+    session = await sync_to_async(session_get_for_owner)(request, session_id)
+    response = StreamingHttpResponse(
+        chat_export_stream(session=session, export_format=export_format), content_type=export_format.content_type
+    )
+    filename = chat_export_filename(session=session, export_format=export_format)
+    # The name is ASCII letters, digits, hyphens and a dot (chat_export_filename): no quoting needed.
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    response["Cache-Control"] = "private, no-store"
+    return response
 
 
 @require_POST
@@ -287,7 +364,7 @@ def session_fact_pin(request: HtmxHttpRequest, session_id: int, fact_id: int) ->
         return _key_fact_answer(request, session, fact_id=fact_id, error=_form_error(form))
     with _fact_404():
         fact = key_fact_pin(memory_key=_memory_key(session), fact_id=fact_id, pinned=form.cleaned_data["pinned"])
-    done = f"{'Pinned' if fact.pinned_by_user else 'Unpinned'} {_fact_name(fact)}."
+    done = f"{'Always pinned' if fact.pinned_by_user else 'No longer always pinned'}: {_fact_name(fact)}."
     return _key_fact_answer(request, session, fact_id=fact_id, done=done)
 
 
@@ -395,7 +472,7 @@ def _kb_context(request: HtmxHttpRequest, **extra: Any) -> dict[str, Any]:
     }
 
 
-@require_GET
+@require_safe
 def kb_index(request: HtmxHttpRequest) -> HttpResponse:
     """The knowledge base: its documents and an upload form (htmx: the document list only,
     e.g. after the ``kb-changed`` trigger)."""

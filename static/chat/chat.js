@@ -2,13 +2,16 @@
 // that htmx swaps in: over the page's WebSocket (htmx's ws extension on /ws/chat/<id>/page/, see
 // chatapp/ui/page_feed.py and docs/protocol.md) or by HTTP. This file:
 //   - composer: Enter sends (not the Enter that confirms an IME composition), Shift+Enter adds a
-//     line; a sent message shows as a "pending" bubble
+//     line; the token count under it is the server's (htmx posts the text, debounced); Send is
+//     disabled while the text is over the character limit; a sent
+//     message shows as a "pending" bubble
 //     in #outbox until the server's rendered copy arrives in #messages;
 //   - after every (re)connect, pending bubbles are sent again (the server ignores duplicates);
 //   - reflects the socket state in data-ws on #chat-page (browser tests wait on it);
 //   - keeps focus, open <details>, text typed into the inspector's forms (a key fact's new value)
 //     and the scroll position across swaps;
-//   - drawers (chat list, inspector) on narrow screens, and "Copy" buttons.
+//   - drawers (chat list, inspector) on narrow screens, closing the export menu on a click outside
+//     it or Escape, "Copy" buttons, and dismissing the offline banner on a phone.
 // Text is only ever inserted with textContent.
 (function () {
   "use strict";
@@ -133,13 +136,26 @@
   });
 
   // --- composer -----------------------------------------------------------------------------
+  // A text over the character limit (data-max-chars, the socket's own check) would be refused:
+  // Send is disabled while it is, and the server's count under the composer says why.
+  function overCharLimit(form) {
+    return form.querySelector("textarea").value.length > Number(form.dataset.maxChars);
+  }
+
+  document.addEventListener("input", (event) => {
+    const form = event.target.form;
+    if (event.target.id !== "composer-text" || !form) return;
+    const send = form.querySelector("#send");
+    if (send) send.disabled = overCharLimit(form);
+  });
+
   document.addEventListener("submit", (event) => {
     const form = event.target;
     if (form.id !== "composer") return;
     event.preventDefault();
     const input = form.querySelector("textarea");
     const text = input.value;
-    if (!text.trim()) return;
+    if (!text.trim() || overCharLimit(form)) return;
     const bubble = document.createElement("article");
     bubble.className = "message user pending";
     bubble.dataset.clientId = newClientId();
@@ -153,6 +169,8 @@
     document.getElementById("outbox").append(bubble);
     document.getElementById("errors").replaceChildren();
     input.value = "";
+    // The composer's token count (server-rendered, it recounts on "input") goes back to the room left.
+    input.dispatchEvent(new Event("input", { bubbles: true }));
     sendPending(bubble);
     const thread = document.getElementById("thread");
     thread.scrollTop = thread.scrollHeight;
@@ -171,8 +189,26 @@
       event.preventDefault();
       input.form.requestSubmit();
     }
-    if (event.key === "Escape" && document.body.dataset.drawer) closeDrawer();
+    if (event.key !== "Escape") return;
+    // Escape closes the innermost thing open: the export menu, then a drawer.
+    const menu = document.querySelector("details.export-menu[open]");
+    if (menu) {
+      menu.open = false;
+      menu.querySelector("summary").focus();
+    } else if (document.body.dataset.drawer) closeDrawer();
   });
+
+  // --- the offline banner on a phone -------------------------------------------------------
+  // Its × (shown at phone widths only, chat.css) hides it for good: remembered in localStorage,
+  // which an inline script in base.html reads before the banner is painted.
+  const BANNER_DISMISSED = "kestrel.offlineBannerDismissed";
+
+  function dismissBanner() {
+    document.body.dataset.bannerDismissed = "";
+    try { localStorage.setItem(BANNER_DISMISSED, "1"); } catch (error) { /* storage blocked: this page only */ }
+    const main = document.getElementById("main");
+    if (main) main.focus({ preventScroll: true });
+  }
 
   // --- drawers and copy buttons ------------------------------------------------------------
   // The buttons that open a drawer carry data-drawer-toggle="<drawer id>"; the open drawer's
@@ -187,6 +223,10 @@
   }
 
   document.addEventListener("click", (event) => {
+    // The export menu closes on a click anywhere outside it.
+    document.querySelectorAll("details.export-menu[open]").forEach((menu) => {
+      if (!menu.contains(event.target)) menu.open = false;
+    });
     const toggle = event.target.closest("[data-drawer-toggle]");
     if (toggle) {
       const name = toggle.dataset.drawerToggle;
@@ -204,6 +244,10 @@
     // A click on the dimmed page around an open drawer lands on <body> (its ::after backdrop).
     if (event.target.closest("[data-drawer-close]") || (event.target === document.body && document.body.dataset.drawer)) {
       closeDrawer();
+      return;
+    }
+    if (event.target.closest("[data-banner-dismiss]")) {
+      dismissBanner();
       return;
     }
     const copy = event.target.closest("[data-copy]");

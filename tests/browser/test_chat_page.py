@@ -42,11 +42,17 @@ def htmx_idle(page: Page) -> None:
 
 
 def chat_open(page: Page, server: Server, *, mode: str = "Agent") -> str:
-    """Start a new chat from the start page; returns its URL once its socket is open."""
+    """Start a new chat with the start page's "New chat" button and put it in ``mode`` with the
+    chat's mode control (a new chat starts in the last used mode); returns its URL once its
+    socket is open."""
     page.goto(server.url + "/")
-    page.get_by_label("Mode of a new chat").select_option(label=mode)
-    page.get_by_role("button", name="New chat").click()
+    page.get_by_test_id("start-new-chat").click()
     page.wait_for_selector("#chat-page[data-ws='open']")
+    radio = page.locator("#mode-form").get_by_label(mode, exact=True)
+    if not radio.is_checked():
+        radio.check()
+        expect(page.locator(".session-item.current .mode")).to_have_text(mode)
+        htmx_idle(page)
     return page.url
 
 
@@ -95,11 +101,12 @@ def test_a_compression_shows_live_in_the_inspector(daphne_server: Server, new_co
 
     # The compression event, with its summarizer attempt.
     event = inspector.locator(".timeline li[data-kind='compression']").first
-    expect(event).to_contain_text(re.compile(r"[\d,]+ → [\d,]+ tokens · \d+ messages summarized · \d+ ms"))
-    expect(event.locator(".attempts tr.ok")).to_have_count(1)
+    expect(event).to_contain_text(re.compile(r"[\d,]+ → [\d,]+ tokens · \d+ messages summarized · [\d,]+\s+ms"))
+    expect(event.locator(".attempt-log .step.try.ok")).to_have_count(1)
     expect(page.get_by_test_id("health")).to_have_text("ok")
     # The summary: type, count, text and its first version.
-    expect(page.get_by_test_id("summary-type")).to_have_text("LLM summary")
+    # The offline engine writes extractive summaries: no language model wrote it, and the page says so.
+    expect(page.get_by_test_id("summary-type")).to_have_text("extractive summary")
     compressed = int(page.get_by_test_id("compressed-count").inner_text())
     assert compressed > 0
     page.locator("#summary-text summary").click()
@@ -149,8 +156,8 @@ def test_a_failing_summarizer_is_shown_as_raw_archive(start_server: Callable[...
     expect(inspector).to_be_attached()
     htmx_idle(page)
     expect(page.get_by_test_id("health")).to_have_text("raw archive")
-    expect(page.get_by_test_id("health-error")).to_contain_text("OFFLINE_FAIL_SUMMARY")
-    expect(inspector.locator(".timeline .attempts tr.failed")).to_have_count(3)
+    expect(inspector.get_by_test_id("event-error")).to_contain_text("OFFLINE_FAIL_SUMMARY")
+    expect(inspector.locator(".timeline .attempt-log .step.try.failed")).to_have_count(3)
     expect(inspector.locator(".timeline li.degraded")).to_have_count(1)
     expect(page.get_by_test_id("summary-type")).to_have_text("raw archive")
     expect(page.locator("#announce")).to_contain_text("raw archive: the summarizer failed")

@@ -55,7 +55,7 @@ def test_a_question_in_a_new_chat_recalls_what_the_owner_said_in_another(daphne_
     )
     expect(link).to_contain_text(f"message #{said}")
     expect(item.get_by_test_id("recall-score")).to_contain_text(
-        re.compile(r"lexical rank \d+ · cosine .+ · decay 1\.000 · score 0\.\d+")
+        re.compile(r"lexical\srank\s\d+ · cosine\s.+ · decay\s1\.000 · score\s0\.\d+")
     )
     expect(item.get_by_test_id("recall-reason")).not_to_be_empty()
     # The embedder in use is named, or lexical-only is said plainly.

@@ -141,6 +141,45 @@ def test_the_section_lists_current_superseded_and_hidden_facts(alice: Visitor):
     assert ">4421</span>" in item and 'name="hidden" value="false"' in item and ">Restore</button>" in item
 
 
+def test_a_fact_shows_its_slot_only_when_the_kind_does_not_say_it_and_a_rule_restates_nothing(alice: Visitor):
+    session = chat_session_make(alice.owner)
+    _, (order,) = said(session, "my order is #W2378156")
+    _, (email,) = said(session, "my email is ada@example.com")
+    source = message_make(session, "user", "I prefer tea")
+    (tea,) = key_facts_apply(
+        memory_key=memory_key(session),
+        scope_key="owner",
+        candidates=[
+            FactCandidate(
+                kind="preference",
+                key="preference",
+                value="tea",
+                text="prefers tea to coffee",
+                source_message_id=source.pk,
+                extractor="llm:offline",
+            )
+        ],
+        valid_from={},
+    )
+    html = section(alice.client.get(reverse("session-detail", kwargs={"session_id": session.pk})).content.decode())
+
+    # "id order_id", but "email" and "preference" once, not "email email".
+    assert '<code class="fact-key">order_id</code>' in fact_item(html, order.id)
+    assert "fact-key" not in fact_item(html, email.id) and "fact-key" not in fact_item(html, tea.id)
+    # A rule's text only says "user gave order id #W2378156": left out; the LLM's note is shown.
+    assert order.text and order.text not in html and "fact-text" not in fact_item(html, order.id)
+    assert '<p class="fact-text">prefers tea to coffee</p>' in fact_item(html, tea.id)
+    # The pin control says what it does, with a title that explains it.
+    item = fact_item(html, order.id)
+    assert ">Keep always</button>" in item and 'title="Pin it in every request' in item and ">Pin<" not in item
+    alice.client.post(fact_url("session-fact-pin", session, order.id), {"pinned": "true"}, headers=HTMX)
+    item = fact_item(
+        section(alice.client.get(reverse("session-detail", kwargs={"session_id": session.pk})).content.decode()),
+        order.id,
+    )
+    assert ">always pinned by you</span>" in item and ">Stop keeping always</button>" in item
+
+
 def test_a_chat_without_facts_says_so(alice: Visitor):
     session = chat_session_make(alice.owner)
     html = section(alice.client.get(reverse("session-detail", kwargs={"session_id": session.pk})).content.decode())

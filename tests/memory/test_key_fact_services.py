@@ -341,6 +341,31 @@ def test_edit_creates_a_user_fact_superseding_the_edited_one(memory_key):
         key_fact_edit(memory_key=memory_key, fact_id=old.pk, value="1 Oak Street")
 
 
+def test_a_late_extraction_never_revives_a_value_the_user_corrected(memory_key):
+    # Found by a newcomer: the rule stored ACC-7731 from message 3, the user corrected it to
+    # ACC-8888, and the batched LLM extraction of message 3 ran afterwards.
+    old = stored(memory_key, key="user_id", value="ACC-7731", kind="id")
+    key_fact_edit(memory_key=memory_key, fact_id=old.pk, value="ACC-8888")
+
+    late = key_facts_apply(
+        memory_key=memory_key,
+        scope_key=SCOPE,
+        candidates=[candidate("user_id", "ACC-7731", source=3, kind="id")],
+        valid_from={3: AT},
+    )
+    assert late == []
+    assert [f.value for f in key_fact_list_active(memory_key=memory_key)] == ["ACC-8888"]
+
+    # Stated again in a newer message, the old value is a fact again.
+    (again,) = key_facts_apply(
+        memory_key=memory_key,
+        scope_key=SCOPE,
+        candidates=[candidate("user_id", "ACC-7731", source=30, kind="id")],
+        valid_from={30: AT},
+    )
+    assert again.value == "ACC-7731" and again.source_message_id == 30
+
+
 def test_an_edit_to_the_same_value_changes_nothing(memory_key):
     fact = stored(memory_key, key="shipping_address", value="12 Elm Road")
 

@@ -60,6 +60,10 @@ def values(text: str) -> list[tuple[str, str, str]]:
         ("we arrive on March 3rd, 2025", ("date", "date", "March 3rd, 2025")),
         ("我们2024年5月3日出发", ("date", "date", "2024年5月3日")),
         ("call me on +1 (415) 555-0132", ("phone", "phone", "+1 (415) 555-0132")),
+        # A newcomer's "+44 7700 900123" became the identifier "900123" and half a phone in a title.
+        ("phone +44 7700 900123, please", ("phone", "phone", "+44 7700 900123")),
+        ("my number is +49 30 12345678", ("phone", "phone", "+49 30 12345678")),
+        ("ring 07700 900123 after six", ("phone", "phone", "07700 900123")),
         ("the visa card ending in 4421", ("id", "payment_card", "4421")),
     ],
 )

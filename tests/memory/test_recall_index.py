@@ -25,6 +25,7 @@ from memory.services import (
     memory_items_write,
     recall_cache_clear,
     recall_candidates,
+    recall_term_rarity,
     session_memory_delete,
 )
 from memory.tokens import get_counter
@@ -212,6 +213,29 @@ def test_another_owners_items_are_never_candidates() -> None:
         scope_key=STRANGER, memory_key="9", boundary=None, scope="owner", query="passport", query_vector=None
     )
     assert texts(stranger) == ["Stranger's passport K1234567 for the Lisbon flight."]
+
+
+@pytest.mark.django_db
+def test_term_rarity_counts_the_owners_items_per_query_term_stemmed_and_cjk() -> None:
+    index(
+        "1",
+        OWNER,
+        msg(1, "We booked the hotels in Lisbon."),
+        msg(2, "The Lisbon hotel has a pool."),
+        msg(3, "Packing for the flight."),
+        msg(4, "我们住在东京的酒店。"),
+    )
+    index("2", OWNER, msg(5, "Lisbon again next year."))
+    # Another owner's items count for nothing (their words are not this owner's statistics).
+    index("3", STRANGER, msg(6, "Lisbon, Lisbon, Lisbon: the stranger's hotel in Lisbon."), msg(7, "Hotel Lisbon."))
+    rarity = recall_term_rarity(scope_key=OWNER, query="Which hotel in Lisbon? And 东京?")
+    assert rarity.documents == 5
+    # "hotel" finds "hotels" (the search's stemming); the CJK pair 东京 is counted as a phrase.
+    assert rarity.frequencies == {"hotel": 2, "lisbon": 3, "东京": 1}
+    assert rarity.weight("hotel") > rarity.weight("lisbon")
+    assert recall_term_rarity(scope_key="user:404", query="hotel").documents == 0
+    nothing = recall_term_rarity(scope_key=OWNER, query="what is it?")
+    assert nothing.documents == 5 and nothing.frequencies == {}
 
 
 @pytest.mark.django_db

@@ -13,16 +13,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memory.recall import (
+    DENSE_WEIGHT,
     LEXICAL_THRESHOLDS,
+    RARITY_MIN_DOCUMENTS,
     RECALL_HEADER,
     RECALL_MAX_REJECTED,
     RECALL_THRESHOLDS,
     RecallCandidate,
     RecallItem,
+    TermRarity,
     admit,
     content_terms,
     decay,
     lexical_overlap,
+    rarity_overlap,
     recall_block,
     recall_line,
     rrf,
@@ -363,7 +367,13 @@ def test_dense_ranks_follow_cosine_and_a_duplicate_counts_once() -> None:
     assert len(scored) == 2
     assert (scored[2].dense_rank, scored[1].dense_rank) == (1, 2)
     assert scored[1].candidate.lexical_rank == 2
-    assert scored[1].rrf == pytest.approx(rrf(2, 2))
+    # e5's dense side is fused at its calibrated weight; a model without one gets the default.
+    assert scored[1].rrf == pytest.approx(rrf(2, 2, dense_weight=E5.dense_weight))
+    assert E5.dense_weight < LEXICAL_THRESHOLDS.dense_weight == DENSE_WEIGHT
+    plain = {
+        s.item.id: s for s in score_candidates(cands, query="feed starter", now=NOW, thresholds=LEXICAL_THRESHOLDS)
+    }
+    assert plain[1].rrf == pytest.approx(rrf(2, 2)) == pytest.approx(1 / 62 + DENSE_WEIGHT / 62)
 
 
 # --- budget and block --------------------------------------------------------------------------
@@ -501,3 +511,103 @@ def test_selection_invariants(
         assert result.tokens == COUNTER.count_message(result.message) <= budget
     else:
         assert result.message is None and result.tokens == 0
+
+
+# --- the rarity floor (docs/memory.md §12, "gate") -------------------------------------------
+
+# An owner's index of 1,000 items: "trip" is in 400 of them, "tokyo" in 3, "zanzibar" in one.
+RARITY = TermRarity(documents=1000, frequencies={"trip": 400, "tokyo": 3, "zanzibar": 1, "hotel": 40})
+
+
+def test_rarity_weights_a_rare_term_near_one_and_a_common_one_near_nothing() -> None:
+    assert 0.9 < RARITY.weight("zanzibar") <= 1.0
+    assert 0.7 < RARITY.weight("tokyo") < RARITY.weight("zanzibar")
+    assert RARITY.weight("trip") < 0.15
+    # A term the search did not count is taken as held by every item: it weighs next to nothing.
+    assert RARITY.weight("unknown") < 0.01
+    # A small index is measured as if it had RARITY_MIN_DOCUMENTS items: a word both of two items
+    # hold is still rare, one nobody holds the rarest.
+    two = TermRarity(documents=2, frequencies={"umbrella": 2, "blue": 0})
+    assert 0.8 < two.weight("umbrella") < two.weight("blue")
+    assert two.weight("umbrella") == pytest.approx(
+        TermRarity(documents=RARITY_MIN_DOCUMENTS, frequencies={"umbrella": 2}).weight("umbrella")
+    )
+    mass, share = rarity_overlap(
+        content_terms("Which hotel did we book on the Tokyo trip?"), "Tokyo, two nights", RARITY
+    )
+    assert mass == pytest.approx(RARITY.weight("tokyo"))
+    assert share == pytest.approx(mass / sum(RARITY.weight(t) for t in ("hotel", "tokyo", "trip", "book")))
+
+
+def test_one_rare_shared_word_admits_where_several_common_ones_do_not() -> None:
+    query = content_terms("What did we eat on the Zanzibar trip?")  # eat, zanzibar, trip
+    rare = candidate("The octopus curry in Zanzibar was the best meal.")
+    common = candidate("What a trip! We ate so much.")  # trip, ate (not "eat": no match)
+    # The count floor (no rarity known) admits neither: one term of three is under 40 %.
+    assert admit(rare, query_terms=query, thresholds=LEXICAL_THRESHOLDS)[0] is False
+    verdict, why = admit(rare, query_terms=query, thresholds=LEXICAL_THRESHOLDS, rarity=RARITY, best_mass=0.0)
+    assert verdict is True and why.startswith("lexical: 1/3 query terms, rarity 0.9")
+    verdict, why = admit(common, query_terms=query, thresholds=LEXICAL_THRESHOLDS, rarity=RARITY, best_mass=0.0)
+    assert verdict is False and "needs 0.80" in why
+
+
+def test_with_rarity_a_moderate_cosine_needs_a_lexical_hit_near_the_best() -> None:
+    rarity = TermRarity(documents=1000, frequencies={"often": 300, "feed": 5, "sourdough": 2, "starter": 3})
+    moderate = candidate("Feed it daily.", cosine=0.83)  # feed: ≈ 0.74, under the 0.8 floor
+    verdict, why = admit(moderate, query_terms=QUERY, thresholds=E5, rarity=rarity, best_mass=0.0)
+    assert verdict is True and "and lexical hit (1/4 query terms)" in why
+    # Another candidate holds the whole question: this thin hit is under half of it, refused.
+    best = rarity_overlap(QUERY, "Feed the sourdough starter often.", rarity)[0]
+    verdict, why = admit(moderate, query_terms=QUERY, thresholds=E5, rarity=rarity, best_mass=best)
+    assert verdict is False and "but a weak lexical hit" in why and "50% of the best" in why
+
+
+def test_a_single_shared_word_must_be_most_of_what_the_query_asks_about() -> None:
+    # A name in a greeting is rare in a small index, but the query is about a dinner nobody
+    # mentioned (a term the index does not hold weighs the most): one word is not enough (F-33).
+    small = TermRarity(documents=30, frequencies={"ann": 1, "dinner": 0})
+    query = content_terms("What did Ann have for dinner?")  # ann, dinner
+    greeting = candidate("Hi Ann! What is new with you?")
+    verdict, why = admit(greeting, query_terms=query, thresholds=LEXICAL_THRESHOLDS, rarity=small, best_mass=0.0)
+    assert verdict is False and "needs 0.80, 50%" in why
+    # The same word with a second one of the query passes the lower share for several words.
+    both = candidate("Ann cooked dinner for us.")
+    assert admit(both, query_terms=query, thresholds=LEXICAL_THRESHOLDS, rarity=small, best_mass=0.0)[0] is True
+
+
+def test_the_rarity_floor_is_relative_to_the_best_candidate_of_the_query() -> None:
+    query = content_terms("Which hotel in Tokyo did we book for Zanzibar?")
+    weak = candidate("The hotel in Tokyo was fine.")  # hotel + tokyo: ≈ 1.3
+    strong_mass = rarity_overlap(query, "Tokyo hotel, then the Zanzibar flight", RARITY)[0]  # ≈ 2.2
+    assert admit(weak, query_terms=query, thresholds=LEXICAL_THRESHOLDS, rarity=RARITY, best_mass=0.0)[0] is True
+    # Under half of what the best candidate matched: refused, and the reason says so.
+    verdict, why = admit(
+        weak, query_terms=query, thresholds=LEXICAL_THRESHOLDS, rarity=RARITY, best_mass=3 * strong_mass
+    )
+    assert verdict is False and "50% of the best" in why
+
+
+def test_select_recall_with_rarity_keeps_f33_nothing_shared_nothing_recalled() -> None:
+    rarity = TermRarity(documents=len(MEMORY), frequencies={"quantum": 0, "chromodynamic": 0})
+    result = select_recall(
+        lexical_candidates(MEMORY, "quantum chromodynamics"),
+        query="quantum chromodynamics",
+        now=NOW,
+        budget_tokens=500,
+        thresholds=LEXICAL_THRESHOLDS,
+        counter=COUNTER,
+        rarity=rarity,
+    )
+    assert result.items == () and result.message is None
+    # A rare word the memory does hold is recalled alone (the sourdough starter, 2 of 8 items).
+    rarity = TermRarity(documents=len(MEMORY), frequencies={"sourdough": 1, "starter": 1, "smell": 1, "feed": 2})
+    result = select_recall(
+        lexical_candidates(MEMORY, "Why does my sourdough smell odd?"),
+        query="Why does my sourdough smell odd?",
+        now=NOW,
+        budget_tokens=500,
+        thresholds=LEXICAL_THRESHOLDS,
+        counter=COUNTER,
+        rarity=rarity,
+    )
+    assert [s.item.id for s in result.items] == [3]

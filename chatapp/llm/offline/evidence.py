@@ -1,6 +1,7 @@
 """What the offline engine may quote: knowledge-base passages in the system prompt or in tool
-results, sentences of earlier user messages and of the summary block, with their content words for
-matching a question. Pure and deterministic."""
+results, sentences of earlier user messages, of the summary block and of the recall block, with
+their content words for matching a question. Pure and deterministic. (The key-facts block is read
+by :func:`chatapp.llm.offline.blocks.facts_lines`: its facts are answered, not quoted.)"""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
+
+from chatapp.llm.offline.blocks import message_blocks, recall_items
 
 Message = dict[str, Any]
 # System prompts whose passages are remembered (each a few kilobytes).
@@ -35,10 +38,27 @@ _PARAGRAPH_SPLIT_RE = re.compile(r"\n\s*\n")
 _LINE_LABEL_RE = re.compile(r"^(?:-\s+)?(?:(?:User|Assistant|System|Tool)(?:\s*\[[^\]]*\])?\s*:\s*)?")
 
 
+# A recalled tool result starts with its call: "kb_search({...}) -> " (memory.recall, the index).
+_TOOL_HEADER_RE = re.compile(r"^[A-Za-z_][\w.-]*(?:\(.*?\))?\s*->\s*", re.S)
+
+
+# A line of an extractive summary or raw archive that the assistant wrote ("- Assistant: ...",
+# "- Assistant [tools: kb_search]: ..."): the engine's own words, never quoted back as a fact.
+_ASSISTANT_LINE_RE = re.compile(r"^(?:-\s+)?Assistant(?:\s*\[[^\]]*\])?\s*:")
+
+
+# Words that ask for an identifier ("account id", "booking reference", "order number"): a
+# sentence holding an identifier-like value counts as having them (conversation, summary and
+# recall only: the knowledge base is matched on its words).
+ID_WORDS = frozenset({"id", "ids", "number", "numbers", "code", "codes", "reference", "identifier", "no"})
+
+
+# An identifier-like value: 4+ characters with a digit, letters or "-#_./" mixed in ("ACC-7731",
+# "#W2378156", "4711"), or 3+ digits.
+_IDENTIFIER_RE = re.compile(r"(?<![\w#-])#?(?=[\w./-]*\d)[A-Za-z0-9][\w./-]{2,}[A-Za-z0-9](?![\w-])|\b\d{3,}\b")
+
+
 _HEADER_RE = re.compile(r"^\[(?:Memory Summary|Raw archive)\b|^\[\d+ earlier archived messages omitted\]")
-
-
-_SUMMARY_BLOCK_RE = re.compile(r"^\s*\[Memory Summary\b")
 
 
 # chatapp.kb.search.passages_format writes knowledge-base passages as a "[n] <title>" line followed by
@@ -192,17 +212,22 @@ STOPWORDS = frozenset(
 )
 
 
-Source = Literal["kb", "conversation", "summary"]
+Source = Literal["kb", "conversation", "summary", "recall"]
 
 
 SOURCE_LABELS: dict[Source, str] = {
     "kb": "From the knowledge base:",
     "conversation": "From our conversation:",
     "summary": "From the conversation summary:",
+    "recall": "From an earlier message:",
 }
 
 
 KB_SECTION_LABEL = "From the knowledge base ({section}):"
+# A recalled message names its date and id (memory.recall.recall_line); the reply writes the id
+# as the page does (``#12``), not as the model-facing block does (``msg 12``).
+RECALL_LABEL = "From an earlier message ({where}):"
+_BLOCK_MESSAGE_ID = re.compile(r"\bmsg (\d+)\b")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,7 +239,8 @@ class Evidence:
     ``sections``: for each sentence, the passage heading it stands under (the document title
     before the first heading; ``""`` outside passages); ``sentence_words``: for each sentence,
     its content words and its heading's; ``words``: the content words of all of it, title
-    included; ``topic``: those of the title and headings alone.
+    included; ``topic``: those of the title and headings alone; ``title``: a passage's document
+    title; ``where``: a recalled message's date and id (``2024-05-20, msg 12``).
     """
 
     source: Source
@@ -223,6 +249,20 @@ class Evidence:
     sentence_words: tuple[frozenset[str], ...]
     words: frozenset[str]
     topic: frozenset[str] = frozenset()
+    title: str = ""
+    where: str = ""
+
+    def label(self, section: str, *, kb_label: str = KB_SECTION_LABEL) -> str:
+        """How a quote of this evidence is introduced: a passage names its document and the
+        section quoted in ``kb_label`` ("From the knowledge base (Kestrel Sync security and
+        privacy › Encryption):", only the title when the section is the title), a recalled
+        message its date and id (``2024-05-20, #12``), the others their source."""
+        if self.source == "kb":
+            place = self.title if section in ("", self.title) else f"{self.title} › {section}"
+            return kb_label.format(section=place) if place else SOURCE_LABELS["kb"]
+        if self.source == "recall" and self.where:
+            return RECALL_LABEL.format(where=_BLOCK_MESSAGE_ID.sub(r"#\1", self.where))
+        return SOURCE_LABELS[self.source]
 
 
 def context_evidence(context: list[Message]) -> list[Evidence]:
@@ -230,12 +270,18 @@ def context_evidence(context: list[Message]) -> list[Evidence]:
 
     - the first system message (the system prompt): only its knowledge-base passages, never
       its instructions, which are no answer to anything;
-    - the summary block (any role): each sentence, as the summary;
+    - the summary block (any role): each sentence, as the summary, but not the lines the
+      assistant wrote;
+    - the recall block (any role): each sentence of each recalled user message, as the recall,
+      with its date and id; a recalled tool result without its ``name(arguments) ->`` header,
+      its kb_search passages as the knowledge base;
+    - the key-facts block: nothing here (:func:`chatapp.llm.offline.blocks.facts_lines`);
     - user messages and later system messages: each sentence, as the conversation;
     - tool results: kb_search passages as the knowledge base, anything else as the conversation.
 
-    Its own earlier replies are left out so it never quotes itself; questions and headers carry
-    no facts and are left out too.
+    Blocks are found in messages of any role, also merged into one message
+    (:func:`chatapp.llm.offline.blocks.message_blocks`). Its own earlier replies are left out so
+    it never quotes itself; questions and headers carry no facts and are left out too.
     """
     evidence: list[Evidence] = []
     for index, message in enumerate(context):
@@ -243,15 +289,31 @@ def context_evidence(context: list[Message]) -> list[Evidence]:
         text = plain_text(message.get("content"))
         if role not in ("system", "user", "tool"):
             continue
-        if _SUMMARY_BLOCK_RE.match(text):
-            evidence += _sentences("summary", text)
-        elif role == "system" and index == 0:
+        if role == "system" and index == 0:
             evidence += _passages(text)
-        elif role == "tool":
+            continue
+        if role == "tool":
             evidence += _passages(text) or _sentences("conversation", text)
-        else:
-            evidence += _sentences("conversation", text)
+            continue
+        for block in message_blocks(text):
+            if block.kind == "summary":
+                evidence += _sentences("summary", block.text)
+            elif block.kind == "recall":
+                for item in recall_items(block.text):
+                    if item.role == "tool":
+                        body = _TOOL_HEADER_RE.sub("", item.text, count=1)
+                        evidence += _passages(body) or _sentences("recall", body, where=item.where)
+                    elif item.role == "user":
+                        evidence += _sentences("recall", item.text, where=item.where)
+            elif block.kind == "text":
+                evidence += _sentences("conversation", block.text)
     return evidence
+
+
+def passage_evidence(text: str) -> list[Evidence]:
+    """The knowledge-base passages of a ``kb_search`` tool result or a quick-answer system
+    prompt (``[n] title`` blocks), as evidence; none when ``text`` has no such block."""
+    return _passages(text)
 
 
 def _passages(text: str) -> list[Evidence]:
@@ -285,6 +347,7 @@ def _passages_of(text: str) -> tuple[Evidence, ...]:
             passages.append(
                 Evidence(
                     source="kb",
+                    title=title,
                     sentences=tuple(sentence for sentence, _, _ in sentences),
                     sections=tuple(section for _, section, _ in sentences),
                     sentence_words=tuple(words for _, _, words in sentences),
@@ -299,17 +362,31 @@ def _is_heading(paragraph: str) -> bool:
     return 0 < len(paragraph.split()) <= _HEADING_MAX_WORDS and not paragraph.endswith(_CLOSING_PUNCTUATION)
 
 
-def _sentences(source: Source, text: str) -> list[Evidence]:
-    """One piece of evidence per factual sentence of ``text`` (line labels such as ``- User:``
-    removed; questions and summary headers skipped)."""
+def _sentences(source: Source, text: str, *, where: str = "") -> list[Evidence]:
+    """One piece of evidence per factual sentence of ``text``, line by line: line labels such as
+    ``- User:`` removed, the assistant's lines of a summary skipped, questions and summary
+    headers skipped. A sentence holding an identifier-like value also has the :data:`ID_WORDS`
+    ("What is my account id?" meets "My name is Ada, account ACC-7731.")."""
     evidence: list[Evidence] = []
-    for piece in SENTENCE_SPLIT_RE.split(text):
-        sentence = _LINE_LABEL_RE.sub("", piece.strip()).strip()
-        if sentence and not sentence.endswith("?") and not _HEADER_RE.match(sentence):
-            words = frozenset(content_words(sentence))
-            evidence.append(
-                Evidence(source=source, sentences=(sentence,), sections=("",), sentence_words=(words,), words=words)
-            )
+    for line in text.splitlines():
+        if source == "summary" and _ASSISTANT_LINE_RE.match(line.strip()):
+            continue
+        for piece in SENTENCE_SPLIT_RE.split(_LINE_LABEL_RE.sub("", line.strip())):
+            sentence = piece.strip()
+            if sentence and not sentence.endswith("?") and not _HEADER_RE.match(sentence):
+                words = frozenset(content_words(sentence))
+                if _IDENTIFIER_RE.search(sentence):
+                    words |= _ID_STEMS
+                evidence.append(
+                    Evidence(
+                        source=source,
+                        sentences=(sentence,),
+                        sections=("",),
+                        sentence_words=(words,),
+                        words=words,
+                        where=where,
+                    )
+                )
     return evidence
 
 
@@ -355,3 +432,7 @@ def _stem(word: str) -> str:
     elif len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is")):
         word = word[:-1]
     return word[:-1] if len(word) > 3 and word.endswith("e") else word
+
+
+# The content words of ID_WORDS, as sentences are matched on them (after content_words exists).
+_ID_STEMS = frozenset(content_words(" ".join(sorted(ID_WORDS))))

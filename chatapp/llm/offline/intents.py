@@ -69,6 +69,12 @@ def tool_call_for(text: str, offered: set[str], messages: list[Message]) -> dict
     return None
 
 
+def kb_search_call(question: str, messages: list[Message]) -> dict[str, Any]:
+    """The ``kb_search`` call for a question the context does not answer (agent mode,
+    docs/memory.md §7): the query is the question without its closing punctuation."""
+    return _tool_call("kb_search", {"query": question.strip(" \t?!.")}, messages)
+
+
 def search_query(text: str) -> str | None:
     """The search terms of a request to search the knowledge base, or None if it is not one.
 

@@ -5,15 +5,20 @@ as to a remote server, so the app's whole SDK code path runs offline. Routes:
 
 - ``POST .../chat/completions``: JSON or, with ``"stream": true``, server-sent events; both carry
   ``usage`` (for a stream only with ``stream_options.include_usage``, as OpenAI does).
-- ``GET .../models``: the single model ``offline-engine`` with its ``context_window``.
+- ``GET .../models``: the single model ``offline-engine`` with its ``context_window`` (tokens:
+  the environment variable ``LLM_CONTEXT_WINDOW``, 2,048 by default offline).
 
 Replies are deterministic (no randomness, no clock: ``created`` is 0); what they say is decided in
-:mod:`chatapp.llm.offline.replies`. Demo switches are read from settings at request time:
-``OFFLINE_DELAY_SECONDS`` (sleep before answering), ``OFFLINE_SUMMARY_DELAY_SECONDS`` (a further
-sleep before answering summarizer requests only, to show and measure what background memory jobs
-save, docs/memory.md §10), ``OFFLINE_FAIL_SUMMARY`` (summarizer requests get HTTP 500) and
-``OFFLINE_FAIL_CHAT`` (all other chat requests get HTTP 500). Summarizer requests are summary
-prompts and key-facts extraction prompts (docs/memory.md §11).
+:mod:`chatapp.llm.offline.replies`. Demo switches are environment variables (docs/configuration.md),
+read from their settings at request time: ``OFFLINE_DELAY`` (seconds to sleep before answering;
+setting ``OFFLINE_DELAY_SECONDS``), ``OFFLINE_SUMMARY_DELAY`` (further seconds before answering
+summarizer requests only, to show and measure what background memory jobs save,
+docs/memory.md §10; setting ``OFFLINE_SUMMARY_DELAY_SECONDS``), ``OFFLINE_FAIL_SUMMARY``
+(summarizer requests get HTTP 500) and ``OFFLINE_FAIL_CHAT`` (all other chat requests get HTTP
+500); the two ``FAIL`` switches are booleans and their settings have the same names. Summarizer
+requests are summary prompts and key-facts extraction prompts (docs/memory.md §11). The demo
+walk-through adds a thinking time and a summarizer outage for its own chat only, through
+:mod:`chatapp.llm.offline.faults` (docs/demo.md).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import httpx2
 import tiktoken
 from django.conf import settings
 
+from chatapp.llm.offline.faults import offline_overrides_current
 from chatapp.llm.offline.replies import OfflineReply, is_summarizer_request, offline_reply
 from memory.api import TokenCounter
 
@@ -71,12 +77,18 @@ async def _chat_completions(request: httpx2.Request, body: dict[str, Any]) -> ht
     messages: list[dict[str, Any]] = [m for m in body["messages"] if isinstance(m, dict)]
     tools = body.get("tools") if isinstance(body.get("tools"), list) else None
     is_summary = is_summarizer_request(messages)  # summaries and key-facts extractions
-    delay = settings.OFFLINE_DELAY_SECONDS + (settings.OFFLINE_SUMMARY_DELAY_SECONDS if is_summary else 0.0)
+    # The switches of this task tree only (the demo's chat, chatapp/llm/offline/faults.py).
+    overrides = offline_overrides_current()
+    delay = settings.OFFLINE_DELAY_SECONDS + (
+        settings.OFFLINE_SUMMARY_DELAY_SECONDS if is_summary else overrides.chat_delay_seconds
+    )
     await _delay(request, delay)
     if is_summary and settings.OFFLINE_FAIL_SUMMARY:
         return _error_response(
             500, "offline engine: summaries are switched to fail (OFFLINE_FAIL_SUMMARY)", "offline_fail_summary"
         )
+    if is_summary and overrides.summary_outage:
+        return _error_response(500, f"offline engine: {overrides.summary_outage}", "offline_injected_outage")
     if not is_summary and settings.OFFLINE_FAIL_CHAT:
         return _error_response(500, "offline engine: chat is switched to fail (OFFLINE_FAIL_CHAT)", "offline_fail_chat")
     max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or settings.MEMORY_SUMMARY_MAX_TOKENS

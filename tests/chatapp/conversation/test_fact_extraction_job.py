@@ -246,10 +246,10 @@ async def test_a_job_of_a_session_that_is_gone_extracts_nothing(session):
     assert await sync_to_async(key_fact_list)(memory_key=str(session_id)) == []
 
 
-async def test_every_stored_reply_schedules_the_job(session):
+async def test_every_stored_reply_schedules_the_job_batched(session):
     question = await sync_to_async(message_make)(session, "user", "My cat is named Tom. What is Wi-Fi?")
     await chat_turn_run(session_id=session.pk, user_message_id=question.pk)
-    assert memory_job_runner().busy(str(session.pk)), "extraction is due after every reply"
+    assert memory_job_runner().waits_for_idle(str(session.pk)), "extraction waits for the chat to go quiet"
     await memory_job_run_now(session_id=session.pk)
     assert ("pet_name", "Tom") in slots(await facts_of(session))
 

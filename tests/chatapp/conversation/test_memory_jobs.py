@@ -182,14 +182,16 @@ async def test_in_sync_mode_the_request_compresses_and_the_job_only_extracts_fac
 
 
 @pytest.mark.usefixtures("small_window")
-async def test_a_turn_far_under_the_trigger_schedules_no_job_and_one_near_it_does(alice, settings):
-    # Without key-fact extraction (which is due after every reply), only pre-compression decides.
-    settings.MEMORY_FACTS_EXTRACTION = False
+async def test_a_turn_far_under_the_trigger_batches_its_job_and_one_near_it_starts_it(alice, settings):
+    # docs/memory.md §10 "when the job runs": nothing urgent -> the job waits for idleness.
     session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.AGENT)
     memory_key = str(session.pk)
     await turn(session, "calculate 6 * 7")
-    assert not memory_job_runner().busy(memory_key), "a short chat cannot reach the trigger next time"
+    assert memory_job_runner().waits_for_idle(memory_key), "a short chat cannot reach the trigger next time"
+    state = await sync_to_async(inspector_state_get)(session_id=session.pk)
+    assert state.job.status == "batched" and "idle" in state.job.label
     await sync_to_async(history_make)(session, 6)
     await turn(session, "calculate 6 * 8")
-    assert memory_job_runner().busy(memory_key), "the next request may cross the trigger: the job is queued"
+    runner = memory_job_runner()
+    assert runner.busy(memory_key) and not runner.waits_for_idle(memory_key), "the next request may cross it"
     await memory_job_runner().close()

@@ -160,3 +160,46 @@ def fresh_cache() -> Any:
     recall_cache_clear()
     yield
     recall_cache_clear()
+
+
+class SlowEmbedder(HashEmbedder):
+    """An embedder slower than the recall deadline."""
+
+    async def embed(self, texts: list[str], *, kind: str) -> np.ndarray:
+        import asyncio
+
+        self.calls += 1
+        await asyncio.sleep(5)
+        return await super().embed(texts, kind=kind)
+
+
+@pytest.mark.parametrize("kind", ["works", "fails", "too_slow"])
+async def test_the_request_embeds_its_question_only_once_the_owner_has_vectors_and_falls_back_to_lexical(
+    kind: str, settings: Any, monkeypatch: Any
+):
+    # Issue 11: a question embedded for an owner with no vectors found nothing and cost ~6 ms of CPU.
+    from chatapp.conversation import recall
+
+    settings.EMBEDDING_BACKEND = "auto"
+    settings.EMBEDDING_BASE_URL, settings.EMBEDDING_MODEL = "http://embeddings.invalid/v1", "hash"
+    settings.MEMORY_RECALL_DEADLINE_MS = 100
+    embedder = {"works": HashEmbedder(), "fails": HashEmbedder(fail=True), "too_slow": SlowEmbedder()}[kind]
+    monkeypatch.setattr(recall, "embedder_get", lambda: embedder)
+    session, messages = await sync_to_async(conversation)()
+    question = await sync_to_async(message_make)(session, "user", "Has order ZX-88213 shipped yet?")
+
+    found = await recall.recall_search(session_id=session.pk, user_message_id=question.pk, boundary=None)
+    assert embedder.calls == 0 and found.model is None
+    assert found.notes == ["nothing of this owner is embedded yet: lexical only"]
+
+    await runner(HashEmbedder()).run_now(str(session.pk))  # indexes and embeds with the same model
+    recall_cache_clear()
+    found = await recall.recall_search(session_id=session.pk, user_message_id=question.pk, boundary=messages[-1].pk)
+    assert embedder.calls == 1
+    if kind == "works":
+        assert found.model == "hash" and found.notes == []
+        assert any(candidate.cosine is not None for candidate in found.candidates)
+    else:
+        assert found.model is None and len(found.notes) == 1 and found.notes[0].endswith("lexical only")
+        assert ("failed" if kind == "fails" else "took over 100 ms") in found.notes[0]
+        assert found.candidates, "full-text search still finds the order"

@@ -276,8 +276,8 @@ def test_workers_racing_to_close_an_interrupted_turn_close_it_once(alice, settin
         (
             "How much storage does the Free plan include?",
             (
-                "From the knowledge base (Free plan): “It includes 5 GB of storage, up to 3 devices and 30 days of "
-                "version history.”"
+                "From the knowledge base (Kestrel Sync plans and pricing › Free plan): “It includes 5 GB of storage, "
+                "up to 3 devices and 30 days of version history.”"
             ),
         ),
         (

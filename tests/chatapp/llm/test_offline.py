@@ -421,7 +421,8 @@ async def test_quick_answer_quotes_the_passage_that_answers_a_question_full_of_f
     text = text_of(await collect(messages))
 
     assert text == (
-        "From the knowledge base (Free plan): “It includes 5 GB of storage, up to 3 devices and 30 days of version history.”"
+        "From the knowledge base (Kestrel Sync plans and pricing › Free plan): “It includes 5 GB of storage, up to 3 "
+        "devices and 30 days of version history.”"
     )
 
 
@@ -430,7 +431,9 @@ async def test_a_passage_is_found_through_its_heading_and_plural_forms() -> None
 
     text = text_of(await collect(messages))
 
-    assert text.startswith("From the knowledge base (Error KS-207: conflicting copy): “KS-207 appears when")
+    assert text.startswith(
+        "From the knowledge base (Kestrel Sync troubleshooting › Error KS-207: conflicting copy): “KS-207 appears when"
+    )
 
 
 @pytest.mark.parametrize("passages", [(), (PRICING,)])

@@ -80,6 +80,8 @@ RECALL = {
 }
 
 # (event, the JSON object sent before the protocol was typed: keys in wire order)
+CALIBRATION = {"factor": 1.2, "window_tokens": 1706, "enabled": True, "offline": False}
+
 WIRE: list[tuple[ServerEvent, dict[str, Any]]] = [
     (
         ChatAckEvent(client_message_id="c-1", message_id=11, duplicate=False, pending=True),
@@ -156,6 +158,7 @@ WIRE: list[tuple[ServerEvent, dict[str, Any]]] = [
             waited_ms=120,
             facts={"pinned": [4], "in_window": [], "over_budget": [], "tokens": 21},
             recall=RECALL,
+            calibration=CALIBRATION,
         ),
         {
             "type": "memory.context",
@@ -176,6 +179,7 @@ WIRE: list[tuple[ServerEvent, dict[str, Any]]] = [
             "waited_ms": 120,
             "facts": {"pinned": [4], "in_window": [], "over_budget": [], "tokens": 21},
             "recall": RECALL,
+            "calibration": CALIBRATION,
         },
     ),
     (

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.urls import reverse
 
 from chatapp.conversation.compress import session_memory_compress
 from chatapp.conversation.runner import chat_turn_run
 from chatapp.models import ChatSession, Message, ModelCall
-from chatapp.ui.inspector import MarkBasis, inspector_state_get, messages_text
+from chatapp.ui.inspector import MarkBasis, error_text, inspector_state_get, messages_text
 from tests.chatapp.conftest import Visitor, chat_session_make, message_make
 
 pytestmark = [
@@ -65,6 +66,48 @@ def test_a_failing_summarizer_shows_as_raw_archive_with_every_attempt(alice: Vis
     assert [(a["phase"], a["number"], a["ok"]) for a in event.attempts] == [("primary", n, False) for n in (1, 2, 3)]
     (version,) = state.summary.versions
     assert version.version == 1 and version.result_label == "raw archive" and "- User: Fact 0" in version.content
+    # The stored error names the engine twice (ours, then the engine's own message): shown once.
+    assert "HTTP 500: offline engine: " in event.attempts[0]["error"]
+    (error,) = event.attempt_log.errors
+    assert error.count == 3
+    assert error.text == event.attempts[0]["error"].replace("HTTP 500: offline engine: ", "HTTP 500: ")
+
+
+def test_an_error_names_the_engine_once():
+    assert error_text("The offline engine failed with HTTP 500: offline engine: injected outage.") == (
+        "The offline engine failed with HTTP 500: injected outage."
+    )
+    assert error_text("LLMError: The offline engine reported an error: Offline engine: busy.") == (
+        "LLMError: The offline engine reported an error: busy."
+    )
+    for unchanged in (
+        "The model endpoint at http://127.0.0.1:9/v1 failed with HTTP 500: model crashed.",
+        "The offline engine did not answer within 5 s.",
+        "The offline engine failed with HTTP 500: the engine: no route.",
+        "",
+    ):
+        assert error_text(unchanged) == unchanged
+
+
+def test_compress_now_is_offered_only_when_there_is_something_to_fold(alice: Visitor):
+    session = chat_session_make(alice.owner, mode=ChatSession.Mode.QUICK_ANSWER)
+    page = reverse("session-detail", kwargs={"session_id": session.pk})
+
+    def offered() -> bool:
+        state = inspector_state_get(session_id=session.pk).can_compress
+        html = alice.client.get(page).content.decode()
+        assert ('id="compress-now" aria-describedby="compress-hint" disabled' in html) is not state
+        return state
+
+    assert not offered()  # an empty chat
+    first = message_make(session, "user", "Fact 0: locker 0 is 1000.")
+    assert not offered()  # nothing before the newest question
+    message_make(session, "assistant", "Noted.", reply_to=first)
+    assert not offered()
+    message_make(session, "user", "Which code has locker 0?")
+    assert offered()
+    async_to_sync(session_memory_compress)(session_id=session.pk)
+    assert not offered()  # all folded: nothing left before the newest question
 
 
 def test_each_summary_version_says_what_it_folded_in_and_how_the_summary_grew(alice: Visitor):

@@ -42,3 +42,18 @@ def test_code_blocks_keep_their_lines_and_are_escaped():
 
 def test_empty_text_is_empty():
     assert markdown_render(None) == "" and markdown_render("") == ""
+
+
+@pytest.mark.parametrize(
+    ("source", "shown"),
+    [
+        ("Calculate 2*3*4", "<p>Calculate 2*3*4</p>"),
+        ("The calculator says 2*3*4 = 24.", "<p>The calculator says 2*3*4 = 24.</p>"),
+        ("What is 3 * 3?", "<p>What is 3 * 3?</p>"),
+        ("*emphasis* stays, 2*3 too", "<p><em>emphasis</em> stays, 2*3 too</p>"),
+        ("`2*3*4`", "<p><code>2*3*4</code></p>"),
+    ],
+)
+def test_arithmetic_is_shown_as_written_not_as_emphasis(source: str, shown: str):
+    # A newcomer's "Calculate 2*3*4" was shown as "Calculate 234", and the reply "2*3*4 = 24" as "234 = 24".
+    assert markdown_render(source) == shown

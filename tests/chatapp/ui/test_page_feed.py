@@ -21,11 +21,12 @@ from chatapp.realtime.protocol import (
     ChatDeltaEvent,
     ChatDoneEvent,
     ChatMessageEvent,
+    ChatTurnEvent,
     ErrorEvent,
     MemoryContextEvent,
     MemorySummaryEvent,
 )
-from chatapp.ui.page_feed import PageFeed, partial_render
+from chatapp.ui.page_feed import PageFeed, compression_sentence, partial_render
 from memory import services as memory_services
 from memory.api import Summary
 from tests.chatapp.conftest import (
@@ -246,6 +247,26 @@ def test_the_feed_sends_only_the_marks_that_changed(alice: Visitor):
     assert re.findall(r'id="mark-(\d+)" class="mark" data-mark="summarized"', html) == [str(ids[0]), str(ids[1])]
     assert 'data-summary-version="1"' in html and "raw archive" in html
     assert feed.render(summary_event).count('class="mark"') == 0
+
+
+def test_a_new_turn_clears_the_last_announcement(alice: Visitor):
+    session = chat_session_make(alice.owner)
+    user = message_make(session, "user", "Hello?")
+    feed = PageFeed(session_id=session.pk)
+    feed.snapshot()
+    frame = feed.render(ChatTurnEvent(turn_id=user.pk, status="started", mode="agent"))
+    assert '<p id="announce" class="announce" role="status" hx-swap-oob="true"></p>' in frame
+
+
+def test_a_degraded_compression_is_announced_as_archived_not_summarized():
+    event = {"kind": "compression", "tokens_before": 1029, "tokens_after": 772, "messages_summarized": 8}
+    assert compression_sentence({**event, "degraded": True}) == (
+        "Memory compressed: 8 messages archived verbatim (raw archive: the summarizer failed); "
+        "request 1,029 → 772 tokens."
+    )
+    assert compression_sentence({**event, "degraded": False, "result_type": "llm"}) == (
+        "Memory compressed: 8 messages folded into the summary (LLM summary); request 1,029 → 772 tokens."
+    )
 
 
 def test_f37_an_app_written_reply_is_marked_not_sent_and_keeps_that_mark(alice: Visitor):

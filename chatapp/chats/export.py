@@ -1,0 +1,487 @@
+"""Export of one chat session with its memory, as Markdown or as JSON (docs/export.md).
+
+What is exported: the session (title, mode, times), every message with its role, content,
+``tool_calls``, ``tool_call_id``, status, origin and time, the current summary and every version
+of it, every key fact (active, superseded and hidden), every compression event with its
+summarizer attempts, and the memory job's state. JSON is the complete, machine-readable form
+(its shape is documented in docs/export.md); Markdown is the same content for reading.
+
+Memory stays bounded whatever the chat's length: the head (session, current summary, memory job,
+key facts) is read once, then messages and compression events are read in pages of
+:data:`EXPORT_PAGE_SIZE` rows, and each page is rendered and handed to the response before the next
+is read (:func:`chat_export_stream` is an async iterator for a ``StreamingHttpResponse``). The
+export is a snapshot bounded above: messages and compression events up to the newest ids that
+exist when it starts (``as_of``), so a turn running meanwhile does not make it grow. A chat
+deleted while it streams ends its lists early; the document stays well-formed.
+
+The session is the caller's responsibility: views fetch it through
+:func:`chatapp.chats.access.session_get_for_owner` (404 for anyone but its owner).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.utils import timezone
+from django.utils.text import slugify
+
+from chatapp.chats.selectors import message_last_id, message_list_between
+from chatapp.models import ChatSession, Message
+from memory.api import (
+    CompressionEvent,
+    KeyFact,
+    compression_event_list,
+    compression_event_list_after,
+    key_fact_list,
+    memory_job_state_get,
+    session_summary_get,
+)
+
+# The JSON document's "format" and "version" (docs/export.md): a reader checks both.
+EXPORT_FORMAT_NAME = "kestrel-chat-export"
+EXPORT_FORMAT_VERSION = 1
+# Rows (messages or compression events) read, rendered and sent at a time.
+EXPORT_PAGE_SIZE = 200
+# Longest title part of a download's file name (characters, after slugify).
+FILENAME_TITLE_CHARS = 60
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """One download format: ``key`` as in the URL (``md``, ``json``), the file ``extension``,
+    the response's ``content_type`` and a ``label`` for people."""
+
+    key: str
+    extension: str
+    content_type: str
+    label: str
+
+
+EXPORT_FORMATS: dict[str, ExportFormat] = {
+    "md": ExportFormat("md", "md", "text/markdown; charset=utf-8", "Markdown"),
+    "json": ExportFormat("json", "json", "application/json; charset=utf-8", "JSON"),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportHead:
+    """What an export reads once, before its pages (JSON-safe values, times as ISO 8601).
+
+    ``session``: ``{"id", "title", "mode", "created", "updated"}``; ``as_of``:
+    ``{"last_message_id", "last_compression_event_id"}`` (None when there is none), the upper
+    bounds of the pages; ``summary``: the current summary; ``memory_job``: the memory job's
+    state; ``key_facts``: every key fact, oldest first, each with its ``state``."""
+
+    exported_at: str
+    session: dict[str, Any]
+    as_of: dict[str, int | None]
+    summary: dict[str, Any]
+    memory_job: dict[str, Any]
+    key_facts: list[dict[str, Any]]
+
+
+def chat_export_head_get(*, session: ChatSession) -> ExportHead:
+    """The head of ``session``'s export (no access check: callers authorize). Six queries."""
+    memory_key = ChatSession.memory_key_for(session.pk)
+    newest_events = compression_event_list(memory_key=memory_key, limit=1)
+    summary = session_summary_get(memory_key=memory_key)
+    job = memory_job_state_get(memory_key=memory_key).as_dict()
+    job.pop("lease_owner", None)  # a worker's name: the server's business, not the chat's
+    return ExportHead(
+        exported_at=timezone.now().isoformat(),
+        session={
+            "id": session.pk,
+            "title": session.title,
+            "mode": session.mode,
+            "created": session.created.isoformat(),
+            "updated": session.updated.isoformat(),
+        },
+        as_of={
+            "last_message_id": message_last_id(session_id=session.pk),
+            "last_compression_event_id": newest_events[0].pk if newest_events else None,
+        },
+        summary={
+            "summary_type": summary.summary_type,
+            "content": summary.content,
+            "boundary": summary.last_message_id,
+            "compressed_count": summary.compressed_count,
+            "version": summary.version,
+        },
+        memory_job=job,
+        key_facts=[key_fact_dict(fact) for fact in key_fact_list(memory_key=memory_key)],
+    )
+
+
+def key_fact_state(fact: KeyFact) -> str:
+    """``superseded`` (a newer fact of its slot retired it), ``hidden`` (the owner hid it) or
+    ``active`` (docs/memory.md §11); a superseded fact the owner had hidden is ``superseded``."""
+    if fact.invalidated_at is not None:
+        return "superseded"
+    return "hidden" if fact.hidden_by_user else "active"
+
+
+def key_fact_dict(fact: KeyFact) -> dict[str, Any]:
+    """A key fact as exported: ``state`` (:func:`key_fact_state`), then its inspector fields."""
+    return {"state": key_fact_state(fact), **fact.as_dict()}
+
+
+def message_dict(message: Message) -> dict[str, Any]:
+    """A message as exported: :meth:`chatapp.models.Message.as_dict` (the socket's form)."""
+    return message.as_dict()
+
+
+def summary_version_dict(event: CompressionEvent) -> dict[str, Any]:
+    """The summary version a ``compression`` event wrote: ``version``, ``summary_type``
+    (``llm``/``raw``), ``boundary`` (the last message id it covers), ``compressed_messages``
+    (messages folded in by that write), ``degraded``, ``created_at``, ``compression_event_id``
+    and ``content`` (the whole text)."""
+    return {
+        "version": event.summary_version,
+        "summary_type": event.result_type,
+        "boundary": event.boundary_after,
+        "compressed_messages": event.messages_summarized,
+        "degraded": event.degraded,
+        "created_at": event.created_at.isoformat() if event.created_at else None,
+        "compression_event_id": event.pk,
+        "content": event.summary_content,
+    }
+
+
+def compression_event_dict(event: CompressionEvent) -> dict[str, Any]:
+    """A compression event as exported: every field of ``CompressionEvent.as_dict`` but
+    ``summary_content`` (a written summary is in ``summary_versions`` under its
+    ``summary_version``; the text of a ``superseded`` event was never stored as the summary)."""
+    data = event.as_dict()
+    data.pop("summary_content", None)
+    return data
+
+
+def chat_export_filename(*, session: ChatSession, export_format: ExportFormat) -> str:
+    """The download's file name: ``chat-<id>-<title slug>.<extension>``, ASCII letters, digits
+    and hyphens only (the title part at most :data:`FILENAME_TITLE_CHARS` characters, left out
+    when nothing of it is ASCII), so it is safe in a ``Content-Disposition`` header and on
+    every file system."""
+    slug = slugify(session.title)[:FILENAME_TITLE_CHARS].strip("-_")
+    stem = f"chat-{session.pk}-{slug}" if slug else f"chat-{session.pk}"
+    return f"{stem}.{export_format.extension}"
+
+
+# ----------------------------------------------------------------------------------------------
+# Streaming
+# ----------------------------------------------------------------------------------------------
+
+
+async def chat_export_stream(
+    *, session: ChatSession, export_format: ExportFormat, page_size: int = EXPORT_PAGE_SIZE
+) -> AsyncIterator[str]:
+    """The export of ``session`` in ``export_format`` as text chunks: the head, then one chunk
+    per page of at most ``page_size`` messages or compression events (see the module's
+    docstring for the memory bound and the snapshot). No access check: callers authorize."""
+    head = await sync_to_async(chat_export_head_get)(session=session)
+    renderer: _JsonRenderer | _MarkdownRenderer
+    renderer = _JsonRenderer(head) if export_format.key == "json" else _MarkdownRenderer(head)
+    yield renderer.start()
+    yield renderer.messages_start()
+    async for page in _pages(_message_page(session.pk, head.as_of["last_message_id"], page_size)):
+        yield renderer.messages([message_dict(message) for message in page])
+    yield renderer.messages_end()
+    for section in ("summary_versions", "compression_events"):
+        yield renderer.events_start(section)
+        pages = _event_page(session.pk, head.as_of["last_compression_event_id"], page_size)
+        async for events in _pages(pages):
+            if section == "summary_versions":
+                versions = [event for event in events if event.kind == CompressionEvent.Kind.COMPRESSION]
+                yield renderer.summary_versions([summary_version_dict(event) for event in versions])
+            else:
+                yield renderer.compression_events([compression_event_dict(event) for event in events])
+        yield renderer.events_end(section)
+    yield renderer.end()
+
+
+# A page reader: the rows after an id (ascending, at most a page), as a thread-run ORM call.
+PageReader = Callable[[int], list[Any]]
+
+
+def _message_page(session_id: int, up_to_id: int | None, size: int) -> PageReader:
+    def read(after_id: int) -> list[Message]:
+        if up_to_id is None:
+            return []
+        return message_list_between(session_id=session_id, after_id=after_id, up_to_id=up_to_id, limit=size)
+
+    return read
+
+
+def _event_page(session_id: int, up_to_id: int | None, size: int) -> PageReader:
+    memory_key = ChatSession.memory_key_for(session_id)
+
+    def read(after_id: int) -> list[CompressionEvent]:
+        if up_to_id is None:
+            return []
+        return compression_event_list_after(memory_key=memory_key, after_id=after_id, up_to_id=up_to_id, limit=size)
+
+    return read
+
+
+async def _pages(read: PageReader) -> AsyncIterator[list[Any]]:
+    """Every non-empty page ``read`` returns, each read after the previous page's last id."""
+    after_id = 0
+    while True:
+        page = await sync_to_async(read)(after_id)
+        if not page:
+            return
+        yield page
+        after_id = page[-1].pk
+
+
+# ----------------------------------------------------------------------------------------------
+# JSON: one object; its lists are written one element per line as their pages arrive.
+# ----------------------------------------------------------------------------------------------
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+class _JsonRenderer:
+    """The JSON document of docs/export.md, in pieces."""
+
+    def __init__(self, head: ExportHead) -> None:
+        self.head = head
+        self.first = True
+
+    def _items(self, items: Iterable[dict[str, Any]]) -> str:
+        parts: list[str] = []
+        for item in items:
+            parts.append(("\n" if self.first else ",\n") + _json(item))
+            self.first = False
+        return "".join(parts)
+
+    def start(self) -> str:
+        head = self.head
+        fields = {
+            "format": EXPORT_FORMAT_NAME,
+            "version": EXPORT_FORMAT_VERSION,
+            "exported_at": head.exported_at,
+            "session": head.session,
+            "as_of": head.as_of,
+            "summary": head.summary,
+            "memory_job": head.memory_job,
+        }
+        lines = [f"{_json(name)}:{_json(value)}" for name, value in fields.items()]
+        facts = ",\n".join(_json(fact) for fact in head.key_facts)
+        lines.append('"key_facts":[' + ("\n" + facts if facts else "") + "\n]")
+        return "{\n" + ",\n".join(lines)
+
+    def messages_start(self) -> str:
+        self.first = True
+        return ',\n"messages":['
+
+    def messages(self, items: list[dict[str, Any]]) -> str:
+        return self._items(items)
+
+    def messages_end(self) -> str:
+        return "\n]"
+
+    def events_start(self, section: str) -> str:
+        self.first = True
+        return f",\n{_json(section)}:["
+
+    def summary_versions(self, items: list[dict[str, Any]]) -> str:
+        return self._items(items)
+
+    def compression_events(self, items: list[dict[str, Any]]) -> str:
+        return self._items(items)
+
+    def events_end(self, section: str) -> str:
+        return "\n]"
+
+    def end(self) -> str:
+        return "\n}\n"
+
+
+# ----------------------------------------------------------------------------------------------
+# Markdown: the same content for reading.
+# ----------------------------------------------------------------------------------------------
+
+ROLE_LABELS = {"user": "User", "assistant": "Assistant", "tool": "Tool", "system": "System"}
+FACT_STATE_ORDER = ("active", "hidden", "superseded")
+
+
+def fenced(text: str, info: str = "") -> str:
+    """``text`` verbatim in a fenced code block whose fence is longer than any run of backticks
+    in it (so no content can close it early)."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{info}\n{text}\n{fence}\n"
+
+
+def quoted(text: str) -> str:
+    """``text`` as a Markdown block quote (every line prefixed), so its own headings and lists
+    stay inside the message instead of breaking the document's outline."""
+    return "\n".join(f"> {line}" if line else ">" for line in text.splitlines() or [""]) + "\n"
+
+
+def inline(text: str) -> str:
+    """``text`` on one line as a code span, backticks inside it kept verbatim."""
+    flat = " ".join(str(text).split())
+    longest = max((len(run) for run in re.findall(r"`+", flat)), default=0)
+    ticks = "`" * (longest + 1)
+    pad = " " if flat.startswith("`") or flat.endswith("`") or not flat else ""
+    return f"{ticks}{pad}{flat}{pad}{ticks}"
+
+
+def _count(number: int, noun: str) -> str:
+    """``1 message``, ``2 messages``."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def _when(value: str | None) -> str:
+    """An ISO 8601 time as ``2026-12-01 10:00:00 UTC`` (``—`` for None)."""
+    if not value:
+        return "—"
+    moment = datetime.fromisoformat(value)
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+class _MarkdownRenderer:
+    """The Markdown document: title and metadata, key facts, the current summary, the messages,
+    the summary versions, the compression events and the memory job."""
+
+    def __init__(self, head: ExportHead) -> None:
+        self.head = head
+        self.any_item = False
+
+    def start(self) -> str:
+        head = self.head
+        session, summary = head.session, head.summary
+        title = " ".join(session["title"].split()) or f"Chat {session['id']}"
+        parts = [
+            f"# {title}\n",
+            f"- Chat: {session['id']} · mode {session['mode']} · created {_when(session['created'])}",
+            f"- Exported: {_when(head.exported_at)}, messages up to #{head.as_of['last_message_id'] or '—'}",
+            f"- Format: {EXPORT_FORMAT_NAME} version {EXPORT_FORMAT_VERSION} (the JSON export holds every field)\n",
+            "## Key facts\n",
+        ]
+        if not head.key_facts:
+            parts.append("No key facts.\n")
+        for state in FACT_STATE_ORDER:
+            facts = [fact for fact in head.key_facts if fact["state"] == state]
+            if facts:
+                parts.append(f"### {state.capitalize()} ({len(facts)})\n")
+                parts.extend(self._fact(fact) for fact in facts)
+                parts.append("")
+        parts.append("## Current summary\n")
+        if summary["version"]:
+            parts.append(
+                f"Version {summary['version']} · {summary['summary_type']} · covers messages up to "
+                f"#{summary['boundary']} · {_count(summary['compressed_count'], 'message')} compressed\n"
+            )
+            parts.append(fenced(summary["content"], "text"))
+        else:
+            parts.append("No summary yet: nothing was compressed.\n")
+        return "\n".join(parts) + "\n"
+
+    @staticmethod
+    def _fact(fact: dict[str, Any]) -> str:
+        source = f"message #{fact['source_message_id']}" if fact["source_message_id"] else "no message"
+        flags = [flag for flag, on in (("pinned", fact["pinned_by_user"]), ("hidden", fact["hidden_by_user"])) if on]
+        extra = f" ({', '.join(flags)})" if flags else ""
+        text = f" — {' '.join(fact['text'].split())}" if fact["text"] else ""
+        return (
+            f"- {inline(fact['key'])} = {inline(fact['value'])} · {fact['kind']} · from {source}, "
+            f"{fact['extractor']}{extra}{text}"
+        )
+
+    def messages_start(self) -> str:
+        self.any_item = False
+        return "## Messages\n\n"
+
+    def messages(self, items: list[dict[str, Any]]) -> str:
+        self.any_item = self.any_item or bool(items)
+        return "".join(self._message(message) for message in items)
+
+    @staticmethod
+    def _message(message: dict[str, Any]) -> str:
+        role = ROLE_LABELS.get(message["role"], message["role"])
+        if message["role"] == "tool":
+            role = f"Tool {inline(message['name'] or 'result')} answering {inline(message['tool_call_id'])}"
+        notes = []
+        if message["status"] != "complete":
+            notes.append(message["status"])
+        if message["origin"] == "app":
+            notes.append("written by the app, never sent to the model")
+        note = f" ({'; '.join(notes)})" if notes else ""
+        parts = [f"### #{message['id']} · {role} · {_when(message['created'])}{note}\n"]
+        content = message["content"]
+        if message["role"] == "tool":
+            parts.append(fenced(content or "", "text"))
+        elif content:
+            parts.append(quoted(content))
+        for call in message["tool_calls"] or []:
+            function = call.get("function") or {}
+            parts.append(f"Tool call {inline(function.get('name', '?'))}, id {inline(call.get('id', '?'))}:\n")
+            parts.append(fenced(str(function.get("arguments", "")), "json"))
+        if not content and not message["tool_calls"]:
+            parts.append("_(no text)_\n")
+        return "\n".join(parts) + "\n"
+
+    def messages_end(self) -> str:
+        return "" if self.any_item else "No messages.\n\n"
+
+    def events_start(self, section: str) -> str:
+        self.any_item = False
+        return "## Summary versions\n\n" if section == "summary_versions" else "## Compression events\n\n"
+
+    def summary_versions(self, items: list[dict[str, Any]]) -> str:
+        self.any_item = self.any_item or bool(items)
+        parts = []
+        for version in items:
+            degraded = " (degraded)" if version["degraded"] else ""
+            parts.append(
+                f"### Version {version['version']} · {version['summary_type']}{degraded} · "
+                f"{_when(version['created_at'])}\n\n"
+                f"Covers messages up to #{version['boundary']}; {_count(version['compressed_messages'], 'message')} "
+                f"folded in (compression event {version['compression_event_id']}).\n\n"
+                + fenced(version["content"], "text")
+                + "\n"
+            )
+        return "".join(parts)
+
+    def compression_events(self, items: list[dict[str, Any]]) -> str:
+        self.any_item = self.any_item or bool(items)
+        parts = []
+        for event in items:
+            attempts = event["attempts"] or []
+            failed = sum(1 for attempt in attempts if not attempt.get("ok"))
+            version = f", wrote version {event['summary_version']}" if event["summary_version"] else ""
+            parts.append(
+                f"- {_when(event['created_at'])} · event {event['id']} · {event['kind']} ({event['origin']}) · "
+                f"{event['tokens_before']} → {event['tokens_after']} tokens (trigger {event['trigger_tokens']}, "
+                f"target {event['target_tokens']}) · {_count(event['messages_summarized'], 'message')} summarized · "
+                f"result {event['result_type']}{' (degraded)' if event['degraded'] else ''}{version} · "
+                f"{_count(len(attempts), 'attempt')}, {failed} failed · {event['duration_ms']} ms\n"
+            )
+            for attempt in attempts:
+                outcome = "ok" if attempt.get("ok") else f"failed: {' '.join(str(attempt.get('error', '')).split())}"
+                parts.append(
+                    f"  - {attempt.get('phase', '?')} attempt {attempt.get('number', '?')} "
+                    f"({attempt.get('model', '?')}, {attempt.get('latency_ms', '?')} ms): {outcome}\n"
+                )
+            parts.extend(f"  - note: {' '.join(str(note).split())}\n" for note in event["notes"] or [])
+        return "".join(parts)
+
+    def events_end(self, section: str) -> str:
+        if self.any_item:
+            return "\n" if section == "compression_events" else ""
+        return "No summary versions.\n\n" if section == "summary_versions" else "No compression events.\n\n"
+
+    def end(self) -> str:
+        job = self.head.memory_job
+        error = f" · last error: {' '.join(job['last_error'].split())}" if job.get("last_error") else ""
+        return f"## Memory job\n\nStatus {job.get('status', '?')} · {_count(job.get('runs', 0), 'run')}{error}\n"

@@ -1,0 +1,226 @@
+"""The demo walk-through (docs/demo.md): a scripted conversation that shows memory at work.
+
+:func:`demo_start` runs :data:`DEMO_SCRIPT` in one of the visitor's chats as a background task of
+this process: each step stores a user message exactly as the composer would
+(:func:`chatapp.conversation.leases.user_message_submit`), runs its turn through the real turn
+runner (:func:`chatapp.conversation.runner.chat_turn_start`, so it streams to the page like any
+turn and queues behind the visitor's own), waits for the session's memory job (pre-compression,
+key-fact extraction, indexing: docs/memory.md §10), then pauses. The offline engine answers; for
+this chat only (:mod:`chatapp.llm.offline.faults`) it thinks a moment before each reply, and
+during :data:`OUTAGE_STEPS` every summarizer request fails with an injected outage, so the
+degradation chain ends in the raw archive (docs/memory.md §4) and the next compression after it
+recovers.
+
+Timing: ``DEMO_SECONDS`` (settings) is spread over the steps, :data:`THINKING_SHARE` of each
+step's share as the engine's thinking time (the Stop button stops that turn, and with it the
+demo), the rest as a pause after the memory job. Ending: the demo stops after its last step,
+when a turn ends ``stopped`` (the visitor pressed Stop), or when the chat is deleted (its turn
+raises :class:`chatapp.conversation.runner.ChatSessionDeleted`, or the chat is gone before the
+next step). At most one demo runs per chat in a process (:func:`demo_start` refuses a second),
+and its user messages carry the client ids ``demo-<step>``, so a step is stored once per chat
+even if a demo were started again on the same chat elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+from dataclasses import dataclass, field
+from typing import Literal
+
+from django.conf import settings
+
+from chatapp.chats import selectors
+from chatapp.conversation.leases import user_message_submit
+from chatapp.conversation.memory_jobs import memory_job_runner
+from chatapp.conversation.runner import ChatSessionDeleted, chat_turn_start
+from chatapp.llm.offline.faults import OfflineOverrides, offline_overrides
+from chatapp.models import ChatSession, Message
+from chatapp.orm_threads import orm_async
+
+logger = logging.getLogger(__name__)
+
+DEMO_TITLE = "Demo: memory walk-through"
+# The demo chat's mode: agent, so the knowledge-base searches show as tool calls.
+DEMO_MODE = ChatSession.Mode.AGENT
+# Share of a step's time (DEMO_SECONDS / steps) the offline engine thinks before replying.
+THINKING_SHARE = 0.6
+# Longest wait, in seconds, for the session's memory job after a step; past it the demo goes on.
+JOB_WAIT_SECONDS = 30.0
+# Client message ids of the demo's user messages: "demo-1", "demo-2" ...
+CLIENT_ID_PREFIX = "demo-"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoStep:
+    """One step of the walk-through: the user message ``text`` and what it shows (``shows``, for
+    docs/demo.md and the logs)."""
+
+    text: str
+    shows: str
+
+
+DEMO_SCRIPT: tuple[DemoStep, ...] = (
+    DemoStep(text="Hi! My name is Ada Byron and my account id is ACC-7731.", shows="a name and an identifier"),
+    DemoStep(text="I was charged 240 euros twice on my March invoice.", shows="an amount"),
+    DemoStep(text="My Team plan renews on 14 March 2027.", shows="a date"),
+    DemoStep(text="I prefer email over phone calls, please.", shows="a preference"),
+    DemoStep(text="My shipping address is 12 Elm Road, Leeds.", shows="an address (corrected later)"),
+    DemoStep(
+        text="My old laptop is a ThinkPad called Falcon and it keeps the tax folder in sync.",
+        shows="a detail recalled at the end",
+    ),
+    DemoStep(text="Search the knowledge base for API rate limits.", shows="a knowledge-base search"),
+    DemoStep(text="What does the knowledge base say about encryption at rest?", shows="a knowledge-base search"),
+    DemoStep(text="Calculate 240 * 2", shows="the calculator tool"),
+    DemoStep(text="Search the knowledge base for deleted files in the trash.", shows="compression"),
+    DemoStep(text="What does the knowledge base say about the Team plan price?", shows="compression"),
+    DemoStep(text="Search the knowledge base for two-factor authentication.", shows="the summarizer outage"),
+    DemoStep(text="Search the knowledge base for the conflicting copy error.", shows="the summarizer outage"),
+    DemoStep(text="Search the knowledge base for refunds of a yearly payment.", shows="recovery"),
+    DemoStep(text="My new shipping address is 48 Birch Lane, York.", shows="a correction that supersedes a fact"),
+    DemoStep(text="What does the knowledge base say about the largest file size?", shows="compression"),
+    DemoStep(text="Search the knowledge base for single sign-on.", shows="compression"),
+    DemoStep(text="What is my account id?", shows="a key fact answered after compression"),
+    DemoStep(text="What is my shipping address?", shows="the corrected value"),
+    DemoStep(text="Which laptop keeps the tax folder in sync?", shows="a recalled message"),
+)
+# Steps (1-based) during which every summarizer request of the demo chat fails.
+OUTAGE_STEPS = frozenset({12, 13})
+OUTAGE_TEXT = "injected summarizer outage (demo walk-through, step {step})"
+
+
+DemoStatus = Literal["complete", "stopped", "deleted"]
+
+
+@dataclass(kw_only=True)
+class DemoOutcome:
+    """How a walk-through ended: ``status`` ``complete`` (every step ran), ``stopped`` (a turn
+    was stopped) or ``deleted`` (the chat was deleted); ``steps``: the steps whose turn ran, in
+    order (1-based); ``replies``: the id of each step's final reply."""
+
+    status: DemoStatus = "complete"
+    steps: list[int] = field(default_factory=list)
+    replies: list[int] = field(default_factory=list)
+
+
+def demo_step_seconds() -> tuple[float, float]:
+    """``(thinking, pause)`` of one step in seconds: ``DEMO_SECONDS`` spread over the steps of
+    :data:`DEMO_SCRIPT`, :data:`THINKING_SHARE` of it thinking."""
+    share = settings.DEMO_SECONDS / len(DEMO_SCRIPT)
+    return share * THINKING_SHARE, share * (1 - THINKING_SHARE)
+
+
+async def demo_run(*, session_id: int, script: tuple[DemoStep, ...] = DEMO_SCRIPT) -> DemoOutcome:
+    """Walk chat session ``session_id`` through ``script`` (see the module docstring); returns
+    how it ended. A step whose user message is already stored in the chat (its client id
+    ``demo-<step>``: a demo started on the same chat by another worker) is skipped. Raises only
+    what storing a user message raises when the database fails, and for cancellation of the
+    calling task."""
+    thinking, pause = demo_step_seconds()
+    memory_key = ChatSession.memory_key_for(session_id)
+    outcome = DemoOutcome()
+    for number, step in enumerate(script, 1):
+        try:
+            session = await orm_async(selectors.chat_session_get)(session_id=session_id)
+        except ChatSession.DoesNotExist:
+            outcome.status = "deleted"
+            break
+        outage = OUTAGE_TEXT.format(step=number) if number in OUTAGE_STEPS else ""
+        logger.info("demo of chat session %s, step %s: %s", session_id, number, step.shows)
+        with offline_overrides(OfflineOverrides(chat_delay_seconds=thinking, summary_outage=outage)):
+            try:
+                message, created = await orm_async(user_message_submit)(
+                    session=session, client_message_id=f"{CLIENT_ID_PREFIX}{number}", text=step.text
+                )
+            except Exception:
+                # Deleted since it was loaded (the message's foreign key fails): not an error.
+                if await orm_async(selectors.chat_session_exists)(session_id=session_id):
+                    raise
+                outcome.status = "deleted"
+                break
+            if not created:
+                continue  # another run of the demo in this chat stored (and answers) this step
+            try:
+                reply = await chat_turn_start(session_id=session_id, user_message_id=message.pk, lease_fresh=True)
+            except ChatSessionDeleted:
+                outcome.status = "deleted"
+                break
+            outcome.steps.append(number)
+            outcome.replies.append(reply.pk)
+            if reply.status == Message.Status.STOPPED:
+                outcome.status = "stopped"
+                break
+            await _memory_job_run(memory_key, number)
+        if pause > 0 and number < len(script):
+            await asyncio.sleep(pause)
+    logger.info("demo of chat session %s ended (%s) after %s steps", session_id, outcome.status, len(outcome.steps))
+    return outcome
+
+
+async def _memory_job_run(memory_key: str, number: int) -> None:
+    """Run the session's memory job to completion now, in this context (so an outage of this
+    step holds for its summarizer requests), waiting at most :data:`JOB_WAIT_SECONDS`; a job
+    that takes longer goes on in the background. Never raises but for cancellation."""
+    job = asyncio.ensure_future(memory_job_runner().run_now(memory_key))
+    done, _ = await asyncio.wait({job}, timeout=JOB_WAIT_SECONDS)
+    if not done:
+        logger.warning("demo of %s: the memory job outlasted step %s", memory_key, number)
+    elif job.exception() is not None:
+        logger.error("demo of %s: the memory job of step %s failed", memory_key, number, exc_info=job.exception())
+
+
+# The demos running in this process, by chat session id (held so the loop cannot collect them).
+_demos: dict[int, asyncio.Task[DemoOutcome]] = {}
+
+
+def demo_start(*, session_id: int) -> asyncio.Task[DemoOutcome] | None:
+    """Start :func:`demo_run` on chat session ``session_id`` as a background task of the running
+    event loop, in a context of its own, and return the task; None (nothing started) when a
+    demo of that chat already runs in this process."""
+    running = _demos.get(session_id)
+    if running is not None and not running.done():
+        return None
+    # A fresh context: nothing of the caller's (an HTTP request's thread-sensitive context ends
+    # with its response) reaches the demo's turns and jobs.
+    task = asyncio.get_running_loop().create_task(
+        demo_run(session_id=session_id), name=f"demo:{session_id}", context=contextvars.Context()
+    )
+    _demos[session_id] = task
+    task.add_done_callback(lambda done: _demo_done(session_id, done))
+    return task
+
+
+def _demo_done(session_id: int, task: asyncio.Task[DemoOutcome]) -> None:
+    if _demos.get(session_id) is task:
+        del _demos[session_id]
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("demo of chat session %s failed", session_id, exc_info=task.exception())
+
+
+def demo_running_sessions() -> frozenset[int]:
+    """Ids of the chat sessions whose demo runs in this process."""
+    return frozenset(session_id for session_id, task in _demos.items() if not task.done())
+
+
+async def demos_cancel() -> int:
+    """Cancel every demo of this process, its running turn with it, and wait until they have
+    ended (tests, shutdown); returns how many were running. A cancelled turn leaves its user
+    message without a reply, closed later as interrupted
+    (:func:`chatapp.conversation.leases.turns_interrupted_close`)."""
+    tasks = [task for task in _demos.values() if not task.done()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return len(tasks)
+
+
+async def demos_wait() -> None:
+    """Wait until every demo of this process has ended (tests, graceful shutdown); bound it with
+    ``asyncio.timeout``."""
+    tasks = [task for task in _demos.values() if not task.done()]
+    if tasks:
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*tasks, return_exceptions=True)
