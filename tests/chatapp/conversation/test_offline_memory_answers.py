@@ -141,8 +141,9 @@ async def test_a_question_nothing_answers_gets_an_honest_not_found(alice, mode: 
 
 # The agent answers from its context only when the context covers the question; a passage an
 # earlier search brought in that shares a word or two with a new question is no answer to it.
-# (question, section, sentence, whether the agent searches: the last is answered by a pricing
-# passage the first search brought in.)
+# (question, section, sentence, whether the agent must search: the last may be answered by a
+# pricing passage an earlier search brought in, which depends on the database's ranking: SQLite's
+# bm25() brings the Free plan in with the Team plan, PostgreSQL's ts_rank_cd does not.)
 PRICING_QUESTIONS = [
     ("What is the Team plan price?", "Team plan", "Team plan price: 12 euros per user per month", True),
     ("How much does the Personal plan cost?", "Personal plan", "Personal plan price: 6 euros per month", True),
@@ -163,7 +164,7 @@ async def test_pricing_questions_after_a_question_on_deleted_files_get_the_prici
             f"From the knowledge base (Kestrel Sync plans and pricing › {section}): “{sentence}"
         ), (text, reply.content)
         stored = await after(question)
-        if mode == ChatSession.Mode.AGENT and searches:
+        if mode == ChatSession.Mode.AGENT and (searches or len(stored) > 1):
             call, result, final = stored
             (tool_call,) = call.tool_calls or []
             assert result.role == "tool" and result.tool_call_id == tool_call["id"]
