@@ -122,7 +122,10 @@ async def demo_run(*, session_id: int, script: tuple[DemoStep, ...] = DEMO_SCRIP
     thinking, pause = demo_step_seconds()
     memory_key = ChatSession.memory_key_for(session_id)
     outcome = DemoOutcome()
+    _cancelled.discard(session_id)
     for number, step in enumerate(script, 1):
+        if session_id in _cancelled:
+            raise asyncio.CancelledError
         try:
             session = await orm_async(selectors.chat_session_get)(session_id=session_id)
         except ChatSession.DoesNotExist:
@@ -174,6 +177,8 @@ async def _memory_job_run(memory_key: str, number: int) -> None:
 
 # The demos running in this process, by chat session id (held so the loop cannot collect them).
 _demos: dict[int, asyncio.Task[DemoOutcome]] = {}
+# Chat sessions whose demo demos_cancel asked to end.
+_cancelled: set[int] = set()
 
 
 def demo_start(*, session_id: int) -> asyncio.Task[DemoOutcome] | None:
@@ -211,9 +216,14 @@ async def demos_cancel() -> int:
     message without a reply, closed later as interrupted
     (:func:`chatapp.conversation.leases.turns_interrupted_close`)."""
     tasks = [task for task in _demos.values() if not task.done()]
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    _cancelled.update(session_id for session_id, task in _demos.items() if not task.done())
+    # A cancellation that reaches a turn while it streams is taken as a stop, and a task awaiting
+    # a task that swallowed its cancellation gets the result, not the cancellation: so cancel
+    # again until every demo has ended (demo_run also checks _cancelled before each step).
+    while pending := [task for task in tasks if not task.done()]:
+        for task in pending:
+            task.cancel()
+        await asyncio.wait(pending, timeout=0.5)
     return len(tasks)
 
 
