@@ -374,6 +374,9 @@ MEMORY_FACTS_EXTRACTION = env_bool("MEMORY_FACTS_EXTRACTION", True)
 # query's embedding gets MEMORY_RECALL_DEADLINE_MS (then lexical only); "owner" recalls from all
 # of the owner's chats, "chat" from this chat only.
 MEMORY_RECALL_SHARE = env_float("MEMORY_RECALL_SHARE", 0.25, minimum=0.0, maximum=0.6)
+# A request under the trigger lets the recall block grow past its share into the room it leaves
+# under the trigger (admitted items only; it never makes a request cross the trigger).
+MEMORY_RECALL_FILL = env_bool("MEMORY_RECALL_FILL", True)
 MEMORY_RECALL_DEADLINE_MS = env_int("MEMORY_RECALL_DEADLINE_MS", 150, minimum=10, maximum=10_000)
 MEMORY_RECALL_SCOPE = env_choice("MEMORY_RECALL_SCOPE", "owner", ("chat", "owner"))
 # Embeddings for recall (docs/memory.md §12): "openai" (an OpenAI-compatible /v1/embeddings endpoint

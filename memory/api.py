@@ -59,6 +59,7 @@ from memory.recall import (
 )
 from memory.services import (
     KeyFactNotFound,
+    LexicalHits,
     OrmJobStore,
     OrmSummaryStore,
     compression_event_list,
@@ -79,6 +80,7 @@ from memory.services import (
     memory_job_state_get,
     recall_cache_clear,
     recall_candidates,
+    recall_lexical_hits,
     recall_term_rarity,
     session_memory_delete,
     session_summary_get,
@@ -176,6 +178,7 @@ __all__ = [
 __all__ += [
     "Embedder",
     "IndexPiece",
+    "LexicalHits",
     "RecallCandidate",
     "RecallInput",
     "RecallItem",
@@ -191,6 +194,7 @@ __all__ += [
     "message_text",
     "recall_cache_clear",
     "recall_candidates",
+    "recall_lexical_hits",
     "recall_report",
     "recall_term_rarity",
 ]

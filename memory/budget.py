@@ -42,7 +42,9 @@ class MemoryBudget:
     at least ``facts_min_tokens`` (default 96, at most a quarter of the target) tokens
     (docs/memory.md §11); a share or maximum of 0 turns the block off. ``recall_share``: the recall block may take this share of the target
     (default 25 %, docs/memory.md §12), reserved only when something was recalled; 0 turns
-    recall off.
+    recall off. ``recall_fill``: a request under the trigger lets the recall block grow past its
+    share into the room left under the trigger, for admitted items that did not fit (default
+    True; docs/memory.md §12, "Budget").
     ``token_factor``: provider tokens per token of our estimate for this model (default 1.0,
     within [0.5, 2.0]; docs/memory.md §5, "Calibration"). The budget treats a request estimated at
     ``E`` tokens as ``E × token_factor``; equivalently the window, trigger, target and request
@@ -67,6 +69,7 @@ class MemoryBudget:
     facts_share: float = 0.08
     facts_min_tokens: int = 96
     recall_share: float = 0.25
+    recall_fill: bool = True
     token_factor: float = 1.0
 
     def __post_init__(self) -> None:

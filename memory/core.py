@@ -260,6 +260,8 @@ def raw_archive_line(message: Message) -> str:
         label = "System"
     else:
         label = "User"
+    if role in ("user", "assistant") and message.get("name"):
+        label = f"{label} ({message['name']})"
     content = " ".join(content.split())
     if len(content) > RAW_ARCHIVE_LINE_CHARS:
         content = content[: RAW_ARCHIVE_LINE_CHARS - 1] + "…"

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
@@ -518,8 +518,52 @@ class MemoryEngine:
             facts=facts,
             recall=recall[1] if recall is not None else None,
         )
+        if recall is not None:
+            plan = self._fill_room(request, summary, plan, increment=increment, facts=facts, recall=recall)
         plan.recall_input = recall[0] if recall is not None else None
         return plan
+
+    def _fill_room(
+        self,
+        request: ContextRequest,
+        summary: Summary,
+        plan: Plan,
+        *,
+        increment: list[Message],
+        facts: Sequence[KeyFact],
+        recall: tuple[RecallInput, RecallResult],
+    ) -> Plan:
+        """``plan`` with a larger recall block when the request is under the trigger and admitted
+        items were left out for the budget (docs/memory.md §12, "Budget"): the block may grow into
+        the room the request leaves under the trigger, so a request after a compression, far below
+        it, carries more of what the question may need, and a request never crosses the trigger
+        because of recall. The wider selection is the same ranking with a larger budget (the
+        items it adds are the next best admitted ones); ``plan`` itself when there is nothing to
+        add, when ``budget.recall_fill`` is off, or when the wider plan would compress."""
+        data, chosen = recall
+        if not self.budget.recall_fill or plan.needs_compression or not chosen.over_budget:
+            return plan
+        room = self.budget.trigger_tokens - (plan.tokens_before - chosen.tokens)
+        if room <= max(chosen.tokens, self.budget.recall_budget_tokens):
+            return plan
+        wider = recall_for(data, budget_tokens=room, counter=self.counter, role=self.budget.summary_role)
+        if wider.tokens <= chosen.tokens:
+            return plan
+        widened = plan_request(
+            system=request.system,
+            summary=summary,
+            increment=increment,
+            budget=self.budget,
+            counter=self.counter,
+            tools=request.tools,
+            mode=request.mode,
+            summarize_below=request.summarize_below,
+            in_flight_yields=request.origin != "job",
+            force=request.force,
+            facts=facts,
+            recall=wider,
+        )
+        return plan if widened.needs_compression else widened
 
     async def _recall(self, request: ContextRequest, boundary: int | None) -> tuple[RecallInput, RecallResult] | None:
         """The request's recall input and selection (docs/memory.md §12), searched once per

@@ -182,7 +182,9 @@ def split_for_index(
     ``message``: a stored message as a dict with ``role``, ``content`` (str, content parts or
     None) and, for a tool result, ``name``; ``call``: for a tool result, the assistant's tool call
     it answers (``{"function": {"name", "arguments"}}``). A user or assistant message gives its
-    text; a tool result gives ``name(arguments) -> result`` (arguments cut to
+    text, or ``name: text`` when the message names its speaker (OpenAI ``name``, e.g. a replayed
+    conversation between two people: a question about one of them then finds what they said); a
+    tool result gives ``name(arguments) -> result`` (arguments cut to
     :data:`CALL_ARGS_TOKENS` tokens), the header repeated on every piece so each stands alone.
     Other roles (system), and messages without text (an assistant message that only calls tools:
     its calls are indexed with their results), give ``[]``.
@@ -200,6 +202,9 @@ def split_for_index(
     if not text:
         return []
     header = ""
+    speaker = str(message.get("name") or "").strip() if role in ("user", "assistant") else ""
+    if speaker:
+        header = f"{speaker}: "
     if role == "tool":
         named = {"function": {"name": message.get("name") or "tool", "arguments": ""}}
         header = _call_header(call or named, counter) if call is not None else f"{named['function']['name']} -> "
@@ -297,9 +302,6 @@ RECALL_THRESHOLDS: dict[str, RecallThresholds] = {
         moderate_share=0.25,
         lexical_share=0.4,
         lexical_terms=2,
-        # Its cosine order is close to noise on LoCoMo: fused at 0.5, evidence in context fell
-        # from 0.48 to 0.44 at 4,096 tokens; at 0.1, 0.47 (docs/benchmarks.md).
-        dense_weight=0.1,
     ),
 }
 

@@ -7,7 +7,8 @@ async storage port (:class:`memory.store.SummaryStore`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -823,6 +824,43 @@ def _vector_reader(scope_key: str) -> Callable[[int, Sequence[int]], Iterable[Ve
     return read
 
 
+@dataclass(frozen=True, kw_only=True)
+class LexicalHits:
+    """The full-text side of one recall search (:func:`recall_lexical_hits`): ``lexical``, item
+    ids matching any query term, best first; ``exact``, item ids holding an identifier of the
+    query; ``identifiers``, those identifiers (ids, emails, phones, verbatim)."""
+
+    lexical: list[int]
+    exact: list[int]
+    identifiers: list[str]
+
+
+def recall_lexical_hits(
+    *,
+    scope_key: str,
+    memory_key: str,
+    boundary: int | None,
+    scope: Literal["chat", "owner"],
+    query: str,
+    limit: int = RECALL_POOL,
+) -> LexicalHits:
+    """The full-text part of :func:`recall_candidates` on its own, so that a caller can run it
+    while the query is being embedded (docs/memory.md §12): the ``limit`` best full-text hits and
+    the items holding an identifier of ``query``, in the same scope. Storage errors propagate."""
+    scope_params = _scope_params(scope_key, memory_key, boundary, scope)
+    identifiers = [
+        candidate.value
+        for candidate in facts.rule_facts(query, message_id=0)
+        if candidate.kind in IDENTIFIER_KINDS and candidate.value
+    ]
+    exact: list[int] = []
+    for value in identifiers:
+        exact.extend(_lexical_ids(query_terms(value), scope_params, limit))
+    return LexicalHits(
+        lexical=_lexical_ids(query_terms(query), scope_params, limit), exact=exact, identifiers=identifiers
+    )
+
+
 def recall_candidates(
     *,
     scope_key: str,
@@ -834,6 +872,8 @@ def recall_candidates(
     limit: int = RECALL_POOL,
     embedding_model: str | None = None,
     dense_limit: int | None = None,
+    hits: LexicalHits | None = None,
+    titles: Callable[[set[str]], Mapping[str, str]] | None = None,
 ) -> list[RecallCandidate]:
     """The items that may be recalled for ``query`` in conversation ``memory_key`` of owner
     ``scope_key`` (docs/memory.md §12, "scope"), unranked: the caller's admission gate decides.
@@ -850,18 +890,16 @@ def recall_candidates(
     query verbatim (an id, email or phone of :func:`memory.facts.rule_facts`, compared without
     case). ``cosine`` is filled for every candidate with a cached embedding. ``chat_title`` is
     ``""`` (the owning app fills it). Order: lexical hits by rank, then the others by cosine.
-    Storage errors propagate.
+    ``hits``: the full-text side already searched (:func:`recall_lexical_hits` with the same
+    scope and query), else it is searched here. ``titles``: the owning app's titles of the
+    conversations found (memory key → title, called once with the set of their keys); without
+    it, or for a key it leaves out, ``chat_title`` is ``""``. Storage errors propagate.
     """
-    scope_params = _scope_params(scope_key, memory_key, boundary, scope)
-    lexical = _lexical_ids(query_terms(query), scope_params, limit)
-    identifiers = [
-        candidate.value
-        for candidate in facts.rule_facts(query, message_id=0)
-        if candidate.kind in IDENTIFIER_KINDS and candidate.value
-    ]
-    exact: list[int] = []
-    for value in identifiers:
-        exact.extend(_lexical_ids(query_terms(value), scope_params, limit))
+    if hits is None:
+        hits = recall_lexical_hits(
+            scope_key=scope_key, memory_key=memory_key, boundary=boundary, scope=scope, query=query, limit=limit
+        )
+    lexical, exact, identifiers = hits.lexical, hits.exact, hits.identifiers
     cosines: dict[int, float] = {}
     dense: list[int] = []
     if query_vector is not None and query_vector.size:
@@ -871,7 +909,7 @@ def recall_candidates(
             here = (chats == memory_key) & (last_ids <= (boundary if boundary is not None else -1))
             return here | (chats != memory_key) if scope == "owner" else here
 
-        hits, extra = _vectors.search(
+        nearest, extra = _vectors.search(
             scope_key,
             model=embedding_model,
             query=vector,
@@ -880,8 +918,8 @@ def recall_candidates(
             limit=dense_limit if dense_limit is not None else min(limit, RECALL_DENSE_POOL),
             also=[*lexical, *exact],
         )
-        dense = [hit.id for hit in hits]
-        cosines = {**extra, **{hit.id: hit.cosine for hit in hits}}
+        dense = [hit.id for hit in nearest]
+        cosines = {**extra, **{hit.id: hit.cosine for hit in nearest}}
     wanted = list(dict.fromkeys([*lexical, *exact, *dense]))
     if not wanted:
         return []
@@ -897,6 +935,7 @@ def recall_candidates(
     if gone:
         _vectors.forget(scope_key, gone)
     ranks = {item_id: rank for rank, item_id in enumerate(lexical, start=1)}
+    named = titles({row[1] for row in found.values()}) if titles is not None and found else {}
     folded = [value.casefold() for value in identifiers]
     dense_ids = set(dense)
     candidates = []
@@ -908,7 +947,7 @@ def recall_candidates(
         item = RecallItem(
             id=item_id,
             memory_key=chat,
-            chat_title="",
+            chat_title=named.get(chat, ""),
             message_ids=tuple(int(message_id) for message_id in message_ids),
             role=role,
             text=text,

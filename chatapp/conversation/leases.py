@@ -145,9 +145,11 @@ def turn_interrupted_list(*, session_id: int) -> list[int]:
 
 
 def user_message_submit(
-    *, session: ChatSession, client_message_id: str, text: str, max_pending: int | None = None
+    *, session: ChatSession, client_message_id: str, text: str, max_pending: int | None = None, name: str = ""
 ) -> tuple[Message, bool]:
     """Store the user's message ``text`` once per ``client_message_id``; returns ``(message, created)``.
+    ``name``: the OpenAI ``name`` of the speaker (a replayed conversation between named people,
+    docs/replay.md; ``""`` for none), sent with the message and indexed with it for recall.
 
     A resend with a known ``client_message_id`` (after a reconnect, docs/memory.md F-27) stores nothing
     and returns the stored message with ``created`` False, also when two resends race. A new
@@ -163,7 +165,7 @@ def user_message_submit(
     """
     # A resend is rare: it is found by the unique constraint on (session, client_message_id)
     # failing the insert (or, at the limit, looked up then), not by a query before every new message.
-    wire = {"role": Message.Role.USER, "content": text}
+    wire = {"role": Message.Role.USER, "content": text, **({"name": name} if name else {})}
     try:
         with transaction.atomic():
             if max_pending is not None:
@@ -177,6 +179,7 @@ def user_message_submit(
                 session=session,
                 role=Message.Role.USER,
                 content=text,
+                name=name,
                 client_message_id=client_message_id,
                 token_count=message_token_count(wire),
             )

@@ -14,7 +14,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from typing import Any, cast
 
 import numpy as np
@@ -26,12 +25,14 @@ from chatapp.llm.embeddings import embedder_choice, embedder_get
 from chatapp.models import ChatSession, Message
 from chatapp.orm_threads import orm_async
 from memory.api import (
+    LexicalHits,
     RecallCandidate,
     RecallInput,
     TermRarity,
     memory_item_embeddings_exist,
     message_text,
     recall_candidates,
+    recall_lexical_hits,
     recall_term_rarity,
 )
 
@@ -87,9 +88,10 @@ async def recall_search(
 ) -> RecallInput:
     """Search the owner's memory index for the text of message ``user_message_id`` of session
     ``session_id``, or for ``query`` when given (see the module docstring): the query embedded
-    within the deadline if an embedder is configured, then :func:`memory.api.recall_candidates`
-    with ``MEMORY_RECALL_SCOPE``, chat titles filled, and the rarity of the query's terms for the
-    gate (:func:`memory.api.recall_term_rarity`). An empty query (no text, or the session or
+    within the deadline if an embedder is configured, while the full-text side runs
+    (:func:`memory.api.recall_lexical_hits`, with the rarity of the query's terms for the gate,
+    :func:`memory.api.recall_term_rarity`), then :func:`memory.api.recall_candidates` with
+    ``MEMORY_RECALL_SCOPE`` over those hits and the query's vector, chat titles filled. An empty query (no text, or the session or
     message gone) finds nothing. ``orm`` as for :class:`TurnRecall`. Storage errors propagate."""
     started = time.perf_counter()
     choice = embedder_choice()
@@ -108,10 +110,22 @@ async def recall_search(
     embedder = await orm(embedder_get)() if query.strip() and has_vectors else None
     if configured and query.strip() and not has_vectors:
         notes.append("nothing of this owner is embedded yet: lexical only")
+    memory_key = ChatSession.memory_key_for(session_id)
+    embedding: asyncio.Task[np.ndarray] | None = None
     if embedder is not None:
+        # The query is embedded (a thread of its own) while the full-text side runs on the ORM
+        # thread: the search takes the longer of the two, not their sum.
         deadline = settings.MEMORY_RECALL_DEADLINE_MS / 1000
+        embedding = asyncio.ensure_future(asyncio.wait_for(embedder.embed([query], kind="query"), timeout=deadline))
+    try:
+        hits, rarity = await orm(_lexical)(scope_key=scope_key, memory_key=memory_key, boundary=boundary, query=query)
+    except BaseException:
+        if embedding is not None:
+            embedding.cancel()
+        raise
+    if embedding is not None and embedder is not None:
         try:
-            vector = (await asyncio.wait_for(embedder.embed([query], kind="query"), timeout=deadline))[0]
+            vector = (await embedding)[0]
             model = embedder.model
         except TimeoutError:
             notes.append(f"the query's embedding took over {settings.MEMORY_RECALL_DEADLINE_MS} ms: lexical only")
@@ -120,11 +134,13 @@ async def recall_search(
             notes.append(f"the embedder failed ({type(exc).__name__}: {exc}): lexical only")
     candidates, rarity = await orm(_candidates)(
         scope_key=scope_key,
-        memory_key=ChatSession.memory_key_for(session_id),
+        memory_key=memory_key,
         boundary=boundary,
         query=query,
         vector=vector,
         model=model,
+        hits=hits,
+        rarity=rarity,
     )
     return RecallInput(
         query=query,
@@ -168,12 +184,37 @@ def _subject(
     return scope_key, text, has_vectors
 
 
+def _lexical(
+    *, scope_key: str, memory_key: str, boundary: int | None, query: str
+) -> tuple[LexicalHits, TermRarity | None]:
+    """The full-text side of the search (:func:`memory.api.recall_lexical_hits` with
+    ``MEMORY_RECALL_SCOPE``) and, when it found something, the rarity of the query's terms in the
+    owner's index (:func:`memory.api.recall_term_rarity`; None otherwise)."""
+    hits = recall_lexical_hits(
+        scope_key=scope_key,
+        memory_key=memory_key,
+        boundary=boundary,
+        scope=cast(Any, settings.MEMORY_RECALL_SCOPE),  # validated by settings
+        query=query,
+    )
+    rarity = recall_term_rarity(scope_key=scope_key, query=query) if hits.lexical or hits.exact else None
+    return hits, rarity
+
+
 def _candidates(
-    *, scope_key: str, memory_key: str, boundary: int | None, query: str, vector: np.ndarray | None, model: str | None
+    *,
+    scope_key: str,
+    memory_key: str,
+    boundary: int | None,
+    query: str,
+    vector: np.ndarray | None,
+    model: str | None,
+    hits: LexicalHits,
+    rarity: TermRarity | None,
 ) -> tuple[list[RecallCandidate], TermRarity | None]:
-    """:func:`memory.api.recall_candidates` with each item's chat title filled (one query), and
-    the rarity of the query's terms in the owner's index (:func:`memory.api.recall_term_rarity`;
-    None when nothing was found, so no gate needs it)."""
+    """:func:`memory.api.recall_candidates` over the full-text ``hits`` already found, with each
+    item's chat title filled (one query), and ``rarity`` (computed here when the full-text side
+    found nothing but the dense side did; None when nothing was found, so no gate needs it)."""
     found = recall_candidates(
         scope_key=scope_key,
         memory_key=memory_key,
@@ -182,13 +223,18 @@ def _candidates(
         query=query,
         query_vector=vector,
         embedding_model=model,
+        hits=hits,
+        titles=_titles,
     )
-    rarity = recall_term_rarity(scope_key=scope_key, query=query) if found else None
-    ids = {ChatSession.session_id_for(c.item.memory_key) for c in found}
-    titles = dict(ChatSession.objects.filter(pk__in=ids).values_list("pk", "title")) if ids else {}
-    return [
-        replace(
-            c, item=replace(c.item, chat_title=titles.get(ChatSession.session_id_for(c.item.memory_key)) or "untitled")
-        )
-        for c in found
-    ], rarity
+    if not found:
+        rarity = None
+    elif rarity is None:
+        rarity = recall_term_rarity(scope_key=scope_key, query=query)
+    return found, rarity
+
+
+def _titles(memory_keys: set[str]) -> dict[str, str]:
+    """Chat titles by memory key (one query); ``untitled`` for a chat without one."""
+    ids = {ChatSession.session_id_for(key): key for key in memory_keys}
+    titles = dict(ChatSession.objects.filter(pk__in=ids).values_list("pk", "title"))
+    return {key: titles.get(pk) or "untitled" for pk, key in ids.items()}

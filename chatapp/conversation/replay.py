@@ -139,9 +139,20 @@ def _tau_bench(data: Any) -> Iterator[Conversation]:
         )
 
 
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+def speaker_name(speaker: str) -> str:
+    """``speaker`` as an OpenAI message ``name`` (letters, digits, ``_`` and ``-``, at most 64
+    characters; other runs become ``_``); ``""`` for no speaker."""
+    return _NAME_UNSAFE.sub("_", speaker.strip())[:64].strip("_")
+
+
 def locomo_conversation(data: Any, name: str) -> Conversation:
-    """One LoCoMo conversation: ``speaker_a`` as user, ``speaker_b`` as assistant, an image turn
-    as text with its caption, each session's first message prefixed with its date."""
+    """One LoCoMo conversation: ``speaker_a`` as user, ``speaker_b`` as assistant, each message
+    with its speaker as its OpenAI ``name`` (:func:`speaker_name`: the questions ask about the
+    two people by name, and the model, the summarizer and recall's index see who said what), an
+    image turn as text with its caption, each session's first message prefixed with its date."""
     conversation = data.get("conversation", data) if isinstance(data, dict) else None
     if not isinstance(conversation, dict) or "speaker_a" not in conversation:
         raise ReplayInputError(f"{name}: a LoCoMo file has speaker_a, speaker_b and session_N lists")
@@ -157,7 +168,7 @@ def locomo_conversation(data: Any, name: str) -> Conversation:
             if position == 0 and when:
                 text = f"[{when}] {text}"
             role = "user" if turn.get("speaker") == speaker_a else "assistant"
-            messages.append({"role": role, "content": text})
+            messages.append({"role": role, "content": text, "name": speaker_name(str(turn.get("speaker") or ""))})
             turn_ids.append(str(turn.get("dia_id", "")))
     prompt = (
         f"You are {speaker_b}, chatting with your friend {speaker_a} over many sessions. "
@@ -302,7 +313,10 @@ class ReplaySession:
             if message["role"] == "user":
                 self._unanswered_turn_end()
                 stored, _ = leases.user_message_submit(
-                    session=session, client_message_id=f"replay-{index}", text=message.get("content") or ""
+                    session=session,
+                    client_message_id=f"replay-{index}",
+                    text=message.get("content") or "",
+                    name=message.get("name", ""),
                 )
                 turn_message_id = self._open_turn = stored.pk
                 recall = TurnRecall(session_id=self.session_id, user_message_id=stored.pk, orm=sync_to_async)

@@ -124,6 +124,7 @@ def memory_engine_build(
             facts_max_tokens=settings.MEMORY_FACTS_MAX_TOKENS,
             facts_min_tokens=settings.MEMORY_FACTS_MIN_TOKENS,
             recall_share=settings.MEMORY_RECALL_SHARE,
+            recall_fill=settings.MEMORY_RECALL_FILL,
             token_factor=token_factor,
         ),
         chain=build_summarizer_chain(),

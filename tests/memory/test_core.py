@@ -113,6 +113,11 @@ def test_f25_tool_call_message_with_null_content_renders():
     assert line.startswith("- Assistant [tools: calc]:")
 
 
+def test_a_raw_archive_line_names_a_named_speaker():
+    assert raw_archive_line({"role": "user", "content": "I paint.", "name": "Mel"}) == "- User (Mel): I paint."
+    assert raw_archive_line({"role": "assistant", "content": "Nice!", "name": "Jo"}) == "- Assistant (Jo): Nice!"
+
+
 def test_raw_archive_line_shapes_and_500_character_cut():
     assert raw_archive_line(user("hi")) == "- User: hi"
     assert raw_archive_line(asst("ok")) == "- Assistant: ok"

@@ -124,6 +124,39 @@ def test_f33_nothing_relevant_means_no_block_and_no_reserve():
     assert [r["reason"] for r in context.recall["rejected"]], "the refused candidate is reported with its reason"
 
 
+def _many_relevant_items() -> list[tuple[int, str]]:
+    return [(600 + n, f"The blue umbrella story, part {n}: it was left at station {n} by the seat.") for n in range(12)]
+
+
+def test_the_block_grows_into_the_room_under_the_trigger_only():
+    """docs/memory.md §12 "Budget": admitted items over the share fill the room a request leaves
+    under the trigger; the request never crosses the trigger for them, and without the fill the
+    block keeps to its share."""
+    sizes = {}
+    for fill in (False, True):
+        store = Store()
+        store.add(user("hello there"), asst("Hi! How can I help?"), user("where is my blue umbrella at the station?"))
+        index = FakeIndex(store, other=_many_relevant_items())
+        engine = make_engine(2048, FlakySummarizer(["ok"]), attempts=1, store=InMemorySummaryStore(), recall_fill=fill)
+        context = async_to_sync(engine.build_context)(
+            request(f"recall-fill-{fill}", store, index, "where is my blue umbrella at the station?")
+        )
+        share = engine.budget.recall_budget_tokens
+        assert context.path == "under_trigger" and context.tokens <= engine.budget.trigger_tokens
+        if fill:
+            assert (
+                share
+                < context.recall["tokens"]
+                <= engine.budget.trigger_tokens - (context.tokens - context.recall["tokens"])
+            )
+        else:
+            assert 0 < context.recall["tokens"] <= share
+            assert context.recall["over_budget"], "more items were admitted than the share holds"
+        sizes[fill] = len(context.recall["items"])
+        check_context(context, stored=store.rows, system_prompt=SYSTEM, counter=COUNTER)
+    assert sizes[True] > sizes[False]
+
+
 def test_a_failing_search_leaves_the_request_without_recall_and_says_why():
     store = Store()
     store.add(user("hello"), asst("Hi!"), user("where is my blue umbrella?"))
@@ -195,5 +228,8 @@ def test_f34_recall_never_repeats_a_message_of_the_request_and_the_invariants_ho
         mine = {i for i in recalled_ids(context) if i < 900}
         assert not mine & present, "F-34: a recalled message is also verbatim in the request"
         assert all(i <= boundary for i in mine), "recall of this chat only from the summarized part"
-        assert context.recall["tokens"] <= engine.budget.recall_budget_tokens
+        if context.recall["tokens"] > engine.budget.recall_budget_tokens:
+            # Grown past its share: only into the room under the trigger (docs/memory.md §12).
+            assert context.tokens <= engine.budget.trigger_tokens
+            assert context.path == "under_trigger"
         store.add(copy.deepcopy(asst("answer " * 40)))

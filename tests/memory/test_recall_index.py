@@ -110,6 +110,16 @@ def test_a_tool_result_is_rendered_with_its_call_on_every_piece() -> None:
     assert all(COUNTER.count_text(piece) <= 120 for piece in long)
 
 
+def test_a_named_speakers_pieces_carry_the_name_so_a_question_about_them_finds_them() -> None:
+    named = {**msg(1, "I went to a support group yesterday."), "name": "Caroline"}
+    assert split_for_index(named, counter=COUNTER) == ["Caroline: I went to a support group yesterday."]
+    long = {**msg(2, "We painted the lake at sunrise. " * 60, role="assistant"), "name": "Melanie"}
+    pieces = split_for_index(long, counter=COUNTER, max_tokens=120)
+    assert len(pieces) > 1 and all(p.startswith("Melanie: ") and COUNTER.count_text(p) <= 120 for p in pieces)
+    # A tool result's name is its tool's, never a speaker.
+    assert split_for_index({**msg(3, "42", role="tool"), "name": "calc"}, counter=COUNTER) == ["calc -> 42"]
+
+
 def test_messages_without_text_and_system_messages_give_no_piece() -> None:
     calls = [{"id": "c1", "function": {"name": "lookup", "arguments": "{}"}}]
     assert split_for_index(msg(1, None, role="assistant", tool_calls=calls), counter=COUNTER) == []

@@ -367,9 +367,9 @@ def test_dense_ranks_follow_cosine_and_a_duplicate_counts_once() -> None:
     assert len(scored) == 2
     assert (scored[2].dense_rank, scored[1].dense_rank) == (1, 2)
     assert scored[1].candidate.lexical_rank == 2
-    # e5's dense side is fused at its calibrated weight; a model without one gets the default.
+    # The dense side is fused at the model's calibrated weight (e5's is the default, 0.5).
     assert scored[1].rrf == pytest.approx(rrf(2, 2, dense_weight=E5.dense_weight))
-    assert E5.dense_weight < LEXICAL_THRESHOLDS.dense_weight == DENSE_WEIGHT
+    assert E5.dense_weight == LEXICAL_THRESHOLDS.dense_weight == DENSE_WEIGHT == 0.5
     plain = {
         s.item.id: s for s in score_candidates(cands, query="feed starter", now=NOW, thresholds=LEXICAL_THRESHOLDS)
     }

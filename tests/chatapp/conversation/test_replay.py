@@ -144,8 +144,18 @@ def test_crafted_locomo_file_with_an_image_turn(tmp_path):
     records = replay(tmp_path, str(path), "--format", "locomo", "--mode", "quick-answer")
     assert [r["call"] for r in records] == [0, 1]
     assert records[0]["messages"][1:] == []  # Bo speaks first: nothing stored yet
-    assert records[1]["messages"][-1] == {"role": "user", "content": "Look [shares an image: a photo of a cat]"}
-    assert records[1]["messages"][-2] == {"role": "assistant", "content": "[1 May 2023] Hi Ann"}
+    assert records[1]["messages"][-1] == {
+        "role": "user",
+        "content": "Look [shares an image: a photo of a cat]",
+        "name": "Ann",
+    }
+    assert records[1]["messages"][-2] == {"role": "assistant", "content": "[1 May 2023] Hi Ann", "name": "Bo"}
+    # Each speaker is stored as the message's OpenAI name (recall indexes "Ann: Look …").
+    assert list(Message.objects.order_by("id").values_list("role", "name")) == [
+        ("assistant", "Bo"),
+        ("user", "Ann"),
+        ("assistant", "Bo"),
+    ]
 
 
 @pytest.mark.parametrize(
