@@ -518,9 +518,16 @@ class MemoryEngine:
             facts=facts,
             recall=recall[1] if recall is not None else None,
         )
+        plan.recall_input = recall[0] if recall is not None else None
         if recall is not None:
             plan = self._fill_room(request, summary, plan, increment=increment, facts=facts, recall=recall)
-        plan.recall_input = recall[0] if recall is not None else None
+            share = self.budget.recall_budget_tokens
+            if plan.recall.tokens > share:
+                note = (
+                    f"the block grew past its share ({share} tokens) into the room the request left under "
+                    f"the trigger ({self.budget.trigger_tokens} tokens; MEMORY_RECALL_FILL)"
+                )
+                plan.recall_input = replace(recall[0], notes=[*recall[0].notes, note])
         return plan
 
     def _fill_room(
@@ -563,7 +570,10 @@ class MemoryEngine:
             facts=facts,
             recall=wider,
         )
-        return plan if widened.needs_compression else widened
+        if widened.needs_compression:
+            return plan
+        widened.recall_input = plan.recall_input
+        return widened
 
     async def _recall(self, request: ContextRequest, boundary: int | None) -> tuple[RecallInput, RecallResult] | None:
         """The request's recall input and selection (docs/memory.md §12), searched once per

@@ -28,6 +28,9 @@ _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-
 _CJK_RUN = re.compile(_CJK.pattern + "+")
 _WORD = re.compile(r"\w+", re.UNICODE)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# An English possessive at the end of a word ("Ingeborg's", "James’"): searched without it, so
+# "Ingeborg's wedding" finds "Ingeborg is getting married" (as a phrase, "ingeborg s" would not).
+_POSSESSIVE = re.compile(r"(?<=\w)['’]s?(?=\W*$)")
 # Function words that match nearly every passage or item; dropping them keeps OR-queries
 # selective. The knowledge base's search uses this list (chatapp.kb.search); recall adds the
 # auxiliaries and pronouns of conversation.
@@ -132,7 +135,8 @@ def query_terms(query: str) -> list[str]:
     a letter or digit count; stopwords are dropped (unless nothing else is left). A word's Latin
     part stays whole (``zx-88213``: each backend tokenizes it as it tokenized the items); each CJK
     run becomes its bigrams, spaced (``东京的`` → ``东 京``, ``京 的``), a lone CJK character
-    itself. Duplicates are removed; at most :data:`QUERY_MAX_TERMS` terms, in order. ``[]`` for a
+    itself. A possessive ending (``'s``, ``’s``, a trailing apostrophe) is dropped: ``Ingeborg's``
+    searches for ``ingeborg``. Duplicates are removed; at most :data:`QUERY_MAX_TERMS` terms, in order. ``[]`` for a
     query with nothing searchable."""
     cleaned = _CONTROL.sub(" ", query).lower().split()
     latin: list[str] = []
@@ -140,7 +144,7 @@ def query_terms(query: str) -> list[str]:
     for word in cleaned:
         for run in _CJK_RUN.findall(word):
             cjk.extend([f"{a} {b}" for a, b in itertools.pairwise(run)] if len(run) > 1 else [run])
-        rest = _CJK_RUN.sub(" ", word)
+        rest = _POSSESSIVE.sub("", _CJK_RUN.sub(" ", word))
         latin.extend(part[:WORD_MAX_CHARS] for part in rest.split() if _WORD.search(part))
     content = [word for word in latin if " ".join(_WORD.findall(word)) not in STOPWORDS]
     terms = (content or ([] if cjk else latin)) + cjk

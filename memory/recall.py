@@ -416,7 +416,9 @@ def admit(
     """The admission gate for one candidate (docs/memory.md §12, "gate"; SPEC F-33): whether it
     may be recalled, and why, as a short text for the inspector.
 
-    Admitted, in this order: an exact identifier match; a cosine ≥ ``thresholds.high``; the
+    Refused first: a user or assistant item whose content terms are all in ``query_terms`` (it
+    only repeats the question, e.g. the same question asked in another chat). Admitted, in this
+    order: an exact identifier match; a cosine ≥ ``thresholds.high``; the
     lexical floor; a cosine ≥ ``moderate`` with a lexical hit (the full-text search found the
     item, ``lexical_rank`` not None, and it holds at least ``moderate_share`` of
     ``query_terms``; with ``rarity``, its matched weight also at least ``rarity_relative`` of
@@ -431,6 +433,10 @@ def admit(
     sharing a common word is never enough on its own. ``query_terms``: :func:`content_terms` of
     the query. Never raises.
     """
+    if candidate.item.role != "tool" and content_terms(candidate.item.text) <= query_terms:
+        # An earlier asking of the same question (or a bare restatement) tells the model nothing
+        # new, and in the block it would crowd out what answers it.
+        return False, "repeats the question: it holds nothing the question does not say"
     if candidate.identifier_match:
         return True, "identifier match"
     matched, share = lexical_overlap(query_terms, candidate.item.text)

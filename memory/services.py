@@ -7,6 +7,7 @@ async storage port (:class:`memory.store.SummaryStore`).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -30,9 +31,14 @@ logger = logging.getLogger(__name__)
 
 
 def session_summary_get(*, memory_key: str) -> Summary:
-    """The conversation's current summary, or an empty one (version 0) when it has none."""
-    row = SessionSummary.objects.filter(memory_key=memory_key).first()
+    """The conversation's current summary, or an empty one (version 0) when it has none. Read on
+    every request: written in SQL (the same row as ``SessionSummary.objects.filter(memory_key=…)
+    .first()``), so Django does not build and compile the query each time (issue 11)."""
+    row = next(iter(SessionSummary.objects.raw(_SUMMARY_SQL, [memory_key])), None)
     return Summary() if row is None else row.as_summary()
+
+
+_SUMMARY_SQL = f"SELECT * FROM {SessionSummary._meta.db_table} WHERE memory_key = %s ORDER BY id LIMIT 1"
 
 
 ConversationAlive = Callable[[str], bool]
@@ -302,9 +308,19 @@ def _facts_with_replaces(rows: QuerySet[KeyFact]) -> QuerySet[KeyFact]:
 def key_fact_list_active(*, memory_key: str) -> list[facts.KeyFact]:
     """The conversation's active key facts, oldest first: not superseded (``invalidated_at``
     NULL) and not hidden by the owner, each with ``replaces`` filled (docs/memory.md §11). What
-    a request's ``load_facts`` returns. One query."""
-    rows = KeyFact.objects.filter(memory_key=memory_key, invalidated_at__isnull=True, hidden_by_user=False)
-    return [row.as_fact() for row in _facts_with_replaces(rows)]
+    a request's ``load_facts`` returns. One query, read once per request: written in SQL, so
+    Django does not build and compile it every time (bench/ws_load.py profile, issue 11)."""
+    return [row.as_fact() for row in KeyFact.objects.raw(_ACTIVE_FACTS_SQL, [memory_key])]
+
+
+# key_fact_list_active's query: the same rows and ``replaces_value`` as
+# ``_facts_with_replaces(KeyFact.objects.filter(memory_key=…, invalidated_at__isnull=True,
+# hidden_by_user=False))`` (tests/memory/test_key_facts_store.py compares the two).
+_ACTIVE_FACTS_SQL = (
+    "SELECT f.*, (SELECT r.value FROM memory_keyfact r WHERE r.superseded_by_id = f.id "
+    "ORDER BY r.id DESC LIMIT 1) AS replaces_value FROM memory_keyfact f "
+    "WHERE f.memory_key = %s AND f.invalidated_at IS NULL AND NOT f.hidden_by_user ORDER BY f.id"
+)
 
 
 def key_fact_list(*, memory_key: str) -> list[facts.KeyFact]:
@@ -694,7 +710,29 @@ def memory_items_unembedded(*, memory_key: str, model: str, limit: int = EMBED_B
 def memory_item_embeddings_exist(*, scope_key: str, model: str) -> bool:
     """Whether any item of owner ``scope_key`` has an embedding of ``model`` (one query): without
     one, a query vector would find nothing (docs/memory.md §12)."""
-    return MemoryItem.objects.filter(scope_key=scope_key, embedding_model=model).exists()
+    key = (scope_key, model)
+    if key in _embedded_owners:
+        return True
+    if _unembedded_until.get(key, 0.0) > time.monotonic():
+        return False
+    found = MemoryItem.objects.filter(scope_key=scope_key, embedding_model=model).exists()
+    if found:
+        _embedded_owners.add(key)
+        _unembedded_until.pop(key, None)
+    else:
+        _unembedded_until[key] = time.monotonic() + UNEMBEDDED_RECHECK_SECONDS
+    return found
+
+
+# (owner, model) pairs known to have embedded items: once true it stays true for the process (a
+# stale answer after an owner's every item is deleted only costs one query vector that finds
+# nothing), so a turn asks the database only until the first embedding exists.
+_embedded_owners: set[tuple[str, str]] = set()
+# ...and pairs known to have none, asked again after this many seconds (or at once after this
+# process stores an embedding): a new owner's turns do not ask on every request, and another
+# worker's first embeddings are seen within it (until then the question is not embedded).
+UNEMBEDDED_RECHECK_SECONDS = 10.0
+_unembedded_until: dict[tuple[str, str], float] = {}
 
 
 def memory_items_unembedded_exist(*, memory_key: str, model: str) -> bool:
@@ -713,6 +751,10 @@ def memory_item_embeddings_save(*, vectors: dict[int, np.ndarray], model: str) -
         vector = vectors[row.pk]
         row.embedding, row.embedding_model, row.embedding_dim = vector_bytes(vector), model, int(vector.shape[-1])
     MemoryItem.objects.bulk_update(rows, ["embedding", "embedding_model", "embedding_dim"], batch_size=200)
+    # Some owner has embeddings now: ask again (now, and once they are committed, in case a
+    # request in between found none yet).
+    _unembedded_until.clear()
+    transaction.on_commit(_unembedded_until.clear)
     return len(rows)
 
 
@@ -977,8 +1019,11 @@ def recall_candidates(
 
 
 def recall_cache_clear() -> None:
-    """Forget this process's cached vectors (tests; after switching the embedding model)."""
+    """Forget this process's cached vectors and which owners have embeddings (tests; after
+    switching the embedding model)."""
     _vectors.clear()
+    _embedded_owners.clear()
+    _unembedded_until.clear()
 
 
 def token_calibration_get(*, model: str) -> calibration.Calibration:

@@ -52,8 +52,11 @@ def memory_jobs_only_when_asked(settings: Any) -> None:
 def embeddings_only_when_asked(settings: Any) -> None:
     """Recall runs lexical-only unless a test selects an embedder (docs/memory.md §12): the
     bundled model would make every test that runs a memory job slower, and the endpoint needs a
-    server."""
+    server. The process's recall caches (vectors, owners known to have embeddings) start empty."""
+    from memory.api import recall_cache_clear
+
     settings.EMBEDDING_BACKEND = "none"
+    recall_cache_clear()
 
 
 @pytest.fixture(autouse=True)

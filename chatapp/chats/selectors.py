@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 
 from chatapp.chats.access import Owner, session_queryset_for_owner
 from chatapp.models import ChatSession, Message
@@ -93,14 +93,21 @@ def message_list_for_context(*, session_id: int, boundary: int | None, turn_mess
     current turn). A reply the user stopped ends with :data:`STOPPED_REPLY_MARKER`, its
     ``token_count`` None so that the engine counts the marked text.
     """
-    rows = (
-        Message.objects.filter(session_id=session_id)
-        .filter(Q(id__lte=turn_message_id) | Q(reply_to_id=turn_message_id))
-        .exclude(origin=Message.Origin.APP)
+    # Read on every request: written in SQL, so Django does not build and compile the query each
+    # time (bench/ws_load.py profile, issue 11); the same rows as
+    # Message.objects.filter(session_id=…).filter(Q(id__lte=turn) | Q(reply_to_id=turn))
+    # .exclude(origin=APP).filter(id__gt=boundary).order_by("id").
+    after = -1 if boundary is None else boundary
+    rows = Message.objects.raw(
+        _CONTEXT_SQL, [session_id, turn_message_id, turn_message_id, str(Message.Origin.APP.value), after]
     )
-    if boundary is not None:
-        rows = rows.filter(id__gt=boundary)
-    return [_model_facing(row) for row in rows.order_by("id")]
+    return [_model_facing(row) for row in rows]
+
+
+_CONTEXT_SQL = (
+    f"SELECT * FROM {Message._meta.db_table} WHERE session_id = %s AND (id <= %s OR reply_to_id = %s) "
+    "AND origin <> %s AND id > %s ORDER BY id"
+)
 
 
 def _model_facing(row: Message) -> dict[str, Any]:

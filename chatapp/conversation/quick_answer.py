@@ -30,17 +30,18 @@ def quick_answer_system_prompt(passages: list[Passage]) -> str:
     return f"{QUICK_ANSWER_PROMPT}\n\nKnowledge base passages:\n\n{knowledge}"
 
 
-def _question_search(*, message_id: int) -> list[Passage]:
-    """The knowledge-base passages found for the text of user message ``message_id`` (one trip to
-    the database thread for both queries)."""
-    question = selectors.message_content_get(message_id=message_id)
+def _question_search(*, message_id: int, question: str | None = None) -> list[Passage]:
+    """The knowledge-base passages found for ``question``, or when None for the text of user
+    message ``message_id`` (one trip to the database thread for both queries)."""
+    if question is None:
+        question = selectors.message_content_get(message_id=message_id)
     return kb_search(question, settings.QUICK_ANSWER_PASSAGES)
 
 
 async def quick_answer_run(turn: Turn) -> Message:
     """Answer the turn's question in one model call; returns the stored final assistant message
     (status complete, stopped, or error when the model failed or the request overflowed)."""
-    found = await orm_async(_question_search)(message_id=turn.user_message_id)
+    found = await orm_async(_question_search)(message_id=turn.user_message_id, question=turn.question)
     passages = passages_fit(found, budget_tokens=turn.passages_max_tokens, counter=turn.engine.counter)
     await turn.emit(
         ChatRetrievalEvent(

@@ -49,15 +49,19 @@ class TurnRecall:
         session_id: int,
         user_message_id: int | None,
         query: str | None = None,
+        scope_key: str | None = None,
         orm: Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]] = orm_async,
     ) -> None:
         """``user_message_id``: the stored user message whose text is the query; ``query``: the
-        query's text itself, for a question that is not stored (a replay's question, docs/replay.md;
-        it takes precedence over the message). ``orm`` runs the storage reads (the ORM threads by
-        default; a replay passes ``sync_to_async`` to stay on its own connection)."""
+        query's text itself, for a question that is not stored (a replay's question, docs/replay.md)
+        or one already read (it takes precedence over the message); ``scope_key``: the session
+        owner's scope key when already known (with ``query``, no query reads the session). ``orm``
+        runs the storage reads (the ORM threads by default; a replay passes ``sync_to_async`` to
+        stay on its own connection)."""
         self.session_id = session_id
         self.user_message_id = user_message_id
         self.query = query
+        self.scope_key = scope_key
         self.orm = orm
         self._found: dict[int | None, RecallInput] = {}
 
@@ -72,6 +76,7 @@ class TurnRecall:
                 user_message_id=self.user_message_id,
                 boundary=boundary,
                 query=self.query,
+                scope_key=self.scope_key,
                 orm=self.orm,
             )
             self._found = {boundary: found}
@@ -84,6 +89,7 @@ async def recall_search(
     user_message_id: int | None,
     boundary: int | None,
     query: str | None = None,
+    scope_key: str | None = None,
     orm: Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]] = orm_async,
 ) -> RecallInput:
     """Search the owner's memory index for the text of message ``user_message_id`` of session
@@ -92,13 +98,19 @@ async def recall_search(
     (:func:`memory.api.recall_lexical_hits`, with the rarity of the query's terms for the gate,
     :func:`memory.api.recall_term_rarity`), then :func:`memory.api.recall_candidates` with
     ``MEMORY_RECALL_SCOPE`` over those hits and the query's vector, chat titles filled. An empty query (no text, or the session or
-    message gone) finds nothing. ``orm`` as for :class:`TurnRecall`. Storage errors propagate."""
+    message gone) finds nothing. ``scope_key``: the owner's, when known (with ``query``, the
+    session is not read). ``orm`` as for :class:`TurnRecall`. Storage errors propagate."""
     started = time.perf_counter()
     choice = embedder_choice()
     configured = None if choice.backend == "none" else choice.model
-    subject = await orm(_subject)(
-        session_id=session_id, user_message_id=user_message_id, query=query, embedding_model=configured
-    )
+    subject: tuple[str, str, bool] | None
+    if query is not None and scope_key is not None:
+        has = configured is not None and await orm(memory_item_embeddings_exist)(scope_key=scope_key, model=configured)
+        subject = scope_key, query, has
+    else:
+        subject = await orm(_subject)(
+            session_id=session_id, user_message_id=user_message_id, query=query, embedding_model=configured
+        )
     if subject is None:
         return RecallInput(query="", candidates=[], model=None, now=timezone.now())
     scope_key, query, has_vectors = subject

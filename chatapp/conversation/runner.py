@@ -28,6 +28,7 @@ import logging
 from typing import cast
 
 from chatapp.chats import selectors
+from chatapp.chats.services import chat_session_scope_key
 from chatapp.conversation import leases, stopping
 from chatapp.conversation.agent import agent_turn_run
 from chatapp.conversation.leases import turn_lease_kept
@@ -85,8 +86,8 @@ async def chat_turn_run(*, session_id: int, user_message_id: int) -> Message:
     ):
         # Never this process's own turns: one started a moment ago may not have its lease stored yet.
         try:
-            session, in_flight_first_id, token_factor = await orm_async(_turn_open)(
-                session_id=session_id, exclude=leases.turns_leased_here()
+            session, in_flight_first_id, token_factor, question = await orm_async(_turn_open)(
+                session_id=session_id, user_message_id=user_message_id, exclude=leases.turns_leased_here()
             )
         except ChatSession.DoesNotExist:
             raise _deleted(session_id, user_message_id) from None
@@ -98,6 +99,8 @@ async def chat_turn_run(*, session_id: int, user_message_id: int) -> Message:
             in_flight_first_id=in_flight_first_id,
             jobs=memory_job_runner(),
             token_factor=token_factor,
+            question=question,
+            scope_key=chat_session_scope_key(owner_id=session.owner_id, owner_session_key=session.owner_session_key),
         )
         _running[user_message_id] = turn
         try:
@@ -132,14 +135,21 @@ async def chat_turn_run(*, session_id: int, user_message_id: int) -> Message:
             _running.pop(user_message_id, None)
 
 
-def _turn_open(*, session_id: int, exclude: frozenset[int]) -> tuple[ChatSession, int | None, float]:
+def _turn_open(
+    *, session_id: int, user_message_id: int, exclude: frozenset[int]
+) -> tuple[ChatSession, int | None, float, str | None]:
     """Close the session's interrupted turns but those in ``exclude``, then load the session; also
-    the first turn in flight (``leases.turn_in_flight_first_id``) and the chat model's estimate
+    the first turn in flight (``leases.turn_in_flight_first_id``), the chat model's estimate
     calibration (:func:`chatapp.llm.calibration.token_factor_get`, no query for the offline
-    engine). One trip to the database thread instead of four. Raises ``ChatSession.DoesNotExist``."""
+    engine) and the text of the turn's user message (None when it is gone). One trip to the
+    database thread instead of five. Raises ``ChatSession.DoesNotExist``."""
     first = leases.turns_interrupted_close_first_in_flight(session_id=session_id, exclude=exclude)
     session = selectors.chat_session_get(session_id=session_id)
-    return session, first, token_factor_get(endpoint=chat_endpoint())
+    try:
+        question: str | None = selectors.message_content_get(message_id=user_message_id)
+    except Message.DoesNotExist:
+        question = None
+    return session, first, token_factor_get(endpoint=chat_endpoint()), question
 
 
 class ChatSessionDeleted(Exception):

@@ -140,7 +140,9 @@ class Turn:
     """One running turn: its session, the user message that opened it, the chat model and memory
     engine it uses, and whether the user asked it to stop. ``token_factor``: the chat model's
     estimate calibration when the turn opened (docs/memory.md §5, "Calibration"); each call that
-    moves it updates the engine's budget for the turn's next call."""
+    moves it updates the engine's budget for the turn's next call. ``question`` and
+    ``scope_key``: the user message's text and the session owner's scope key, when the caller has
+    read them (None: read from the database when needed)."""
 
     def __init__(
         self,
@@ -151,10 +153,15 @@ class Turn:
         in_flight_first_id: int | None = None,
         jobs: CompressionJobs | None = None,
         token_factor: float = 1.0,
+        question: str | None = None,
+        scope_key: str | None = None,
     ) -> None:
         self.session_id = session_id
         self.user_message_id = user_message_id
         self.mode = mode
+        # The user message's text and the owner's scope key when the opener read them (queries
+        # saved: quick-answer's search and recall use them); None: read when needed.
+        self.question = question
         # The first in-flight id read when the turn opened (a query saved for the first context).
         self._in_flight_first_id = in_flight_first_id
         self.endpoint = chat_endpoint()
@@ -164,7 +171,9 @@ class Turn:
         # The estimated size of this turn's last request (tokens), 0 before the first.
         self.last_request_tokens = 0
         # Recall for this turn's question, searched once (docs/memory.md §12).
-        self.recall = TurnRecall(session_id=session_id, user_message_id=user_message_id)
+        self.recall = TurnRecall(
+            session_id=session_id, user_message_id=user_message_id, query=question, scope_key=scope_key
+        )
 
     async def context_request(self, *, system_prompt: str, tools: list[dict[str, Any]] | None = None) -> ContextRequest:
         """The memory engine's request for this turn's next model call: this session's history

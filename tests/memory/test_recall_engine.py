@@ -144,6 +144,7 @@ def test_the_block_grows_into_the_room_under_the_trigger_only():
         share = engine.budget.recall_budget_tokens
         assert context.path == "under_trigger" and context.tokens <= engine.budget.trigger_tokens
         if fill:
+            assert any("grew past its share" in note for note in context.recall["notes"])
             assert (
                 share
                 < context.recall["tokens"]

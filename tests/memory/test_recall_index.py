@@ -148,6 +148,9 @@ def test_query_terms_drop_stopwords_keep_identifiers_whole_and_make_cjk_bigrams(
     assert query_terms("  ?! ") == []
     assert fts5_match(["zx-88213?", 'NEAR(a" b)']) == '"zx 88213" OR "NEAR a b"'
     assert search_text("plain text") == "" and search_text("住在东京") == " 住  在  东  京 "
+    # A possessive is searched without its ending: "Ingeborg's" finds "Ingeborg is getting married".
+    assert query_terms("When is Ingeborg's wedding?") == ["ingeborg", "wedding?"]
+    assert query_terms("James’ dog, O'Brien") == ["james", "dog,", "o'brien"]
 
 
 # --- full-text search, scope and boundary (database) ------------------------------------------------
@@ -186,6 +189,27 @@ def test_full_text_finds_a_stemmed_word_ranks_hits_and_returns_nothing_when_noth
         )
         == []
     )
+
+
+@pytest.mark.django_db
+def test_a_possessive_in_the_question_finds_the_name_and_a_named_speaker() -> None:
+    index(
+        "1",
+        OWNER,
+        msg(1, "My sister Ingeborg is getting married in Bergen on 14 August 2027."),
+        {**msg(2, "I finished the painting of the lake."), "name": "Melanie"},
+    )
+
+    def found(query: str) -> list[str]:
+        hits = recall_candidates(
+            scope_key=OWNER, memory_key="9", boundary=None, scope="owner", query=query, query_vector=None
+        )
+        return texts(hits)
+
+    assert found("When is Ingeborg's wedding?") == [
+        "My sister Ingeborg is getting married in Bergen on 14 August 2027."
+    ]
+    assert found("What did Melanie’s painting show?") == ["Melanie: I finished the painting of the lake."]
 
 
 @pytest.mark.django_db
@@ -434,3 +458,20 @@ async def test_the_bundled_model_embeds_queries_and_passages_multilingually() ->
     assert np.allclose(np.linalg.norm(passages, axis=1), 1.0, atol=1e-4)
     scores = passages @ query[0]
     assert scores[2] > scores[1] and scores[0] > scores[1]
+
+
+@pytest.mark.django_db
+def test_whether_an_owner_has_embeddings_is_asked_once_then_remembered(django_assert_num_queries) -> None:
+    from memory.services import memory_item_embeddings_exist
+
+    index("1", OWNER, msg(1, "We booked the hotel in Lisbon near the river."))
+    with django_assert_num_queries(1):
+        assert memory_item_embeddings_exist(scope_key=OWNER, model="hash") is False
+        assert memory_item_embeddings_exist(scope_key=OWNER, model="hash") is False  # remembered a while
+    item_id = MemoryItem.objects.get(scope_key=OWNER).pk
+    memory_item_embeddings_save(vectors={item_id: hashed("hotel lisbon")}, model="hash")
+    with django_assert_num_queries(1):
+        assert memory_item_embeddings_exist(scope_key=OWNER, model="hash") is True  # asked again after a save
+        assert memory_item_embeddings_exist(scope_key=OWNER, model="hash") is True
+    with django_assert_num_queries(1):
+        assert memory_item_embeddings_exist(scope_key=STRANGER, model="hash") is False

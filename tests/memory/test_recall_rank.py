@@ -611,3 +611,20 @@ def test_select_recall_with_rarity_keeps_f33_nothing_shared_nothing_recalled() -
         rarity=rarity,
     )
     assert [s.item.id for s in result.items] == [3]
+
+
+def test_an_earlier_asking_of_the_same_question_is_refused_and_the_answer_admitted() -> None:
+    query = "Tell me about the Zorblax quasicrystal samples"
+    asked = item(1, "Tell me about the Zorblax quasicrystal samples?", days_ago=1)
+    echoed = item(2, "Zorblax quasicrystal samples", days_ago=1, role="assistant")
+    answer = item(3, "The Zorblax quasicrystal samples are stored in freezer B at minus 80 degrees.", days_ago=30)
+    cands = [
+        RecallCandidate(item=it, lexical_rank=rank, cosine=0.95, identifier_match=rank == 1)
+        for rank, it in enumerate((asked, echoed, answer), start=1)
+    ]
+    result = select_recall(cands, query=query, now=NOW, budget_tokens=1000, thresholds=E5, counter=COUNTER)
+    assert [s.item.id for s in result.items] == [3]
+    assert {s.item.id: s.reason for s in result.rejected} == {
+        1: "repeats the question: it holds nothing the question does not say",
+        2: "repeats the question: it holds nothing the question does not say",
+    }

@@ -32,7 +32,9 @@ pytestmark = [
 # ``ContextRequest.load_facts``); storing a message without identifiers makes no query.
 # 18 since recall (issue 10): the question and its owner (one SELECT) and the full-text search of
 # the owner's memory index (one SELECT; chat titles only when something was found).
-MAX_STATEMENTS = 18
+# 17 since the turn reads its question once, with the session, for the knowledge-base search and
+# recall (the owner's scope comes from the session row).
+MAX_STATEMENTS = 17
 MAX_WRITES = 8
 MAX_WRITE_TRANSACTIONS = 4
 TRANSACTION_CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE")
