@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
@@ -504,50 +504,48 @@ class MemoryEngine:
             request.load_facts() if request.load_facts is not None else _nothing(),
             self._recall(request, summary.last_message_id),
         )
-        plan = plan_request(
-            system=request.system,
-            summary=summary,
-            increment=increment,
-            budget=self.budget,
-            counter=self.counter,
-            tools=request.tools,
-            mode=request.mode,
-            summarize_below=request.summarize_below,
-            in_flight_yields=request.origin != "job",
-            force=request.force,
-            facts=facts,
-            recall=recall[1] if recall is not None else None,
-        )
-        plan.recall_input = recall[0] if recall is not None else None
-        if recall is not None:
-            plan = self._fill_room(request, summary, plan, increment=increment, facts=facts, recall=recall)
-            share = self.budget.recall_budget_tokens
-            if plan.recall.tokens > share:
-                note = (
-                    f"the block grew past its share ({share} tokens) into the room the request left under "
-                    f"the trigger ({self.budget.trigger_tokens} tokens; MEMORY_RECALL_FILL)"
-                )
-                plan.recall_input = replace(recall[0], notes=[*recall[0].notes, note])
+
+        def planned(selection: RecallResult | None) -> Plan:
+            return plan_request(
+                system=request.system,
+                summary=summary,
+                increment=increment,
+                budget=self.budget,
+                counter=self.counter,
+                tools=request.tools,
+                mode=request.mode,
+                summarize_below=request.summarize_below,
+                in_flight_yields=request.origin != "job",
+                force=request.force,
+                facts=facts,
+                recall=selection,
+            )
+
+        if recall is None:
+            return planned(None)
+        data, chosen = recall
+        plan = self._fill_room(planned(chosen), data, chosen, replan=planned)
+        plan.recall_input = data
+        share = self.budget.recall_budget_tokens
+        if plan.recall.tokens > share:
+            note = (
+                f"the block grew past its share ({share} tokens) into the room the request left under "
+                f"the trigger ({self.budget.trigger_tokens} tokens; MEMORY_RECALL_FILL)"
+            )
+            plan.recall_input = replace(data, notes=[*data.notes, note])
         return plan
 
     def _fill_room(
-        self,
-        request: ContextRequest,
-        summary: Summary,
-        plan: Plan,
-        *,
-        increment: list[Message],
-        facts: Sequence[KeyFact],
-        recall: tuple[RecallInput, RecallResult],
+        self, plan: Plan, data: RecallInput, chosen: RecallResult, *, replan: Callable[[RecallResult], Plan]
     ) -> Plan:
-        """``plan`` with a larger recall block when the request is under the trigger and admitted
-        items were left out for the budget (docs/memory.md §12, "Budget"): the block may grow into
-        the room the request leaves under the trigger, so a request after a compression, far below
-        it, carries more of what the question may need, and a request never crosses the trigger
-        because of recall. The wider selection is the same ranking with a larger budget (the
-        items it adds are the next best admitted ones); ``plan`` itself when there is nothing to
-        add, when ``budget.recall_fill`` is off, or when the wider plan would compress."""
-        data, chosen = recall
+        """``plan`` (made with recall selection ``chosen`` of ``data``) with a larger recall block
+        when the request is under the trigger and admitted items were left out for the budget
+        (docs/memory.md §12, "Budget"): the block may grow into the room the request leaves under
+        the trigger, so a request after a compression, far below it, carries more of what the
+        question may need, and a request never crosses the trigger because of recall. The wider
+        selection is the same ranking with a larger budget (the items it adds are the next best
+        admitted ones), planned again by ``replan``; ``plan`` itself when there is nothing to add,
+        when ``budget.recall_fill`` is off, or when the wider plan would compress."""
         if not self.budget.recall_fill or plan.needs_compression or not chosen.over_budget:
             return plan
         room = self.budget.trigger_tokens - (plan.tokens_before - chosen.tokens)
@@ -556,24 +554,8 @@ class MemoryEngine:
         wider = recall_for(data, budget_tokens=room, counter=self.counter, role=self.budget.summary_role)
         if wider.tokens <= chosen.tokens:
             return plan
-        widened = plan_request(
-            system=request.system,
-            summary=summary,
-            increment=increment,
-            budget=self.budget,
-            counter=self.counter,
-            tools=request.tools,
-            mode=request.mode,
-            summarize_below=request.summarize_below,
-            in_flight_yields=request.origin != "job",
-            force=request.force,
-            facts=facts,
-            recall=wider,
-        )
-        if widened.needs_compression:
-            return plan
-        widened.recall_input = plan.recall_input
-        return widened
+        widened = replan(wider)
+        return plan if widened.needs_compression else widened
 
     async def _recall(self, request: ContextRequest, boundary: int | None) -> tuple[RecallInput, RecallResult] | None:
         """The request's recall input and selection (docs/memory.md §12), searched once per
