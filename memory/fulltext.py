@@ -136,7 +136,8 @@ def query_terms(query: str) -> list[str]:
     part stays whole (``zx-88213``: each backend tokenizes it as it tokenized the items); each CJK
     run becomes its bigrams, spaced (``东京的`` → ``东 京``, ``京 的``), a lone CJK character
     itself. A possessive ending (``'s``, ``’s``, a trailing apostrophe) is dropped: ``Ingeborg's``
-    searches for ``ingeborg``. Duplicates are removed; at most :data:`QUERY_MAX_TERMS` terms, in order. ``[]`` for a
+    searches for ``ingeborg``. Duplicates are removed; at most :data:`QUERY_MAX_TERMS` terms, in
+    order. ``[]`` for a
     query with nothing searchable."""
     cleaned = _CONTROL.sub(" ", query).lower().split()
     latin: list[str] = []

@@ -315,10 +315,10 @@ def key_fact_list_active(*, memory_key: str) -> list[facts.KeyFact]:
 
 # key_fact_list_active's query: the same rows and ``replaces_value`` as
 # ``_facts_with_replaces(KeyFact.objects.filter(memory_key=…, invalidated_at__isnull=True,
-# hidden_by_user=False))`` (tests/memory/test_key_facts_store.py compares the two).
+# hidden_by_user=False))`` (tests/memory/test_key_fact_services.py compares the two).
 _ACTIVE_FACTS_SQL = (
-    "SELECT f.*, (SELECT r.value FROM memory_keyfact r WHERE r.superseded_by_id = f.id "
-    "ORDER BY r.id DESC LIMIT 1) AS replaces_value FROM memory_keyfact f "
+    f"SELECT f.*, (SELECT r.value FROM {KeyFact._meta.db_table} r WHERE r.superseded_by_id = f.id "
+    f"ORDER BY r.id DESC LIMIT 1) AS replaces_value FROM {KeyFact._meta.db_table} f "
     "WHERE f.memory_key = %s AND f.invalidated_at IS NULL AND NOT f.hidden_by_user ORDER BY f.id"
 )
 

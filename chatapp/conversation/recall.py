@@ -97,9 +97,10 @@ async def recall_search(
     within the deadline if an embedder is configured, while the full-text side runs
     (:func:`memory.api.recall_lexical_hits`, with the rarity of the query's terms for the gate,
     :func:`memory.api.recall_term_rarity`), then :func:`memory.api.recall_candidates` with
-    ``MEMORY_RECALL_SCOPE`` over those hits and the query's vector, chat titles filled. An empty query (no text, or the session or
-    message gone) finds nothing. ``scope_key``: the owner's, when known (with ``query``, the
-    session is not read). ``orm`` as for :class:`TurnRecall`. Storage errors propagate."""
+    ``MEMORY_RECALL_SCOPE`` over those hits and the query's vector, chat titles filled. An empty
+    query (no text, or the session or message gone) finds nothing. ``scope_key``: the owner's,
+    when known (with ``query``, the session is not read). ``orm`` as for :class:`TurnRecall`.
+    Storage errors propagate."""
     started = time.perf_counter()
     choice = embedder_choice()
     configured = None if choice.backend == "none" else choice.model
