@@ -137,8 +137,7 @@ def query_terms(query: str) -> list[str]:
     run becomes its bigrams, spaced (``东京的`` → ``东 京``, ``京 的``), a lone CJK character
     itself. A possessive ending (``'s``, ``’s``, a trailing apostrophe) is dropped: ``Ingeborg's``
     searches for ``ingeborg``. Duplicates are removed; at most :data:`QUERY_MAX_TERMS` terms, in
-    order. ``[]`` for a
-    query with nothing searchable."""
+    order. ``[]`` for a query with nothing searchable."""
     cleaned = _CONTROL.sub(" ", query).lower().split()
     latin: list[str] = []
     cjk: list[str] = []
