@@ -16,8 +16,10 @@ checks what the model would be sent:
   rough proxy, the same for every method);
 - ``foreign``: recalled items per question that come from another of the owner's chats (another
   conversation: nothing there answers the question, every such item is noise, SPEC F-33);
-- ``p50_ms``/``p95_ms``: the recall report's ``latency_ms`` (query embedding, full-text and
-  vector search) over the questions;
+- ``p50_ms``/``p95_ms``: the recall report's ``latency_ms`` over the questions: what the request
+  waited for the search (full-text and vector search, and what was left of the question's
+  embedding, started as the question's turn opened); with an embedder, the embedding's own
+  time from its start (``embedding_ms``) is printed below the row;
 - under each recall configuration, where recall left the evidence: recalled, among the best
   rejected candidates, over the block's budget; and the block's mean size in tokens.
 
@@ -152,6 +154,7 @@ def worker(config: str, window: int, limit: int, cache: Path, out: Path) -> None
                 "evidence_over_budget": among(record["recall"].get("over_budget", []) if record["recall"] else []),
                 "recall_tokens": record["recall"].get("tokens", 0) if record["recall"] else 0,
                 "latency_ms": record["recall"].get("latency_ms") if record["recall"] else None,
+                "embedding_ms": record["recall"].get("embedding_ms") if record["recall"] else None,
                 "tokens": record["tokens"],
                 "path": record["path"],
             }
@@ -331,6 +334,12 @@ def report(results: dict, configs: list[str], windows: list[int]) -> None:
                     f"best rejected {share(rows, 'evidence_rejected', evidence_only=True):.3f}, "
                     f"over budget {share(rows, 'evidence_over_budget', evidence_only=True):.3f}; "
                     f"recall block {sum(r['recall_tokens'] for r in rows) / len(rows):.0f} tokens on average"
+                )
+            embedding = [r["embedding_ms"] for r in rows if r.get("embedding_ms")]
+            if embedding:
+                print(
+                    f"{'':>8}the question's embedding, from its start: p50 {percentile(embedding, 0.5):.0f} ms, "
+                    f"p95 {percentile(embedding, 0.95):.0f} ms (the latency above is what the request waited)"
                 )
     full = next((c for c in ("embedder", "lexical", "facts", "summary") if c in configs), configs[0])
     first = windows[0]

@@ -309,6 +309,7 @@ class TurnWatch:
         self.acks = self.user_messages = self.finals = self.dones = 0
         self.streamed = ""
         self.final_text: str | None = None
+        self.kinds: list[str] = []  # the event types of this turn, in arrival order (for a report)
         self.result = TurnResult()
 
     def see(self, event: dict[str, Any], now: float) -> None:
@@ -333,6 +334,7 @@ class TurnWatch:
             else:
                 return
         self.result.events += 1
+        self.kinds.append(str(kind))
         if kind == "chat.delta":
             self.streamed += str(event.get("text", ""))
             if self.result.first_delta is None:
@@ -358,6 +360,15 @@ class TurnWatch:
         if self.finals and self.final_text is not None and self.streamed != self.final_text:
             self.result.lost += 1  # a streamed piece went missing (or arrived twice)
             self.result.problems.append("streamed text differs from the stored reply")
+            at = next(
+                (i for i, (a, b) in enumerate(zip(self.streamed, self.final_text, strict=False)) if a != b),
+                min(len(self.streamed), len(self.final_text)),
+            )
+            print(
+                f"turn {self.turn_id}: streamed {len(self.streamed)} characters, stored {len(self.final_text)}, "
+                f"first difference at {at}; events {', '.join(self.kinds)}",
+                file=sys.stderr,
+            )
         return self.result
 
 
@@ -647,8 +658,11 @@ def main(args: argparse.Namespace) -> int:
         handshake_wall = began - wall_start
         for server in servers:
             server.stop()
-        servers = []
+        chat_servers, servers = servers, []
         db_lost, db_duplicated = database_check(visitors, args.turns)
+        if db_lost or any(turn.lost for turn in chat.turns):
+            for number, server in enumerate(chat_servers, start=1):  # what the workers said, to find out why
+                print(f"--- worker {number}, last lines:\n" + "".join(server.log[-30:]), file=sys.stderr)
         jobs_done = jobs_check(visitors) if args.jobs else 0
 
         sent_turns = args.sockets * args.turns

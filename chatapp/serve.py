@@ -1,5 +1,6 @@
 """``python -m chatapp.serve``: Daphne's command line (the same arguments as ``daphne``) that also
-prints the address to open once the server listens, which is what ``make run`` starts.
+prints the address to open once the server listens, which is what ``make run`` starts, and closes
+a socket that sends an oversized frame with a close code instead of dropping it.
 
 Daphne itself only logs ``Listening on TCP address HOST:PORT``. Its server calls a
 ``ready_callable`` after every endpoint was bound and before it starts serving, and never when
@@ -61,13 +62,22 @@ def _host_allowed(host: str, allowed_hosts: Sequence[str]) -> bool:
 
 
 class AnnouncingServer(Server):
-    """Daphne's server, printing :func:`ready_lines` to stdout once every endpoint is bound."""
+    """Daphne's server, printing :func:`ready_lines` to stdout once every endpoint is bound.
+
+    A WebSocket frame or message over Daphne's size limit (``websocket_max_message_size``, 1 MiB)
+    is refused before the application sees it. autobahn's default for a server is to drop the TCP
+    connection then, which a client only sees as 1006 (no reason); here the socket is closed with
+    1009 ("message too big") and autobahn's reason naming the limit (docs/protocol.md "Close
+    codes"). Nothing of such a frame is read or stored.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["ready_callable"] = self.announce
         super().__init__(*args, **kwargs)
 
     def announce(self) -> None:
+        # Daphne builds its WebSocket factory in run(), before the endpoints are bound and this runs.
+        self.ws_factory.setProtocolOptions(failByDrop=False)
         # The application (chatapp.asgi) is imported before the server is built: settings are set up.
         for line in ready_lines(self.listening_addresses, allowed_hosts=settings.ALLOWED_HOSTS):
             print(line, flush=True)

@@ -702,7 +702,9 @@ class RecallInput:
     the embedding model whose cosines the candidates carry (None: lexical only, the gate is
     then :data:`LEXICAL_THRESHOLDS`); ``now``: the request's time (aware); ``notes``: what went
     wrong on the way (an embedder past its deadline or failing: lexical only); ``latency_ms``:
-    milliseconds the search took (query embedding included); ``rarity``: how rare the query's
+    milliseconds the request waited for the search (the query's embedding included, or what was
+    left of it when the owning app started it earlier); ``embedding_ms``: milliseconds the query's
+    embedding took from its start (0 without one); ``rarity``: how rare the query's
     terms are in the owner's index (the gate's rarity floor), None when unknown (the count
     floor)."""
 
@@ -712,6 +714,7 @@ class RecallInput:
     now: datetime
     notes: list[str] = field(default_factory=list)
     latency_ms: int = 0
+    embedding_ms: int = 0
     rarity: TermRarity | None = None
 
 
@@ -733,7 +736,7 @@ def recall_for(data: RecallInput, *, budget_tokens: int, counter: TokenCounter, 
 
 def recall_report(data: RecallInput | None, result: RecallResult) -> dict[str, Any]:
     """The JSON form of one request's recall for the inspector and the request snapshot:
-    ``query``, ``model`` (None: lexical only), ``latency_ms``, ``notes``, ``tokens`` of the
+    ``query``, ``model`` (None: lexical only), ``latency_ms``, ``embedding_ms``, ``notes``, ``tokens`` of the
     block, and for ``items`` (recalled, block order), ``rejected`` (best refused) and
     ``over_budget`` each ``{"item_id", "memory_key", "chat_title", "message_ids", "role",
     "created_at", "text", "lexical_rank", "cosine", "dense_rank", "rrf", "decay", "score",
@@ -764,6 +767,7 @@ def recall_report(data: RecallInput | None, result: RecallResult) -> dict[str, A
         "query": data.query[:300],
         "model": data.model,
         "latency_ms": data.latency_ms,
+        "embedding_ms": data.embedding_ms,
         "notes": list(data.notes),
         "tokens": result.tokens,
         "items": [entry(s) for s in result.items],

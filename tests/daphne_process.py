@@ -1,4 +1,5 @@
-"""Daphne as a subprocess on a free 127.0.0.1 port: the one start-up shared by the browser tests
+"""Daphne as a subprocess on a free 127.0.0.1 port, started as ``make run`` starts it
+(``python -m chatapp.serve``, Daphne's command line): the one start-up shared by the browser tests
 (``tests/browser``), the live-worker tests (``tests/production``) and the load benchmark
 (``bench/ws_load.py``). No pytest here, so the benchmark can import it.
 
@@ -64,7 +65,7 @@ def server_environment(settings: dict[str, str], *, keep: Iterable[str] = ()) ->
 @dataclass
 class DaphneServer:
     """A running Daphne subprocess: the ``port`` it listens on, ``log`` its output (at most
-    ``log_limit`` lines kept)."""
+    ``log_limit`` lines kept, the newest)."""
 
     process: subprocess.Popen[str]
     port: int = 0
@@ -100,11 +101,11 @@ class DaphneServer:
 def daphne_start(
     env: dict[str, str], app: str = "chatapp.asgi:application", *, log_limit: int = 100_000
 ) -> DaphneServer:
-    """Start ``daphne app`` (working directory: the repository) with ``env`` on a free 127.0.0.1
+    """Start ``python -m chatapp.serve app`` (working directory: the repository) with ``env`` on a free 127.0.0.1
     port; returns once it listens. Raises RuntimeError with its output when it does not within
     :data:`STARTUP_SECONDS` (or exits first)."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", "0", app],
+        [sys.executable, "-m", "chatapp.serve", "-b", "127.0.0.1", "-p", "0", app],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -117,8 +118,9 @@ def daphne_start(
     def drain() -> None:
         assert process.stdout is not None
         for line in process.stdout:
-            if len(server.log) < server.log_limit:
-                server.log.append(line)
+            server.log.append(line)
+            if len(server.log) > server.log_limit:  # the newest lines are kept
+                del server.log[: len(server.log) - server.log_limit]
             match = LISTENING.search(line)
             if match and not listening.is_set():
                 server.port = int(match.group(1))

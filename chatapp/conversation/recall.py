@@ -3,9 +3,12 @@
 
 The query is the turn's user message. Its embedding gets ``MEMORY_RECALL_DEADLINE_MS``
 (150 ms by default); past that, or when the embedder fails, the search is lexical only and the
-request's recall report says why. The full-text and vector search itself is one call to
-:func:`memory.api.recall_candidates`, scoped to the owner (never another owner's items) and, for
-this chat, to messages already folded into its summary (never one in the retained window).
+request's recall report says why. A turn that knows its question and owner when it opens starts
+the embedding then (:meth:`TurnRecall.prefetch`), so it runs while the turn loads its history
+and searches the knowledge base, and the request waits only for what is left of it. The
+full-text and vector search itself is one call to :func:`memory.api.recall_candidates`, scoped
+to the owner (never another owner's items) and, for this chat, to messages already folded into
+its summary (never one in the retained window).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -64,6 +68,18 @@ class TurnRecall:
         self.scope_key = scope_key
         self.orm = orm
         self._found: dict[int | None, RecallInput] = {}
+        self._embedding: asyncio.Future[QueryEmbedding] | None = None
+
+    def prefetch(self) -> None:
+        """Start embedding the query now, in the background (call from the event loop as the turn
+        opens): the search then awaits it instead of starting it. Nothing without both the
+        query's text and the owner's scope key (the search reads them first), or when started
+        already. The embedding ends by itself within ``MEMORY_RECALL_DEADLINE_MS`` and never
+        raises (its failures become the report's notes)."""
+        if self._embedding is None and self.query is not None and self.scope_key is not None:
+            self._embedding = asyncio.ensure_future(
+                query_embed(scope_key=self.scope_key, query=self.query, orm=self.orm)
+            )
 
     async def __call__(self, boundary: int | None) -> RecallInput:
         """Candidates for this turn's question at summary boundary ``boundary`` (see
@@ -78,9 +94,63 @@ class TurnRecall:
                 query=self.query,
                 scope_key=self.scope_key,
                 orm=self.orm,
+                embedding=self._embedding,
             )
             self._found = {boundary: found}
         return found
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueryEmbedding:
+    """The query's embedding for one search: ``vector``, a unit float32 vector of the embedder's
+    dimension, and ``model``, the embedding model's name, both None when the search is lexical
+    only; ``notes``: why it is lexical only, for the recall report; ``ms``: milliseconds the
+    embedding took (0 when none was computed)."""
+
+    vector: np.ndarray | None = None
+    model: str | None = None
+    notes: tuple[str, ...] = ()
+    ms: int = 0
+
+
+async def query_embed(
+    *,
+    scope_key: str,
+    query: str,
+    orm: Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]] = orm_async,
+    has_vectors: bool | None = None,
+) -> QueryEmbedding:
+    """Embed ``query`` for a search of owner ``scope_key``'s index with the configured embedder
+    (:func:`chatapp.llm.embeddings.embedder_choice`), within ``MEMORY_RECALL_DEADLINE_MS``.
+    Nothing is computed without an embedder, for a blank query, or when no item of the owner has
+    an embedding of the model yet (``has_vectors``; None: looked up here): a query vector would
+    find nothing (about 6 ms of CPU per turn saved with the bundled model, bench/ws_load.py).
+    Never raises: past the deadline, or when the lookup or the embedder fails, the result is
+    lexical only and its notes say why. ``orm`` as for :class:`TurnRecall`."""
+    choice = embedder_choice()
+    if choice.backend == "none" or not query.strip():
+        return QueryEmbedding()
+    started = time.perf_counter()
+    try:
+        if has_vectors is None:
+            has_vectors = await orm(memory_item_embeddings_exist)(scope_key=scope_key, model=choice.model)
+    except Exception as exc:
+        logger.warning("recall embedding lookup failed for %s: %s", scope_key, exc)
+        return QueryEmbedding(notes=(f"the embeddings could not be looked up ({type(exc).__name__}): lexical only",))
+    if not has_vectors:
+        return QueryEmbedding(notes=("nothing of this owner is embedded yet: lexical only",))
+    deadline_ms = settings.MEMORY_RECALL_DEADLINE_MS
+    try:
+        embedder = await orm(embedder_get)()
+        if embedder is None:
+            return QueryEmbedding()
+        vectors = await asyncio.wait_for(embedder.embed([query], kind="query"), timeout=deadline_ms / 1000)
+    except TimeoutError:
+        return QueryEmbedding(notes=(f"the query's embedding took over {deadline_ms} ms: lexical only",))
+    except Exception as exc:  # an embedder failure degrades recall, never the request
+        logger.warning("recall embedding failed for %s: %s", scope_key, exc)
+        return QueryEmbedding(notes=(f"the embedder failed ({type(exc).__name__}: {exc}): lexical only",))
+    return QueryEmbedding(vector=vectors[0], model=embedder.model, ms=int((time.perf_counter() - started) * 1000))
 
 
 async def recall_search(
@@ -91,84 +161,73 @@ async def recall_search(
     query: str | None = None,
     scope_key: str | None = None,
     orm: Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]] = orm_async,
+    embedding: asyncio.Future[QueryEmbedding] | None = None,
 ) -> RecallInput:
     """Search the owner's memory index for the text of message ``user_message_id`` of session
     ``session_id``, or for ``query`` when given (see the module docstring): the query embedded
-    within the deadline if an embedder is configured, while the full-text side runs
-    (:func:`memory.api.recall_lexical_hits`, with the rarity of the query's terms for the gate,
-    :func:`memory.api.recall_term_rarity`), then :func:`memory.api.recall_candidates` with
-    ``MEMORY_RECALL_SCOPE`` over those hits and the query's vector, chat titles filled. An empty
-    query (no text, or the session or message gone) finds nothing. ``scope_key``: the owner's,
-    when known (with ``query``, the session is not read). ``orm`` as for :class:`TurnRecall`.
-    Storage errors propagate."""
+    (:func:`query_embed`) while the full-text side runs (:func:`memory.api.recall_lexical_hits`,
+    with the rarity of the query's terms for the gate, :func:`memory.api.recall_term_rarity`),
+    then :func:`memory.api.recall_candidates` with ``MEMORY_RECALL_SCOPE`` over those hits and
+    the query's vector, chat titles filled. An empty query (no text, or the session or message
+    gone) finds nothing. ``scope_key``: the owner's, when known (with ``query``, the session is
+    not read). ``embedding``: the query's embedding started earlier (:meth:`TurnRecall.prefetch`,
+    for this ``query`` and ``scope_key``), awaited instead of started here. ``orm`` as for
+    :class:`TurnRecall`. The result's ``latency_ms`` is the time this search took, which is what
+    the request waits for (a prefetched embedding counts only for what was left of it). Storage
+    errors of the full-text side propagate."""
     started = time.perf_counter()
-    choice = embedder_choice()
-    configured = None if choice.backend == "none" else choice.model
-    subject: tuple[str, str, bool] | None
-    if query is not None and scope_key is not None:
-        has = configured is not None and await orm(memory_item_embeddings_exist)(scope_key=scope_key, model=configured)
-        subject = scope_key, query, has
-    else:
-        subject = await orm(_subject)(
-            session_id=session_id, user_message_id=user_message_id, query=query, embedding_model=configured
-        )
-    if subject is None:
-        return RecallInput(query="", candidates=[], model=None, now=timezone.now())
-    scope_key, query, has_vectors = subject
-    notes: list[str] = []
-    vector: np.ndarray | None = None
-    model: str | None = None
-    # No item of this owner has an embedding of the model yet: a query vector would find nothing,
-    # so it is not computed (about 6 ms of CPU per turn with the bundled model, bench/ws_load.py).
-    embedder = await orm(embedder_get)() if query.strip() and has_vectors else None
-    if configured and query.strip() and not has_vectors:
-        notes.append("nothing of this owner is embedded yet: lexical only")
-    memory_key = ChatSession.memory_key_for(session_id)
-    embedding: asyncio.Task[np.ndarray] | None = None
-    if embedder is not None:
-        # The query is embedded (a thread of its own) while the full-text side runs on the ORM
+    prefetched = embedding is not None and query is not None and scope_key is not None
+    if embedding is None or query is None or scope_key is None:
+        choice = embedder_choice()
+        configured = None if choice.backend == "none" else choice.model
+        subject: tuple[str, str, bool | None] | None
+        if query is not None and scope_key is not None:
+            subject = scope_key, query, None
+        else:
+            subject = await orm(_subject)(
+                session_id=session_id, user_message_id=user_message_id, query=query, embedding_model=configured
+            )
+        if subject is None:
+            return RecallInput(query="", candidates=[], model=None, now=timezone.now())
+        scope_key, query, has_vectors = subject
+        # The query is embedded (a task of its own) while the full-text side runs on the ORM
         # thread: the search takes the longer of the two, not their sum.
-        deadline = settings.MEMORY_RECALL_DEADLINE_MS / 1000
-        embedding = asyncio.ensure_future(asyncio.wait_for(embedder.embed([query], kind="query"), timeout=deadline))
+        embedding = asyncio.ensure_future(
+            query_embed(scope_key=scope_key, query=query, orm=orm, has_vectors=has_vectors)
+        )
+    memory_key = ChatSession.memory_key_for(session_id)
     try:
         hits, rarity = await orm(_lexical)(scope_key=scope_key, memory_key=memory_key, boundary=boundary, query=query)
     except BaseException:
-        if embedding is not None:
+        if not prefetched:  # a prefetched one is the turn's: a later search may still use it
             embedding.cancel()
         raise
-    if embedding is not None and embedder is not None:
-        try:
-            vector = (await embedding)[0]
-            model = embedder.model
-        except TimeoutError:
-            notes.append(f"the query's embedding took over {settings.MEMORY_RECALL_DEADLINE_MS} ms: lexical only")
-        except Exception as exc:  # an embedder failure degrades recall, never the request
-            logger.warning("recall embedding failed for chat %s: %s", session_id, exc)
-            notes.append(f"the embedder failed ({type(exc).__name__}: {exc}): lexical only")
+    embedded = await embedding
     candidates, rarity = await orm(_candidates)(
         scope_key=scope_key,
         memory_key=memory_key,
         boundary=boundary,
         query=query,
-        vector=vector,
-        model=model,
+        vector=embedded.vector,
+        model=embedded.model,
         hits=hits,
         rarity=rarity,
     )
     return RecallInput(
         query=query,
         candidates=candidates,
-        model=model,
+        model=embedded.model,
         now=timezone.now(),
-        notes=notes,
+        notes=list(embedded.notes),
         latency_ms=int((time.perf_counter() - started) * 1000),
+        embedding_ms=embedded.ms,
         rarity=rarity,
     )
 
 
 def _subject(
     *, session_id: int, user_message_id: int | None, query: str | None, embedding_model: str | None = None
-) -> tuple[str, str, bool] | None:
+) -> tuple[str, str, bool | None] | None:
     """The owner's scope key, the question's text (``query`` when given, else the text of message
     ``user_message_id``) and whether any item of the owner has an embedding of
     ``embedding_model`` (False when None); None when the session or message is gone, or neither

@@ -358,7 +358,13 @@ class ReplaySession:
                 self.mode,
                 self.compression,
                 recall=TurnRecall(
-                    session_id=self.session_id, user_message_id=None, query=question.text, orm=sync_to_async
+                    session_id=self.session_id,
+                    user_message_id=None,
+                    query=question.text,
+                    scope_key=services.chat_session_scope_key(
+                        owner_id=self._session.owner_id, owner_session_key=self._session.owner_session_key
+                    ),
+                    orm=sync_to_async,
                 ),
                 question=question.text,
             )
@@ -440,9 +446,15 @@ def _build(
         mode=mode,
         compression=compression,
     )
-    if mode == "agent":
-        return async_to_sync(AgentMemoryMiddleware(engine).before_model)(request)
-    return async_to_sync(engine.build_context)(request)
+
+    async def build() -> MemoryContext:
+        if isinstance(recall, TurnRecall):
+            recall.prefetch()  # as a live turn does when it opens (chatapp.conversation.runner)
+        if mode == "agent":
+            return await AgentMemoryMiddleware(engine).before_model(request)
+        return await engine.build_context(request)
+
+    return async_to_sync(build)()
 
 
 def _record(name: str, call: int, engine: MemoryEngine, context: MemoryContext, session_id: int) -> dict[str, Any]:

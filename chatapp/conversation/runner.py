@@ -103,6 +103,8 @@ async def chat_turn_run(*, session_id: int, user_message_id: int) -> Message:
             scope_key=chat_session_scope_key(owner_id=session.owner_id, owner_session_key=session.owner_session_key),
         )
         _running[user_message_id] = turn
+        # The question's embedding runs while the turn announces itself and loads its context.
+        turn.recall.prefetch()
         try:
             await turn.emit(ChatTurnEvent(turn_id=user_message_id, status="started", mode=session.mode))
             if session.mode == ChatSession.Mode.AGENT:

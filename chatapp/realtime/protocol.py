@@ -51,12 +51,20 @@ MESSAGE_ID_MAX = 2**63 - 1
 # --- close codes ----------------------------------------------------------------------------
 
 CLOSE_NOT_FOUND: Final = 4404
+# The standard "message too big" (RFC 6455 section 7.4.1), sent by the server itself
+# (chatapp.serve): the application never sees such a frame.
+CLOSE_TOO_BIG: Final = 1009
 
 CLOSE_CODES: Final[dict[int, str]] = {
     CLOSE_NOT_FOUND: (
         "no such session for this visitor (not theirs, unknown, or deleted while the socket was open), "
         "or no such path; the socket is accepted first so that a browser sees the code (a refused "
         "handshake only shows as 1006)"
+    ),
+    CLOSE_TOO_BIG: (
+        "a frame or message over 1 MiB (Daphne's `websocket_max_message_size`), closed with a reason "
+        "naming the limit before the application reads it; nothing was stored. A frame up to 1 MiB "
+        "but longer than a `chat.send` can be gets the `bad_frame` error instead and the socket stays open"
     ),
 }
 """The WebSocket close codes the server uses, with their meaning. A handshake from a foreign
@@ -521,7 +529,8 @@ class MemoryContextEvent(ServerEvent):
     recall: dict[str, Any] | None = None
     """What recall brought into the request and why (docs/memory.md §12), null when the request
     had no recall: ``query``, ``model`` (the embedding model, null: lexical only),
-    ``latency_ms``, ``notes`` (e.g. why it fell back to lexical only), ``tokens`` of the block,
+    ``latency_ms`` (what the request waited for the search), ``embedding_ms`` (the query's embedding
+    from its start, which may be earlier), ``notes`` (e.g. why it fell back to lexical only), ``tokens`` of the block,
     and ``items`` (recalled, in block order), ``rejected`` (the best candidates the gate
     refused) and ``over_budget`` (admitted, left out for the budget), each ``{item_id,
     memory_key, chat_title, message_ids, role, created_at, text, lexical_rank, cosine,

@@ -1,14 +1,15 @@
 """The production shape, live: Daphne workers as subprocesses on the test database and Redis.
 
-Each worker is ``python -m daphne`` on a free 127.0.0.1 port (it binds port 0 and logs the port
-it got), on the test run's own database (the SQLite test file, or the PostgreSQL test database)
+Each worker is ``python -m chatapp.serve`` (Daphne, as ``make run`` starts it) on a free
+127.0.0.1 port (it binds port 0 and logs the port it got), on the test run's own database (the SQLite test file, or the PostgreSQL test database)
 and on Redis (``REDIS_URL``) under a channel-layer key prefix of its own, so concurrent runs
 sharing one Redis never hear each other. The offline engine answers; ``start_worker(**env)``
 adds variables (``OFFLINE_DELAY``, ``CHAT_TURN_LEASE_SECONDS`` ...). Browsers are played by the
 ``websockets`` client, sending the owner's session cookie and the worker's own Origin.
 
-Tests here are skipped, with a message, without ``REDIS_URL`` (and the two-worker test also
-without a PostgreSQL ``DATABASE_URL``): CI's second leg runs them.
+Tests on Redis are skipped, with a message, without ``REDIS_URL`` (and the two-worker test also
+without a PostgreSQL ``DATABASE_URL``): CI's second leg runs them. ``start_single_worker`` runs
+one worker on the in-memory channel layer, on either leg.
 """
 
 from __future__ import annotations
@@ -68,14 +69,19 @@ def start_worker(transactional_db: None) -> Iterator[Callable[..., Worker]]:
     """``start_worker(**env)``: a new live worker on this test's database and Redis, sharing the
     test's channel-layer prefix with its other workers; all are stopped before the database is
     flushed. Skips without ``REDIS_URL``."""
-    base = server_environment(
-        {
-            "REDIS_URL": redis_url(),
-            "CHANNEL_LAYER_PREFIX": f"test{uuid.uuid4().hex[:12]}",
-            "LLM_MODEL": OFFLINE_MODEL,
-            **database_environment(),
-        }
-    )
+    yield from _workers({"REDIS_URL": redis_url(), "CHANNEL_LAYER_PREFIX": f"test{uuid.uuid4().hex[:12]}"})
+
+
+@pytest.fixture
+def start_single_worker(transactional_db: None) -> Iterator[Callable[..., Worker]]:
+    """``start_single_worker(**env)``: a live worker on this test's database with the in-memory
+    channel layer (the embedded default's shape; no Redis needed), stopped before the database is
+    flushed."""
+    yield from _workers({})
+
+
+def _workers(shape: dict[str, str]) -> Iterator[Callable[..., Worker]]:
+    base = server_environment({**shape, "LLM_MODEL": OFFLINE_MODEL, **database_environment()})
     workers: list[Worker] = []
 
     def start(**extra: str) -> Worker:

@@ -203,3 +203,60 @@ async def test_the_request_embeds_its_question_only_once_the_owner_has_vectors_a
         assert found.model is None and len(found.notes) == 1 and found.notes[0].endswith("lexical only")
         assert ("failed" if kind == "fails" else "took over 100 ms") in found.notes[0]
         assert found.candidates, "full-text search still finds the order"
+
+
+class GatedEmbedder(HashEmbedder):
+    """An embedder that answers once ``gate`` is set (the turn goes on meanwhile)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import asyncio
+
+        self.started = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def embed(self, texts: list[str], *, kind: str) -> np.ndarray:
+        self.calls += 1
+        self.started.set()
+        await self.gate.wait()
+        return np.stack([hashed(text) for text in texts])
+
+
+async def test_a_turn_starts_its_questions_embedding_when_it_opens_and_every_search_of_the_turn_uses_it(
+    settings: Any, monkeypatch: Any
+):
+    import asyncio
+
+    from chatapp.conversation import recall
+
+    settings.EMBEDDING_BACKEND = "auto"
+    settings.EMBEDDING_BASE_URL, settings.EMBEDDING_MODEL = "http://embeddings.invalid/v1", "hash"
+    settings.MEMORY_RECALL_DEADLINE_MS = 10_000
+    embedder = GatedEmbedder()
+    monkeypatch.setattr(recall, "embedder_get", lambda: embedder)
+    session, messages = await sync_to_async(conversation)()
+    await runner(HashEmbedder()).run_now(str(session.pk))
+    scope_key = chat_services.chat_session_scope_key(
+        owner_id=session.owner_id, owner_session_key=session.owner_session_key
+    )
+    turn_recall = recall.TurnRecall(
+        session_id=session.pk, user_message_id=None, query="Has order ZX-88213 shipped yet?", scope_key=scope_key
+    )
+
+    turn_recall.prefetch()
+    turn_recall.prefetch()  # once per turn
+    async with asyncio.timeout(10):  # the embedding starts in the background, before any search
+        await embedder.started.wait()
+    assert embedder.calls == 1
+
+    search = asyncio.ensure_future(turn_recall(messages[1].pk))
+    await asyncio.sleep(0.05)
+    assert not search.done(), "the search waits for the embedding it did not start"
+    embedder.gate.set()
+    found = await search
+    assert found.model == "hash" and found.notes == [] and found.embedding_ms >= 0
+    assert any(candidate.cosine is not None for candidate in found.candidates)
+
+    # Another boundary (the turn compressed meanwhile) searches again with the same embedding.
+    again = await turn_recall(messages[-1].pk)
+    assert embedder.calls == 1 and again.model == "hash"

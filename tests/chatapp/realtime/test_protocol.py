@@ -252,7 +252,7 @@ def test_error_codes_are_the_strings_clients_know():
     assert {code for code in protocol.ERROR_CODES if code.startswith("llm_")} == {
         protocol.llm_error_code(kind) for kind in get_args(LLMErrorKind)
     }
-    assert protocol.CLOSE_NOT_FOUND == 4404 and set(protocol.CLOSE_CODES) == {4404}
+    assert protocol.CLOSE_NOT_FOUND == 4404 and set(protocol.CLOSE_CODES) == {4404, 1009}
 
 
 @pytest.mark.parametrize(
