@@ -224,6 +224,12 @@ else:
 # Messages a channel (one socket) may hold before the layer drops new ones. The layers' default
 # of 100 silently lost a streamed reply's events when a socket was briefly busy.
 CHANNEL_CAPACITY = 1000
+# channels_redis keeps the messages of every socket of one worker in one Redis key (its process
+# channel, "specific.<worker>!") and checks the capacity on that key: at 1000 a worker with a
+# hundred busy sockets dropped events silently under a burst (bench/ws_load.py: a reply's final
+# chat.message or a delta, about once in 40 runs). Messages expire after a minute anyway
+# (channels_redis's expiry), so this bounds a worker's backlog, not a socket's.
+CHANNEL_WORKER_CAPACITY = 100_000
 _redis_url = env_url("REDIS_URL", schemes=("redis", "rediss", "unix"))
 # Seconds a Redis command may wait for its reply. It must be longer than the 5-second blocking
 # receive channels_redis keeps open on every worker: redis-py 8 defaults to 5 seconds, which
@@ -263,7 +269,12 @@ if _redis_url:
         CHANNEL_LAYERS = {
             "default": {
                 "BACKEND": "channels_redis.core.RedisChannelLayer",
-                "CONFIG": {"hosts": [_redis_host], "capacity": CHANNEL_CAPACITY, "prefix": CHANNEL_LAYER_PREFIX},
+                "CONFIG": {
+                    "hosts": [_redis_host],
+                    "capacity": CHANNEL_CAPACITY,
+                    "channel_capacity": {"specific.*": CHANNEL_WORKER_CAPACITY},
+                    "prefix": CHANNEL_LAYER_PREFIX,
+                },
             }
         }
 else:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import cast
 
 from chatapp.chats import selectors
@@ -56,14 +57,17 @@ _session_queues: dict[int, _SessionQueue] = {}
 
 class _SessionQueue:
     """The started turns of one session in this process: they take ``lock`` (first come, first
-    served) to run; ``waiting`` counts holders and waiters so the queue can go when unused."""
+    served) to run; ``waiting`` counts holders and waiters so the queue can go when unused;
+    ``stops`` counts the ``chat.stop`` requests that reached this process, so a turn that was
+    waiting when one came knows it was stopped before it ran."""
 
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
         self.waiting = 0
+        self.stops = 0
 
 
-async def chat_turn_run(*, session_id: int, user_message_id: int) -> Message:
+async def chat_turn_run(*, session_id: int, user_message_id: int, stopped: Callable[[], bool] | None = None) -> Message:
     """Answer the stored user message ``user_message_id`` of session ``session_id``.
 
     Runs the session's mode (``agent``: :func:`chatapp.conversation.agent.agent_turn_run`; ``quick-answer``:
@@ -78,7 +82,9 @@ async def chat_turn_run(*, session_id: int, user_message_id: int) -> Message:
     no dangling question. Raises :class:`ChatSessionDeleted` when the session was deleted before
     or while the turn ran (nothing is left to store a reply in; logged at INFO, no traceback,
     docs/memory.md F-41), and otherwise only when even the error reply cannot be stored (database
-    down) and for cancellation of the calling task.
+    down) and for cancellation of the calling task. ``stopped``: whether the user stopped the
+    session's turns while this one waited behind another or opened (asked once the turn is
+    registered, so no stop falls between); such a turn ends as ``stopped`` without calling the model.
     """
     async with (
         turn_lease_kept(user_message_id=user_message_id),
@@ -103,8 +109,10 @@ async def chat_turn_run(*, session_id: int, user_message_id: int) -> Message:
             scope_key=chat_session_scope_key(owner_id=session.owner_id, owner_session_key=session.owner_session_key),
         )
         _running[user_message_id] = turn
-        # The question's embedding runs while the turn announces itself and loads its context.
-        turn.recall.prefetch()
+        if stopped is not None and stopped():
+            turn.stop()
+        else:  # the question's embedding runs while the turn announces itself and loads its context
+            turn.recall.prefetch()
         try:
             await turn.emit(ChatTurnEvent(turn_id=user_message_id, status="started", mode=session.mode))
             if session.mode == ChatSession.Mode.AGENT:
@@ -190,9 +198,12 @@ def chat_turn_start(*, session_id: int, user_message_id: int, lease_fresh: bool 
 async def _chat_turn_queued(*, session_id: int, user_message_id: int, lease_fresh: bool = False) -> Message:
     queue = _session_queues.setdefault(session_id, _SessionQueue())
     queue.waiting += 1
+    stops = queue.stops
     try:
         async with turn_lease_kept(user_message_id=user_message_id, fresh=lease_fresh), queue.lock:
-            return await chat_turn_run(session_id=session_id, user_message_id=user_message_id)
+            return await chat_turn_run(
+                session_id=session_id, user_message_id=user_message_id, stopped=lambda: queue.stops != stops
+            )
     finally:
         queue.waiting -= 1
         if not queue.waiting:
@@ -208,7 +219,13 @@ def _task_done(task: asyncio.Task[Message]) -> None:
 
 
 def chat_turn_stop(*, session_id: int) -> int:
-    """Ask every turn of session ``session_id`` running in this process to stop; returns how many."""
+    """Ask every turn of session ``session_id`` running in this process to stop, and those started
+    here and still waiting behind one (each ends as ``stopped`` when its time comes, without
+    calling the model: a user who presses Stop stops what they have in flight); returns how many
+    were running."""
+    queue = _session_queues.get(session_id)
+    if queue is not None:
+        queue.stops += 1
     turns = [turn for turn in _running.values() if turn.session_id == session_id]
     for turn in turns:
         turn.stop()
@@ -223,8 +240,9 @@ async def chat_turn_stop_everywhere(*, session_id: int) -> int:
     """Ask every running turn of session ``session_id`` to stop, on whichever worker it runs
     (:mod:`chatapp.conversation.stopping`): those of this process at once, the others when their
     worker's listener gets the channel layer's ``turn.stop`` (milliseconds). Returns how many
-    were stopped in this process. Turns still queued behind a running one are not stopped. A
-    channel layer that fails is logged: the local turns are stopped all the same."""
+    were running in this process; turns queued behind them are stopped too
+    (:func:`chat_turn_stop`). A channel layer that fails is logged: the local turns are stopped all
+    the same."""
     stopped = chat_turn_stop(session_id=session_id)
     try:
         await stopping.turn_stop_broadcast(session_id=session_id)

@@ -192,7 +192,7 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
         await self.sync_answer(session, event)
 
     async def chat_stop(self, session: ChatSession) -> None:
-        """Stop the session's running turns, on whichever worker runs them
+        """Stop the session's turns in flight, running or queued, on whichever worker runs them
         (:func:`chatapp.conversation.runner.chat_turn_stop_everywhere`). A turn no worker runs any
         more (its lease ran out) is closed now rather than left pending."""
         await chat_turn_stop_everywhere(session_id=session.pk)

@@ -182,9 +182,10 @@ class ChatSync(ClientEventBase):
 
 @dataclass(frozen=True, kw_only=True)
 class ChatStop(ClientEventBase):
-    """Stop the session's running turns, on whichever worker runs them: each ends with a
-    ``stopped`` reply and ``chat.done``. A turn no worker runs any more (its lease ran out) is
-    closed with an ``error`` reply instead."""
+    """Stop the session's turns in flight, on whichever worker runs them: the running ones and
+    those queued behind them (a burst of sends), each ending with a ``stopped`` reply and
+    ``chat.done`` (a queued one without calling the model). A turn no worker runs any more (its
+    lease ran out) is closed with an ``error`` reply instead."""
 
     type: ClassVar[str] = "chat.stop"
 

@@ -102,6 +102,8 @@ def test_valid_urls_configure_the_channel_layer_and_endpoints(monkeypatch):
             }
         ],
         "capacity": 1000,
+        # Every socket of a worker shares one Redis key: its capacity is the worker's backlog.
+        "channel_capacity": {"specific.*": 100_000},
         "prefix": "asgi",
     }
     assert loaded["LLM_CHAT_BASE_URL"] == loaded["LLM_SUMMARY_BASE_URL"] == "http://127.0.0.1:11434/v1"

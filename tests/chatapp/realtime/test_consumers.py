@@ -254,6 +254,27 @@ async def test_stop_ends_a_slow_reply_as_stopped(ws, alice, settings):
     assert answer.status == Message.Status.STOPPED and answer.content == "[stopped by the user]"
 
 
+async def test_stop_also_stops_the_turns_queued_behind_the_running_one(ws, alice, settings):
+    # Found by a newcomer: three sends in a row, then Stop, and the two queued turns still ran.
+    settings.OFFLINE_DELAY_SECONDS = 3.0
+    session = await make_session(alice, mode=ChatSession.Mode.QUICK_ANSWER)
+    async with ws(f"/ws/chat/{session.pk}/", cookie=alice.cookie) as communicator:
+        await communicator.connect(timeout=TIMEOUT)
+        for number in range(3):
+            await communicator.send_json_to(send(f"q{number}", "How large can a file be?"))
+        await receive_until(communicator, lambda e: e["type"] == "memory.context")
+        await communicator.send_json_to({"type": "chat.stop"})
+        dones: list[dict] = []
+        while len(dones) < 3:
+            dones += of_type(await receive_until(communicator, is_done, timeout=5.0), "chat.done")
+
+    assert [done["status"] for done in dones] == ["stopped"] * 3
+    replies = [m for m in await rows(session) if m.role == Message.Role.ASSISTANT]
+    assert [m.status for m in replies] == [Message.Status.STOPPED] * 3
+    # Only the running turn had called the model; the queued ones never did.
+    assert await ModelCall.objects.filter(session=session).acount() == 1
+
+
 # --- resends and reconnects (docs/memory.md F-27) -------------------------------------------
 
 
