@@ -84,7 +84,8 @@ async def chat_turn_run(*, session_id: int, user_message_id: int, stopped: Calla
     docs/memory.md F-41), and otherwise only when even the error reply cannot be stored (database
     down) and for cancellation of the calling task. ``stopped``: whether the user stopped the
     session's turns while this one waited behind another or opened (asked once the turn is
-    registered, so no stop falls between); such a turn ends as ``stopped`` without calling the model.
+    registered, so no stop falls between); such a turn ends as ``stopped`` at once (no search, no
+    context, no model call).
     """
     async with (
         turn_lease_kept(user_message_id=user_message_id),
@@ -115,6 +116,8 @@ async def chat_turn_run(*, session_id: int, user_message_id: int, stopped: Calla
             turn.recall.prefetch()
         try:
             await turn.emit(ChatTurnEvent(turn_id=user_message_id, status="started", mode=session.mode))
+            if turn.stop_requested():  # stopped while it waited: no search, no context, no model call
+                return await turn.stopped("", step=0)
             if session.mode == ChatSession.Mode.AGENT:
                 reply = await agent_turn_run(turn)
             else:
