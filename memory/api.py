@@ -53,9 +53,12 @@ from memory.recall import (
     RecallInput,
     RecallItem,
     RecallResult,
+    ScoredCandidate,
     TermRarity,
     message_text,
+    recall_anchors,
     recall_report,
+    recall_scored,
 )
 from memory.services import (
     KeyFactNotFound,
@@ -81,6 +84,7 @@ from memory.services import (
     recall_cache_clear,
     recall_candidates,
     recall_lexical_hits,
+    recall_neighbors,
     recall_term_rarity,
     session_memory_delete,
     session_summary_get,
@@ -183,6 +187,7 @@ __all__ += [
     "RecallInput",
     "RecallItem",
     "RecallResult",
+    "ScoredCandidate",
     "TermRarity",
     "memory_index_status",
     "memory_item_embeddings_exist",
@@ -192,10 +197,13 @@ __all__ += [
     "memory_items_write",
     "message_pieces",
     "message_text",
+    "recall_anchors",
     "recall_cache_clear",
     "recall_candidates",
     "recall_lexical_hits",
+    "recall_neighbors",
     "recall_report",
+    "recall_scored",
     "recall_term_rarity",
 ]
 

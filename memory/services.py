@@ -969,10 +969,7 @@ def recall_candidates(
         (Q(memory_key=memory_key, last_message_id__lte=boundary) if boundary is not None else Q(pk__in=[]))
         | (~Q(memory_key=memory_key) if scope == "owner" else Q(pk__in=[]))
     )
-    found = {
-        row[0]: row
-        for row in rows.values_list("id", "memory_key", "message_ids", "role", "text", "token_count", "created_at")
-    }
+    found = {row[0]: row for row in rows.values_list(*_ITEM_COLUMNS)}
     gone = [item_id for item_id in dense if item_id not in found]
     if gone:
         _vectors.forget(scope_key, gone)
@@ -985,18 +982,8 @@ def recall_candidates(
         row = found.get(item_id)
         if row is None:
             continue
-        _, chat, message_ids, role, text, tokens, created_at = row
-        item = RecallItem(
-            id=item_id,
-            memory_key=chat,
-            chat_title=named.get(chat, ""),
-            message_ids=tuple(int(message_id) for message_id in message_ids),
-            role=role,
-            text=text,
-            tokens=tokens,
-            created_at=created_at,
-        )
-        lowered = text.casefold()
+        item = _item(row, title=named.get(row[1], ""))
+        lowered = item.text.casefold()
         identifier_match = any(value in lowered for value in folded)
         if item_id not in ranks and item_id not in dense_ids and not identifier_match:
             continue  # found only by an identifier's phrase, without the identifier verbatim
@@ -1016,6 +1003,71 @@ def recall_candidates(
         )
     )
     return candidates
+
+
+_ITEM_COLUMNS = ("id", "memory_key", "message_ids", "role", "text", "token_count", "created_at")
+
+
+def _item(row: Sequence[Any], *, title: str) -> RecallItem:
+    """A :class:`RecallItem` of a row of :data:`_ITEM_COLUMNS`."""
+    item_id, chat, message_ids, role, text, tokens, created_at = row
+    return RecallItem(
+        id=item_id,
+        memory_key=chat,
+        chat_title=title,
+        message_ids=tuple(int(message_id) for message_id in message_ids),
+        role=role,
+        text=text,
+        tokens=tokens,
+        created_at=created_at,
+    )
+
+
+def recall_neighbors(
+    *,
+    scope_key: str,
+    memory_key: str,
+    boundary: int | None,
+    scope: Literal["chat", "owner"],
+    anchors: Sequence[RecallItem],
+) -> dict[int, tuple[RecallItem, ...]]:
+    """The items next to each of ``anchors`` in its chat (docs/memory.md §12, "context"): anchor
+    id → (the next item, the one before), in the chat's order (message id, then piece), each
+    only when it exists and is in the same scope as :func:`recall_candidates` (never another
+    owner's, never in this chat's retained window: at most ``boundary``). An anchor's chat title
+    is its neighbours'. One statement for all anchors (two lookups each on the unique index of
+    ``memory_key, last_message_id, piece``), one more for the rows. Storage errors propagate."""
+    if not anchors:
+        return {}
+    scope_params = _scope_params(scope_key, memory_key, boundary, scope)
+    # The first comparison lets the index seek; the second orders pieces of the same message.
+    after = (
+        "m.last_message_id >= a.last_message_id AND (m.last_message_id > a.last_message_id "
+        "OR (m.last_message_id = a.last_message_id AND m.piece > a.piece))"
+    )
+    before = (
+        "m.last_message_id <= a.last_message_id AND (m.last_message_id < a.last_message_id "
+        "OR (m.last_message_id = a.last_message_id AND m.piece < a.piece))"
+    )
+    branches, params = [], []
+    for anchor in anchors:
+        for step, (condition, order) in enumerate(((after, ""), (before, " DESC"))):
+            branches.append(
+                f"SELECT {int(anchor.id)}, {step}, (SELECT m.id FROM memory_memoryitem m, memory_memoryitem a "
+                f"WHERE a.id = {int(anchor.id)} AND m.memory_key = a.memory_key AND ({condition}) "
+                f"AND {_scope_sql('m')} ORDER BY m.last_message_id{order}, m.piece{order} LIMIT 1)"
+            )
+            params.extend(scope_params)
+    with connection.cursor() as cursor:
+        cursor.execute(" UNION ALL ".join(branches), params)
+        found = [(int(anchor_id), int(step), item_id) for anchor_id, step, item_id in cursor.fetchall() if item_id]
+    rows = {row[0]: row for row in MemoryItem.objects.filter(pk__in=[f[2] for f in found]).values_list(*_ITEM_COLUMNS)}
+    titles = {anchor.id: anchor.chat_title for anchor in anchors}
+    neighbors: dict[int, list[RecallItem]] = {}
+    for anchor_id, _, item_id in sorted(found, key=lambda f: (f[0], f[1])):
+        if item_id in rows:
+            neighbors.setdefault(anchor_id, []).append(_item(rows[item_id], title=titles[anchor_id]))
+    return {anchor_id: tuple(items) for anchor_id, items in neighbors.items()}
 
 
 def recall_cache_clear() -> None:

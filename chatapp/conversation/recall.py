@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, cast
 
 import numpy as np
@@ -32,11 +33,16 @@ from memory.api import (
     LexicalHits,
     RecallCandidate,
     RecallInput,
+    RecallItem,
+    ScoredCandidate,
     TermRarity,
     memory_item_embeddings_exist,
     message_text,
+    recall_anchors,
     recall_candidates,
     recall_lexical_hits,
+    recall_neighbors,
+    recall_scored,
     recall_term_rarity,
 )
 
@@ -203,7 +209,8 @@ async def recall_search(
             embedding.cancel()
         raise
     embedded = await embedding
-    candidates, rarity = await orm(_candidates)(
+    now = timezone.now()
+    candidates, rarity, scored, neighbors = await orm(_candidates)(
         scope_key=scope_key,
         memory_key=memory_key,
         boundary=boundary,
@@ -212,12 +219,15 @@ async def recall_search(
         model=embedded.model,
         hits=hits,
         rarity=rarity,
+        now=now,
     )
     return RecallInput(
         query=query,
         candidates=candidates,
+        neighbors=neighbors,
+        scored=scored,
         model=embedded.model,
-        now=timezone.now(),
+        now=now,
         notes=list(embedded.notes),
         latency_ms=int((time.perf_counter() - started) * 1000),
         embedding_ms=embedded.ms,
@@ -283,10 +293,16 @@ def _candidates(
     model: str | None,
     hits: LexicalHits,
     rarity: TermRarity | None,
-) -> tuple[list[RecallCandidate], TermRarity | None]:
+    now: datetime,
+) -> tuple[
+    list[RecallCandidate], TermRarity | None, tuple[ScoredCandidate, ...] | None, dict[int, tuple[RecallItem, ...]]
+]:
     """:func:`memory.api.recall_candidates` over the full-text ``hits`` already found, with each
-    item's chat title filled (one query), and ``rarity`` (computed here when the full-text side
-    found nothing but the dense side did; None when nothing was found, so no gate needs it)."""
+    item's chat title filled (one query), ``rarity`` (computed here when the full-text side
+    found nothing but the dense side did; None when nothing was found, so no gate needs it), the
+    candidates gated and scored once for the request (:func:`memory.api.recall_scored`), and the
+    neighbours of the best admitted ones for the block's context
+    (:func:`memory.api.recall_anchors`, :func:`memory.api.recall_neighbors`; one query)."""
     found = recall_candidates(
         scope_key=scope_key,
         memory_key=memory_key,
@@ -299,10 +315,18 @@ def _candidates(
         titles=_titles,
     )
     if not found:
-        rarity = None
-    elif rarity is None:
+        return found, None, None, {}
+    if rarity is None:
         rarity = recall_term_rarity(scope_key=scope_key, query=query)
-    return found, rarity
+    scored = recall_scored(found, query=query, now=now, model=model, rarity=rarity)
+    neighbors = recall_neighbors(
+        scope_key=scope_key,
+        memory_key=memory_key,
+        boundary=boundary,
+        scope=cast(Any, settings.MEMORY_RECALL_SCOPE),
+        anchors=recall_anchors(scored, memory_key=memory_key),
+    )
+    return found, rarity, scored, neighbors
 
 
 def _titles(memory_keys: set[str]) -> dict[str, str]:

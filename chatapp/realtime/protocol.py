@@ -535,7 +535,8 @@ class MemoryContextEvent(ServerEvent):
     and ``items`` (recalled, in block order), ``rejected`` (the best candidates the gate
     refused) and ``over_budget`` (admitted, left out for the budget), each ``{item_id,
     memory_key, chat_title, message_ids, role, created_at, text, lexical_rank, cosine,
-    dense_rank, rrf, decay, score, reason}``. The recall block's entry in ``sources`` has kind
+    dense_rank, rrf, decay, score, reason, context_of}`` (``context_of``: for an item brought
+    as the context of a recalled one, that item's id, else null). The recall block's entry in ``sources`` has kind
     ``recall`` with ``item_ids`` and ``message_ids``."""
     calibration: dict[str, Any] | None = None
     """The token-estimate calibration the request was budgeted with (docs/memory.md §5,

@@ -739,7 +739,8 @@ class RecallEntry:
     first; ``lexical_rank`` (1 = the best full-text hit) and ``dense_rank`` (1 = the best cosine)
     are None when that side did not find it; ``cosine`` is None without an embedding; ``rrf``
     the fused rank, ``decay`` the age factor (0.9..1), ``score`` = ``rrf * decay``; ``reason``
-    the admission gate's verdict in words (docs/memory.md §12).
+    the admission gate's verdict in words (docs/memory.md §12); ``context_of``: for an item
+    brought as the context of a recalled one (not gated, no score), that item's id, else None.
     """
 
     item_id: int
@@ -757,6 +758,7 @@ class RecallEntry:
     decay: float
     score: float
     reason: str
+    context_of: int | None = None
 
     @property
     def message_id(self) -> int | None:
@@ -873,6 +875,7 @@ def _recall_entry(entry: dict[str, Any], *, session_id: int) -> RecallEntry:
         decay=float(entry.get("decay") or 0.0),
         score=float(entry.get("score") or 0.0),
         reason=str(entry.get("reason") or ""),
+        context_of=_int_or_none(entry.get("context_of")),
     )
 
 

@@ -24,6 +24,7 @@ from chatapp.realtime.protocol import MemoryContextEvent
 from chatapp.ui.inspector import MESSAGE_SECTIONS, recall_build, request_snapshot_build
 from chatapp.ui.page_feed import PageFeed, partial_render
 from memory.api import Summary
+from memory.models import MemoryItem
 from memory.services import session_summary_save
 from tests.chatapp.conftest import Visitor, chat_session_make, message_make, visitor_make
 
@@ -378,10 +379,21 @@ async def test_in_the_same_chat_only_a_message_its_summary_covers_is_recalled(se
         ),
         token_count=6,
     )
+    await memory_job_run_now(session_id=session.pk)  # indexes the first question and its answer
     call = await ask(session, "Where is the blue umbrella at locker 12 again?")
-    assert recalled_ids(call) == {said.pk}
+    # The reply comes as the item's context; the messages after it (the first question and its
+    # answer, indexed by now) are in the window and never do.
+    assert recalled_ids(call) == {said.pk, reply.pk}
+    reasons = {item["message_ids"][0]: item["reason"] for item in call.context["recall"]["items"]}
+    assert reasons[reply.pk] == f"context: next to msg {said.pk}, recalled"
+    assert await MemoryItem.objects.filter(memory_key=memory_key, last_message_id__gt=reply.pk).aexists()
     (source,) = [s for s in call.context["sources"] if s["kind"] == "recall"]
-    assert source["message_ids"] == [said.pk]
+    assert source["message_ids"] == [said.pk, reply.pk]
+    assert [item["context_of"] for item in call.context["recall"]["items"]] == [None, source["item_ids"][0]]
     page = await sync_to_async(alice.client.get)(reverse("session-detail", kwargs={"session_id": session.pk}))
-    assert f'href="#message-{said.pk}"' in section(page.content.decode())
+    shown = section(page.content.decode())
+    assert f'href="#message-{said.pk}"' in shown and f'href="#message-{reply.pk}"' in shown
+    # The context item says whose context it is and shows no score (it was not gated).
+    assert shown.count('data-testid="recall-score"') == 1 and shown.count("recall-context") == 1
+    assert f"context: next to msg {said.pk}, recalled" in shown
     assert await Message.objects.filter(session=session).acount() == 6

@@ -19,12 +19,13 @@ from chatapp.llm.embeddings import LocalEmbedder, OpenAIEmbedder, embedder_choic
 from memory.fulltext import fts5_match, query_terms, search_text
 from memory.index import VectorCache, message_pieces, vector_bytes
 from memory.models import MemoryItem
-from memory.recall import split_for_index
+from memory.recall import RecallItem, split_for_index
 from memory.services import (
     memory_item_embeddings_save,
     memory_items_write,
     recall_cache_clear,
     recall_candidates,
+    recall_neighbors,
     recall_term_rarity,
     session_memory_delete,
 )
@@ -297,6 +298,59 @@ def test_this_chat_gives_only_items_up_to_the_boundary_and_other_chats_only_in_o
         assert found(None, "owner", vector) == {7}  # nothing of this chat is summarized yet
         assert found(None, "chat", vector) == set()
         assert found(3, "chat", vector) == {1, 2, 3}
+
+
+@pytest.mark.django_db
+def test_an_items_neighbours_are_the_next_and_previous_of_its_chat_in_scope_only() -> None:
+    long = " ".join(f"Sentence {n} about the Lisbon hotel and its long corridors." for n in range(30))
+    index("1", OWNER, msg(1, "Lisbon trip booked."), msg(2, long), msg(4, "Taxi at nine."), msg(6, "In the window."))
+    index("2", OWNER, msg(3, "Museum tickets for Lisbon."), msg(5, "Two adults."))
+    index("3", STRANGER, msg(7, "A stranger's Lisbon note."))
+    items = {(row.memory_key, row.last_message_id, row.piece): row for row in MemoryItem.objects.all()}
+    pieces = sorted(piece for chat, message_id, piece in items if (chat, message_id) == ("1", 2))
+    assert len(pieces) > 2  # the long message is several pieces, in order
+
+    def around(*key: Any, boundary: int | None = 4, scope: str = "owner") -> list[tuple[int, int]]:
+        row = items[key]
+        found = recall_neighbors(
+            scope_key=OWNER,
+            memory_key="1",
+            boundary=boundary,
+            scope=scope,  # type: ignore[arg-type]
+            anchors=[_recall_item(row)],
+        )
+        return [(n.message_ids[-1], n.id) for n in found.get(row.pk, ())]
+
+    first, second, last = (items[("1", 2, p)] for p in (pieces[0], pieces[1], pieces[-1]))
+    # Next first, then the one before; a piece's neighbours are the pieces beside it.
+    assert around("1", 1, 0) == [(2, first.pk)]
+    assert around("1", 2, pieces[0]) == [(2, second.pk), (1, items[("1", 1, 0)].pk)]
+    assert around("1", 2, pieces[-1]) == [(4, items[("1", 4, 0)].pk), (2, items[("1", 2, pieces[-2])].pk)]
+    # Never past this chat's boundary (the retained window), never another owner's item.
+    assert around("1", 4, 0) == [(2, last.pk)]
+    assert around("1", 2, pieces[-1], boundary=2) == [(2, items[("1", 2, pieces[-2])].pk)]
+    # Another chat of the owner: its own neighbours, whatever this chat's boundary.
+    assert around("2", 3, 0) == [(5, items[("2", 5, 0)].pk)]
+    assert around("2", 3, 0, scope="chat") == []
+    assert recall_neighbors(scope_key=OWNER, memory_key="1", boundary=4, scope="owner", anchors=[]) == {}
+    stranger = items[("3", 7, 0)]
+    assert (
+        recall_neighbors(scope_key=OWNER, memory_key="1", boundary=4, scope="owner", anchors=[_recall_item(stranger)])
+        == {}
+    )
+
+
+def _recall_item(row: MemoryItem) -> RecallItem:
+    return RecallItem(
+        id=row.pk,
+        memory_key=row.memory_key,
+        chat_title="Trip",
+        message_ids=tuple(row.message_ids),
+        role=row.role,
+        text=row.text,
+        tokens=row.token_count,
+        created_at=row.created_at,
+    )
 
 
 @pytest.mark.django_db

@@ -7,6 +7,7 @@ Pure functions of memory/recall.py; SPEC F-33 (nothing relevant, nothing recalle
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -16,6 +17,7 @@ from memory.recall import (
     DENSE_WEIGHT,
     LEXICAL_THRESHOLDS,
     RARITY_MIN_DOCUMENTS,
+    RECALL_CONTEXT_ANCHORS,
     RECALL_HEADER,
     RECALL_MAX_REJECTED,
     RECALL_THRESHOLDS,
@@ -27,8 +29,10 @@ from memory.recall import (
     decay,
     lexical_overlap,
     rarity_overlap,
+    recall_anchors,
     recall_block,
     recall_line,
+    recall_scored,
     rrf,
     score_candidates,
     select_recall,
@@ -480,12 +484,14 @@ WORDS = ["feed", "starter", "hotel", "tokyo", "meeting", "refund", "the", "is", 
     st.lists(st.sampled_from(WORDS), min_size=1, max_size=5),
     st.integers(0, 400),
     st.integers(1, 12),
+    st.dictionaries(st.integers(0, 24), st.lists(st.integers(0, 40), max_size=2), max_size=8),
 )
 def test_selection_invariants(
     specs: list[tuple[list[str], int | None, float | None, bool, float]],
     query_words: list[str],
     budget: int,
     max_items: int,
+    around: dict[int, list[int]],
 ) -> None:
     cands = [
         RecallCandidate(
@@ -494,15 +500,37 @@ def test_selection_invariants(
         for i, (words, rank, cosine, ident, age) in enumerate(specs)
     ]
     query = " ".join(query_words)
+    # Neighbours: ids 0..24 may be candidates, 25..40 only context (other items of the chats).
+    by_id = {c.item.id: c.item for c in cands}
+    neighbors = {
+        anchor: [by_id.get(n) or item(n, f"context {n} said", days_ago=n) for n in around_ids]
+        for anchor, around_ids in around.items()
+    }
     result = select_recall(
-        cands, query=query, now=NOW, budget_tokens=budget, thresholds=E5, counter=COUNTER, max_items=max_items
+        cands,
+        query=query,
+        now=NOW,
+        budget_tokens=budget,
+        thresholds=E5,
+        counter=COUNTER,
+        max_items=max_items,
+        neighbors=neighbors,
     )
-    admitted = {s.item.id for s in score_candidates(cands, query=query, now=NOW, thresholds=E5) if s.admitted}
-    chosen = [s.item.id for s in result.items]
+    scored = score_candidates(cands, query=query, now=NOW, thresholds=E5)
+    admitted = {s.item.id for s in scored if s.admitted}
+    context = [s for s in result.items if s.reason.startswith("context")]
+    recalled = [s for s in result.items if not s.reason.startswith("context")]
+    chosen = [s.item.id for s in recalled]
     assert all(s.admitted for s in result.items)
     assert len(chosen) <= max_items
-    assert set(chosen) | {s.item.id for s in result.over_budget} == admitted
-    assert not set(chosen) & {s.item.id for s in result.over_budget}
+    # Context only beside the best recalled items, at most two each, never without one (F-33).
+    anchors = sorted(recalled, key=lambda s: -s.score)[:RECALL_CONTEXT_ANCHORS]
+    beside = {n.id for a in anchors for n in neighbors.get(a.item.id, [])}
+    assert {s.item.id for s in context} <= beside - set(chosen)
+    assert len(context) <= 2 * len(anchors)
+    assert len({s.item.id for s in result.items}) == len(result.items)
+    assert set(chosen) | {s.item.id for s in result.over_budget} | ({s.item.id for s in context} & admitted) == admitted
+    assert not {s.item.id for s in result.items} & {s.item.id for s in result.over_budget}
     assert all(not s.admitted for s in result.rejected) and len(result.rejected) <= RECALL_MAX_REJECTED
     times = [s.item.created_at for s in result.items]
     assert times == sorted(times)
@@ -628,3 +656,155 @@ def test_an_earlier_asking_of_the_same_question_is_refused_and_the_answer_admitt
         1: "repeats the question: it holds nothing the question does not say",
         2: "repeats the question: it holds nothing the question does not say",
     }
+
+
+# --- context: the items next to the best recalled ones (docs/memory.md §12, "context") -------
+
+
+def chat_item(id: int, text: str, *, message_id: int, chat: str = "chat-1", role: str = "user") -> RecallItem:
+    return RecallItem(
+        id=id,
+        memory_key=chat,
+        chat_title="Trip",
+        message_ids=(message_id,),
+        role=role,
+        text=text,
+        tokens=COUNTER.count_text(text),
+        created_at=NOW - timedelta(days=30, minutes=-message_id),
+    )
+
+
+# The question was asked in an earlier turn; the answer, next to it, names no hotel.
+ASKED = chat_item(1, "Did you end up booking the Lisbon hotel?", message_id=11)
+ANSWER = chat_item(2, "Yes, the one by the river, for three nights.", message_id=12, role="assistant")
+BEFORE = chat_item(3, "I am planning a spring trip.", message_id=10)
+LISBON_QUERY = "Which Lisbon hotel did we book?"
+
+
+def test_the_best_recalled_item_brings_the_next_and_previous_items_of_its_chat() -> None:
+    cands = [RecallCandidate(item=ASKED, lexical_rank=1, cosine=None, identifier_match=False)]
+    plain = select_recall(
+        cands, query=LISBON_QUERY, now=NOW, budget_tokens=500, thresholds=LEXICAL_THRESHOLDS, counter=COUNTER
+    )
+    assert [s.item.id for s in plain.items] == [1]
+    result = select_recall(
+        cands,
+        query=LISBON_QUERY,
+        now=NOW,
+        budget_tokens=500,
+        thresholds=LEXICAL_THRESHOLDS,
+        counter=COUNTER,
+        neighbors={1: [ANSWER, BEFORE]},
+    )
+    # Chronological in the block, the answer (next) included, each with its provenance.
+    assert [s.item.id for s in result.items] == [3, 1, 2]
+    assert [s.reason for s in result.items if s.item.id != 1] == ["context: next to msg 11, recalled"] * 2
+    assert (
+        result.message is not None
+        and '(chat "Trip", msg 12) Assistant: Yes, the one by the river' in (result.message["content"])
+    )
+    assert result.tokens == COUNTER.count_message(result.message)
+
+    # The budget: the next item comes before the previous one, and context never displaces an
+    # admitted item (it takes only the room left).
+    with_answer = recall_block([ASKED, ANSWER], role="system", counter=COUNTER)[1]
+    tight = select_recall(
+        cands,
+        query=LISBON_QUERY,
+        now=NOW,
+        budget_tokens=with_answer,
+        thresholds=LEXICAL_THRESHOLDS,
+        counter=COUNTER,
+        neighbors={1: [ANSWER, BEFORE]},
+    )
+    assert [s.item.id for s in tight.items] == [1, 2] and tight.tokens <= with_answer
+    alone = recall_block([ASKED], role="system", counter=COUNTER)[1]
+    only = select_recall(
+        cands,
+        query=LISBON_QUERY,
+        now=NOW,
+        budget_tokens=alone,
+        thresholds=LEXICAL_THRESHOLDS,
+        counter=COUNTER,
+        neighbors={1: [ANSWER, BEFORE]},
+    )
+    assert [s.item.id for s in only.items] == [1] and only.over_budget == ()
+
+
+def test_f33_no_admitted_item_no_context() -> None:
+    unrelated = [RecallCandidate(item=ASKED, lexical_rank=1, cosine=None, identifier_match=False)]
+    result = select_recall(
+        unrelated,
+        query="What is the capital of Peru?",
+        now=NOW,
+        budget_tokens=500,
+        thresholds=LEXICAL_THRESHOLDS,
+        counter=COUNTER,
+        neighbors={1: [ANSWER, BEFORE]},
+    )
+    assert result.items == () and result.message is None
+
+
+def test_only_the_best_recalled_items_bring_context_and_an_admitted_neighbour_is_not_over_budget() -> None:
+    lisbon = [
+        chat_item(10 + n, f"Lisbon hotel note {n}: the Lisbon hotel booking, part {n}.", message_id=100 + 2 * n)
+        for n in range(RECALL_CONTEXT_ANCHORS + 1)
+    ]
+    cands = [
+        RecallCandidate(item=it, lexical_rank=rank, cosine=None, identifier_match=False)
+        for rank, it in enumerate(lisbon, start=1)
+    ]
+    replies = {it.id: [chat_item(50 + it.id, f"Reply {it.id}.", message_id=it.message_ids[0] + 1)] for it in lisbon}
+    # The last-ranked item is also the first one's previous neighbour; a tiny budget leaves it over.
+    result = select_recall(
+        cands,
+        query=LISBON_QUERY,
+        now=NOW,
+        budget_tokens=2000,
+        thresholds=LEXICAL_THRESHOLDS,
+        counter=COUNTER,
+        neighbors=replies,
+    )
+    brought = {s.item.id for s in result.items if s.reason.startswith("context")}
+    assert brought == {50 + it.id for it in lisbon[:RECALL_CONTEXT_ANCHORS]}
+    capped = select_recall(
+        cands,
+        query=LISBON_QUERY,
+        now=NOW,
+        budget_tokens=2000,
+        thresholds=LEXICAL_THRESHOLDS,
+        counter=COUNTER,
+        max_items=1,
+        neighbors={lisbon[0].id: [lisbon[1]]},
+    )
+    # The second item, over the item limit, comes back as the first one's context instead.
+    assert [s.item.id for s in capped.items] == [lisbon[0].id, lisbon[1].id]
+    assert [s.item.id for s in capped.over_budget] == [it.id for it in lisbon[2:]]
+
+
+def test_recall_anchors_are_the_best_admitted_items_of_this_chat_only() -> None:
+    mine = chat_item(1, "Did you end up booking the Lisbon hotel?", message_id=11)
+    other = chat_item(2, "The Lisbon hotel booking for the conference.", message_id=5, chat="chat-2")
+    unrelated = chat_item(3, "Nothing to do with it.", message_id=7)
+    cands = [
+        RecallCandidate(item=other, lexical_rank=1, cosine=None, identifier_match=False),
+        RecallCandidate(item=mine, lexical_rank=2, cosine=None, identifier_match=False),
+        RecallCandidate(item=unrelated, lexical_rank=3, cosine=None, identifier_match=False),
+    ]
+    scored = recall_scored(cands, query=LISBON_QUERY, now=NOW, model=None, rarity=None)
+    assert scored == tuple(score_candidates(cands, query=LISBON_QUERY, now=NOW, thresholds=LEXICAL_THRESHOLDS))
+    assert recall_anchors(scored, memory_key="chat-1") == [mine]
+    assert recall_anchors(scored, memory_key="chat-2") == [other]
+    unrelated_only = recall_scored(cands, query="capital of Peru", now=NOW, model=None, rarity=None)
+    assert recall_anchors(unrelated_only, memory_key="chat-1") == []
+    # A selection given the scores selects what it would have scored itself.
+    for budget in (0, 40, 500):
+        kwargs: dict[str, Any] = {
+            "query": LISBON_QUERY,
+            "now": NOW,
+            "budget_tokens": budget,
+            "thresholds": LEXICAL_THRESHOLDS,
+        }
+        assert select_recall(cands, counter=COUNTER, scored=scored, **kwargs) == select_recall(
+            cands, counter=COUNTER, **kwargs
+        )
