@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -870,11 +870,13 @@ def _vector_reader(scope_key: str) -> Callable[[int, Sequence[int]], Iterable[Ve
 class LexicalHits:
     """The full-text side of one recall search (:func:`recall_lexical_hits`): ``lexical``, item
     ids matching any query term, best first; ``exact``, item ids holding an identifier of the
-    query; ``identifiers``, those identifiers (ids, emails, phones, verbatim)."""
+    query; ``identifiers``, those identifiers (ids, emails, phones, verbatim); ``items``, the
+    rows of those hits by id (empty: read with the candidates)."""
 
     lexical: list[int]
     exact: list[int]
     identifiers: list[str]
+    items: dict[int, RecallItem] = field(default_factory=dict)
 
 
 def recall_lexical_hits(
@@ -885,10 +887,12 @@ def recall_lexical_hits(
     scope: Literal["chat", "owner"],
     query: str,
     limit: int = RECALL_POOL,
+    titles: Callable[[set[str]], Mapping[str, str]] | None = None,
 ) -> LexicalHits:
     """The full-text part of :func:`recall_candidates` on its own, so that a caller can run it
     while the query is being embedded (docs/memory.md §12): the ``limit`` best full-text hits and
-    the items holding an identifier of ``query``, in the same scope. Storage errors propagate."""
+    the items holding an identifier of ``query``, in the same scope, with their rows (chat titles
+    by ``titles``, as for :func:`recall_candidates`). Storage errors propagate."""
     scope_params = _scope_params(scope_key, memory_key, boundary, scope)
     identifiers = [
         candidate.value
@@ -898,9 +902,29 @@ def recall_lexical_hits(
     exact: list[int] = []
     for value in identifiers:
         exact.extend(_lexical_ids(query_terms(value), scope_params, limit))
-    return LexicalHits(
-        lexical=_lexical_ids(query_terms(query), scope_params, limit), exact=exact, identifiers=identifiers
+    lexical = _lexical_ids(query_terms(query), scope_params, limit)
+    found = list(dict.fromkeys([*lexical, *exact]))
+    items = _scoped_items(found, scope_key, memory_key, boundary, scope, titles) if found else {}
+    return LexicalHits(lexical=lexical, exact=exact, identifiers=identifiers, items=items)
+
+
+def _scoped_items(
+    ids: Sequence[int],
+    scope_key: str,
+    memory_key: str,
+    boundary: int | None,
+    scope: Literal["chat", "owner"],
+    titles: Callable[[set[str]], Mapping[str, str]] | None,
+) -> dict[int, RecallItem]:
+    """The items ``ids`` that are in the scope of :func:`recall_candidates`, by id, their chat
+    titles filled by ``titles`` (``""`` without it). One query, two with titles."""
+    rows = MemoryItem.objects.filter(pk__in=list(ids), scope_key=scope_key).filter(
+        (Q(memory_key=memory_key, last_message_id__lte=boundary) if boundary is not None else Q(pk__in=[]))
+        | (~Q(memory_key=memory_key) if scope == "owner" else Q(pk__in=[]))
     )
+    found = list(rows.values_list(*_ITEM_COLUMNS))
+    named = titles({row[1] for row in found}) if titles is not None and found else {}
+    return {row[0]: _item(row, title=named.get(row[1], "")) for row in found}
 
 
 def recall_candidates(
@@ -933,13 +957,20 @@ def recall_candidates(
     case). ``cosine`` is filled for every candidate with a cached embedding. ``chat_title`` is
     ``""`` (the owning app fills it). Order: lexical hits by rank, then the others by cosine.
     ``hits``: the full-text side already searched (:func:`recall_lexical_hits` with the same
-    scope and query), else it is searched here. ``titles``: the owning app's titles of the
-    conversations found (memory key → title, called once with the set of their keys); without
-    it, or for a key it leaves out, ``chat_title`` is ``""``. Storage errors propagate.
+    scope, query and titles; its rows are used as they are), else it is searched here.
+    ``titles``: the owning app's titles of the conversations found (memory key → title, called
+    with the set of their keys, once per read of rows); without it, or for a key it leaves out,
+    ``chat_title`` is ``""``. Storage errors propagate.
     """
     if hits is None:
         hits = recall_lexical_hits(
-            scope_key=scope_key, memory_key=memory_key, boundary=boundary, scope=scope, query=query, limit=limit
+            scope_key=scope_key,
+            memory_key=memory_key,
+            boundary=boundary,
+            scope=scope,
+            query=query,
+            limit=limit,
+            titles=titles,
         )
     lexical, exact, identifiers = hits.lexical, hits.exact, hits.identifiers
     cosines: dict[int, float] = {}
@@ -965,24 +996,22 @@ def recall_candidates(
     wanted = list(dict.fromkeys([*lexical, *exact, *dense]))
     if not wanted:
         return []
-    rows = MemoryItem.objects.filter(pk__in=wanted, scope_key=scope_key).filter(
-        (Q(memory_key=memory_key, last_message_id__lte=boundary) if boundary is not None else Q(pk__in=[]))
-        | (~Q(memory_key=memory_key) if scope == "owner" else Q(pk__in=[]))
-    )
-    found = {row[0]: row for row in rows.values_list(*_ITEM_COLUMNS)}
+    # The full-text side's rows were read with its hits (while the query was being embedded).
+    found = {item_id: hits.items[item_id] for item_id in wanted if item_id in hits.items}
+    missing = [item_id for item_id in wanted if item_id not in hits.items]
+    if missing:
+        found.update(_scoped_items(missing, scope_key, memory_key, boundary, scope, titles))
     gone = [item_id for item_id in dense if item_id not in found]
     if gone:
         _vectors.forget(scope_key, gone)
     ranks = {item_id: rank for rank, item_id in enumerate(lexical, start=1)}
-    named = titles({row[1] for row in found.values()}) if titles is not None and found else {}
     folded = [value.casefold() for value in identifiers]
     dense_ids = set(dense)
     candidates = []
     for item_id in wanted:
-        row = found.get(item_id)
-        if row is None:
+        item = found.get(item_id)
+        if item is None:
             continue
-        item = _item(row, title=named.get(row[1], ""))
         lowered = item.text.casefold()
         identifier_match = any(value in lowered for value in folded)
         if item_id not in ranks and item_id not in dense_ids and not identifier_match:

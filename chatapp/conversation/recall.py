@@ -270,14 +270,16 @@ def _lexical(
     *, scope_key: str, memory_key: str, boundary: int | None, query: str
 ) -> tuple[LexicalHits, TermRarity | None]:
     """The full-text side of the search (:func:`memory.api.recall_lexical_hits` with
-    ``MEMORY_RECALL_SCOPE``) and, when it found something, the rarity of the query's terms in the
-    owner's index (:func:`memory.api.recall_term_rarity`; None otherwise)."""
+    ``MEMORY_RECALL_SCOPE``, its hits' rows and chat titles read too, all while the query is
+    being embedded) and, when it found something, the rarity of the query's terms in the owner's
+    index (:func:`memory.api.recall_term_rarity`; None otherwise)."""
     hits = recall_lexical_hits(
         scope_key=scope_key,
         memory_key=memory_key,
         boundary=boundary,
         scope=cast(Any, settings.MEMORY_RECALL_SCOPE),  # validated by settings
         query=query,
+        titles=_titles,
     )
     rarity = recall_term_rarity(scope_key=scope_key, query=query) if hits.lexical or hits.exact else None
     return hits, rarity

@@ -25,6 +25,7 @@ from memory.services import (
     memory_items_write,
     recall_cache_clear,
     recall_candidates,
+    recall_lexical_hits,
     recall_neighbors,
     recall_term_rarity,
     session_memory_delete,
@@ -351,6 +352,28 @@ def _recall_item(row: MemoryItem) -> RecallItem:
         tokens=row.token_count,
         created_at=row.created_at,
     )
+
+
+@pytest.mark.django_db
+def test_the_full_text_side_reads_its_hits_rows_so_the_candidates_need_no_more_queries(
+    django_assert_num_queries: Any,
+) -> None:
+    index(
+        "1", OWNER, msg(1, "Lisbon trip booked."), msg(2, "Lisbon hotel paid."), msg(3, "Lisbon taxi, in the window.")
+    )
+    index("2", OWNER, msg(7, "Lisbon museum tickets."))
+    titles = {"1": "Trip", "2": "Museum"}
+    common: dict[str, Any] = {"scope_key": OWNER, "memory_key": "1", "boundary": 2, "scope": "owner", "query": "Lisbon"}
+    hits = recall_lexical_hits(**common, titles=lambda keys: {key: titles[key] for key in keys})
+    assert sorted((item.message_ids, item.chat_title) for item in hits.items.values()) == [
+        ((1,), "Trip"),
+        ((2,), "Trip"),
+        ((7,), "Museum"),
+    ]
+    with django_assert_num_queries(0):
+        found = recall_candidates(**common, query_vector=None, hits=hits)
+    assert [c.item for c in found] == [hits.items[item_id] for item_id in hits.lexical]
+    assert found == recall_candidates(**common, query_vector=None, titles=lambda keys: {k: titles[k] for k in keys})
 
 
 @pytest.mark.django_db
