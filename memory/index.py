@@ -44,19 +44,29 @@ class IndexPiece:
         return (self.last_message_id, self.piece)
 
 
+def _tool_name(call: dict[str, Any] | None, message: dict[str, Any]) -> str:
+    """The name of the tool a result answers: its call's function name, else the message's name."""
+    function = call.get("function") if isinstance(call, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    return str(name or message.get("name") or "")
+
+
 def message_pieces(
     messages: Sequence[dict[str, Any]],
     *,
     counter: TokenCounter,
     calls: dict[str, tuple[int, dict[str, Any]]],
     max_tokens: int = INDEX_PIECE_TOKENS,
+    skip_tools: frozenset[str] = frozenset(),
 ) -> list[IndexPiece]:
     """The items of ``messages`` (stored messages as dicts with ``id``, ``role``, ``content``,
     ``tool_calls``, ``tool_call_id``, ``name`` and ``created_at``), in message order, by
     :func:`memory.recall.split_for_index`. ``calls``: tool-call id → ``(message id, call)`` of
     the assistant messages that made calls answered among ``messages`` (the caller reads the ones
     outside the batch); the calls made inside ``messages`` are added here. A tool result whose
-    call is unknown is indexed as ``name -> result``. Never raises."""
+    call is unknown is indexed as ``name -> result``. The results of the tools named in
+    ``skip_tools`` (the call's function name, else the message's ``name``) give no item (the
+    owning app's choice, docs/memory.md §12, "the index"). Never raises."""
     known = dict(calls)
     for message in messages:
         for call in message.get("tool_calls") or ():
@@ -69,6 +79,8 @@ def message_pieces(
         call = None
         if message.get("role") == "tool":
             call_message_id, call = known.get(str(message.get("tool_call_id") or ""), (None, None))
+            if _tool_name(call, message) in skip_tools:
+                continue
             if call_message_id is not None and call_message_id < message_id:
                 ids = (call_message_id, message_id)
         for number, text in enumerate(split_for_index(message, counter=counter, max_tokens=max_tokens, call=call)):

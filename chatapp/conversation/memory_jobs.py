@@ -39,7 +39,7 @@ from chatapp.chats import selectors, services
 from chatapp.conversation import leases
 from chatapp.conversation.agent import AGENT_PROMPT
 from chatapp.conversation.quick_answer import quick_answer_system_prompt
-from chatapp.conversation.tools import TOOL_SCHEMAS
+from chatapp.conversation.tools import TOOL_SCHEMAS, UNINDEXED_TOOLS
 from chatapp.conversation.turn import PASSAGES_TARGET_SHARE, memory_engine_build
 from chatapp.llm.calibration import calibration_applies, token_factor_get
 from chatapp.llm.clients import chat_endpoint, failover_endpoint, summary_endpoint
@@ -455,7 +455,8 @@ class IndexMessages:
     Each run reads the session's messages after the watermark (rows the app wrote, ``origin``
     ``app``, are left out, docs/memory.md F-37), oldest first, in batches of ``batch_size``;
     each message becomes one or more items (:func:`memory.api.message_pieces`: pieces of at most
-    about 120 tokens of the chat model's tokenizer, a tool result rendered with its call) written
+    about 120 tokens of the chat model's tokenizer, a tool result rendered with its call; the
+    knowledge-base search's results are left out, :data:`chatapp.conversation.tools.UNINDEXED_TOOLS`) written
     by :func:`memory.api.memory_items_write` without embeddings (:class:`EmbedItems` adds them),
     so full-text recall never waits for an embedding endpoint. ``orm`` as for
     :class:`PreCompression`. Storage errors propagate (the watermark stays)."""
@@ -483,7 +484,7 @@ class IndexMessages:
             scope_key, messages, calls = batch
             if not messages:
                 break
-            pieces = message_pieces(messages, counter=counter, calls=calls)
+            pieces = message_pieces(messages, counter=counter, calls=calls, skip_tools=UNINDEXED_TOOLS)
             await self.orm(memory_items_write)(
                 memory_key=memory_key,
                 scope_key=scope_key,
@@ -661,7 +662,7 @@ def memory_index_rebuild(
             memory_key=memory_key,
             scope_key=scope_key,
             message_ids=[message["id"] for message in messages],
-            pieces=message_pieces(messages, counter=counter, calls=calls),
+            pieces=message_pieces(messages, counter=counter, calls=calls, skip_tools=UNINDEXED_TOOLS),
             alive=services.chat_session_memory_alive,
         )
         counts["messages"] += len(messages)

@@ -26,6 +26,11 @@ CALCULATOR_MAX_CHARS = 200
 CALCULATOR_MAX_INT_BITS = 4096
 CALCULATOR_MAX_EXPONENT = 10_000
 KB_SEARCH_LIMIT = 4
+# Tools whose results are not indexed for recall (docs/memory.md §12, "the index"): the knowledge
+# base is searched afresh whenever a turn needs it, so an old search's passages would be a copy
+# that may be stale, and a search that found nothing only repeats its question ("no passages
+# found for '…'"), which the gate would then admit for that question.
+UNINDEXED_TOOLS = frozenset({"kb_search"})
 
 TOOL_SCHEMAS: list[dict[str, Any]] = [
     {

@@ -122,6 +122,23 @@ def test_a_named_speakers_pieces_carry_the_name_so_a_question_about_them_finds_t
     assert split_for_index({**msg(3, "42", role="tool"), "name": "calc"}, counter=COUNTER) == ["calc -> 42"]
 
 
+def test_the_results_of_skipped_tools_give_no_piece() -> None:
+    calls = [
+        {"id": "k1", "function": {"name": "kb_search", "arguments": '{"query": "refunds"}'}},
+        {"id": "c1", "function": {"name": "calculator", "arguments": '{"expression": "6*7"}'}},
+    ]
+    messages = [
+        msg(1, None, role="assistant", tool_calls=calls),
+        msg(2, "no passages found for 'refunds'", role="tool", tool_call_id="k1"),
+        msg(3, "42", role="tool", tool_call_id="c1"),
+        {**msg(4, "[Refunds] within 30 days", role="tool", tool_call_id="unknown"), "name": "kb_search"},
+    ]
+    every = message_pieces(messages, counter=COUNTER, calls={})
+    assert [p.last_message_id for p in every] == [2, 3, 4]
+    kept = message_pieces(messages, counter=COUNTER, calls={}, skip_tools=frozenset({"kb_search"}))
+    assert [(p.message_ids, p.text) for p in kept] == [((1, 3), 'calculator({"expression": "6*7"}) -> 42')]
+
+
 def test_messages_without_text_and_system_messages_give_no_piece() -> None:
     calls = [{"id": "c1", "function": {"name": "lookup", "arguments": "{}"}}]
     assert split_for_index(msg(1, None, role="assistant", tool_calls=calls), counter=COUNTER) == []

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from asgiref.sync import sync_to_async
+from asgiref.sync import async_to_sync, sync_to_async
 from django.core.management import CommandError, call_command
 
 from chatapp.chats import services as chat_services
@@ -144,6 +144,48 @@ def test_memory_reindex_rebuilds_every_chat_idempotently(monkeypatch: pytest.Mon
     assert [model for _, _, model in items_of(session)] == ["", "", ""]
     with pytest.raises(CommandError, match="no chat session 999999"):
         call_command("memory_reindex", "--chat", "999999", stdout=io.StringIO(), stderr=io.StringIO())
+
+
+def test_knowledge_base_search_results_are_not_indexed_and_a_reindex_removes_old_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An agent's kb_search that found nothing only repeats its question: recalled for that
+    question it would crowd out the answer (found by a newcomer); one that found passages copies
+    the knowledge base, which the turn searches afresh."""
+    session = chat_session_make(visitor_make().owner)
+    user = message_make(session, "user", "Who sold me the Bianchi bicycle?")
+    searches = [
+        {"id": "k1", "type": "function", "function": {"name": "kb_search", "arguments": '{"query": "Bianchi"}'}},
+        {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "2*21"}'}},
+    ]
+    asked = message_make(session, "assistant", None, tool_calls=searches, reply_to=user)
+    message_make(session, "tool", "no passages found for 'Bianchi'", tool_call_id="k1", reply_to=user)
+    computed = message_make(session, "tool", "42", tool_call_id="c1", reply_to=user)
+    reply = message_make(session, "assistant", "I could not find it.", reply_to=user)
+    run = async_to_sync(runner(HashEmbedder()).run_now)(str(session.pk))
+    assert run is not None and run.ok
+    expected = [
+        ([user.pk], "Who sold me the Bianchi bicycle?", "hash"),
+        ([asked.pk, computed.pk], 'calculator({"expression": "2*21"}) -> 42', "hash"),
+        ([reply.pk], "I could not find it.", "hash"),
+    ]
+    assert items_of(session) == expected
+
+    # An index built before this rule holds the search's result: a reindex removes it.
+    MemoryItem.objects.create(
+        scope_key=chat_services.chat_session_scope_key(owner_id=session.owner_id, owner_session_key=""),
+        memory_key=str(session.pk),
+        message_ids=[asked.pk, asked.pk + 1],
+        last_message_id=asked.pk + 1,
+        role="tool",
+        text='kb_search({"query": "Bianchi"}) -> no passages found for \'Bianchi\'',
+        created_at=user.created,
+    )
+    monkeypatch.setattr(memory_reindex, "embedder_get", HashEmbedder)
+    out = io.StringIO()
+    call_command("memory_reindex", "--chat", str(session.pk), stdout=out, stderr=io.StringIO())
+    assert "0 item(s) added, 1 removed" in out.getvalue()
+    assert items_of(session) == expected
 
 
 def test_deleting_a_chat_deletes_its_items_only() -> None:
