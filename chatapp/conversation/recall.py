@@ -61,18 +61,22 @@ class TurnRecall:
         query: str | None = None,
         scope_key: str | None = None,
         orm: Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]] = orm_async,
+        deadline: bool = True,
     ) -> None:
         """``user_message_id``: the stored user message whose text is the query; ``query``: the
         query's text itself, for a question that is not stored (a replay's question, docs/replay.md)
         or one already read (it takes precedence over the message); ``scope_key``: the session
         owner's scope key when already known (with ``query``, no query reads the session). ``orm``
         runs the storage reads (the ORM threads by default; a replay passes ``sync_to_async`` to
-        stay on its own connection)."""
+        stay on its own connection); ``deadline``: whether the query's embedding is held to
+        ``MEMORY_RECALL_DEADLINE_MS`` (a replay passes False and waits for it, so that its records
+        do not depend on the machine's load, docs/replay.md)."""
         self.session_id = session_id
         self.user_message_id = user_message_id
         self.query = query
         self.scope_key = scope_key
         self.orm = orm
+        self.deadline = deadline
         self._found: dict[int | None, RecallInput] = {}
         self._embedding: asyncio.Future[QueryEmbedding] | None = None
 
@@ -84,7 +88,7 @@ class TurnRecall:
         raises (its failures become the report's notes)."""
         if self._embedding is None and self.query is not None and self.scope_key is not None:
             self._embedding = asyncio.ensure_future(
-                query_embed(scope_key=self.scope_key, query=self.query, orm=self.orm)
+                query_embed(scope_key=self.scope_key, query=self.query, orm=self.orm, deadline=self.deadline)
             )
 
     async def __call__(self, boundary: int | None) -> RecallInput:
@@ -101,6 +105,7 @@ class TurnRecall:
                 scope_key=self.scope_key,
                 orm=self.orm,
                 embedding=self._embedding,
+                deadline=self.deadline,
             )
             self._found = {boundary: found}
         return found
@@ -125,6 +130,7 @@ async def query_embed(
     query: str,
     orm: Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]] = orm_async,
     has_vectors: bool | None = None,
+    deadline: bool = True,
 ) -> QueryEmbedding:
     """Embed ``query`` for a search of owner ``scope_key``'s index with the configured embedder
     (:func:`chatapp.llm.embeddings.embedder_choice`), within ``MEMORY_RECALL_DEADLINE_MS``.
@@ -132,7 +138,8 @@ async def query_embed(
     an embedding of the model yet (``has_vectors``; None: looked up here): a query vector would
     find nothing (about 6 ms of CPU per turn saved with the bundled model, bench/ws_load.py).
     Never raises: past the deadline, or when the lookup or the embedder fails, the result is
-    lexical only and its notes say why. ``orm`` as for :class:`TurnRecall`."""
+    lexical only and its notes say why. ``orm`` and ``deadline`` (False: no deadline) as for
+    :class:`TurnRecall`."""
     choice = embedder_choice()
     if choice.backend == "none" or not query.strip():
         return QueryEmbedding()
@@ -150,7 +157,9 @@ async def query_embed(
         embedder = await orm(embedder_get)()
         if embedder is None:
             return QueryEmbedding()
-        vectors = await asyncio.wait_for(embedder.embed([query], kind="query"), timeout=deadline_ms / 1000)
+        vectors = await asyncio.wait_for(
+            embedder.embed([query], kind="query"), timeout=deadline_ms / 1000 if deadline else None
+        )
     except TimeoutError:
         return QueryEmbedding(notes=(f"the query's embedding took over {deadline_ms} ms: lexical only",))
     except Exception as exc:  # an embedder failure degrades recall, never the request
@@ -168,6 +177,7 @@ async def recall_search(
     scope_key: str | None = None,
     orm: Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]] = orm_async,
     embedding: asyncio.Future[QueryEmbedding] | None = None,
+    deadline: bool = True,
 ) -> RecallInput:
     """Search the owner's memory index for the text of message ``user_message_id`` of session
     ``session_id``, or for ``query`` when given (see the module docstring): the query embedded
@@ -177,8 +187,8 @@ async def recall_search(
     the query's vector, chat titles filled. An empty query (no text, or the session or message
     gone) finds nothing. ``scope_key``: the owner's, when known (with ``query``, the session is
     not read). ``embedding``: the query's embedding started earlier (:meth:`TurnRecall.prefetch`,
-    for this ``query`` and ``scope_key``), awaited instead of started here. ``orm`` as for
-    :class:`TurnRecall`. The result's ``latency_ms`` is the time this search took, which is what
+    for this ``query`` and ``scope_key``), awaited instead of started here. ``orm`` and
+    ``deadline`` as for :class:`TurnRecall`. The result's ``latency_ms`` is the time this search took, which is what
     the request waits for (a prefetched embedding counts only for what was left of it). Storage
     errors of the full-text side propagate."""
     started = time.perf_counter()
@@ -199,7 +209,7 @@ async def recall_search(
         # The query is embedded (a task of its own) while the full-text side runs on the ORM
         # thread: the search takes the longer of the two, not their sum.
         embedding = asyncio.ensure_future(
-            query_embed(scope_key=scope_key, query=query, orm=orm, has_vectors=has_vectors)
+            query_embed(scope_key=scope_key, query=query, orm=orm, has_vectors=has_vectors, deadline=deadline)
         )
     memory_key = ChatSession.memory_key_for(session_id)
     try:

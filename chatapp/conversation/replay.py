@@ -104,8 +104,10 @@ class Conversation:
 
 
 def conversations_read(path: Path, fmt: Format) -> Iterator[Conversation]:
-    """The conversations of ``path`` (a tau-bench ``trajectories.json``, or a LoCoMo
-    ``conv-*.json`` file or a folder of them). Raises :class:`ReplayInputError`."""
+    """The conversations of ``path`` (a tau-bench ``trajectories.json``; for LoCoMo, a file holding
+    one conversation, a file holding a JSON list of them as the dataset's ``locomo10.json`` does,
+    each named by its ``sample_id`` or else ``<file stem>-<position from 1>``, or a folder of
+    ``conv-*.json`` files). Raises :class:`ReplayInputError`."""
     if fmt == "tau-bench":
         yield from _tau_bench(_load(path))
         return
@@ -113,7 +115,15 @@ def conversations_read(path: Path, fmt: Format) -> Iterator[Conversation]:
     if not files:
         raise ReplayInputError(f"no conv-*.json files in {path}")
     for file in files:
-        yield locomo_conversation(_load(file), file.stem)
+        data = _load(file)
+        if not isinstance(data, list):
+            yield locomo_conversation(data, file.stem)
+            continue
+        if not data:
+            raise ReplayInputError(f"{file} holds an empty list: no conversation to replay")
+        for position, item in enumerate(data, start=1):
+            named = item.get("sample_id") if isinstance(item, dict) else None
+            yield locomo_conversation(item, str(named or f"{file.stem}-{position}"))
 
 
 def _load(path: Path) -> Any:
@@ -319,7 +329,9 @@ class ReplaySession:
                     name=message.get("name", ""),
                 )
                 turn_message_id = self._open_turn = stored.pk
-                recall = TurnRecall(session_id=self.session_id, user_message_id=stored.pk, orm=sync_to_async)
+                recall = TurnRecall(
+                    session_id=self.session_id, user_message_id=stored.pk, orm=sync_to_async, deadline=False
+                )
                 self.message_ids.append(stored.pk)
             else:
                 reply = services.reply_message_store(
@@ -365,6 +377,7 @@ class ReplaySession:
                         owner_id=self._session.owner_id, owner_session_key=self._session.owner_session_key
                     ),
                     orm=sync_to_async,
+                    deadline=False,
                 ),
                 question=question.text,
             )

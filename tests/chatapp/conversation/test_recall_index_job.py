@@ -247,6 +247,38 @@ async def test_the_request_embeds_its_question_only_once_the_owner_has_vectors_a
         assert found.candidates, "full-text search still finds the order"
 
 
+class LateEmbedder(HashEmbedder):
+    """An embedder that answers after 0.3 s."""
+
+    async def embed(self, texts: list[str], *, kind: str) -> np.ndarray:
+        import asyncio
+
+        await asyncio.sleep(0.3)
+        return await super().embed(texts, kind=kind)
+
+
+async def test_without_a_deadline_as_in_a_replay_the_search_waits_for_a_late_embedding(
+    settings: Any, monkeypatch: Any
+) -> None:
+    """A replay's records must not depend on the machine's load (docs/replay.md): its searches
+    wait for the question's embedding, where a live request falls back to lexical only."""
+    from chatapp.conversation import recall
+
+    settings.EMBEDDING_BACKEND = "auto"
+    settings.EMBEDDING_BASE_URL, settings.EMBEDDING_MODEL = "http://embeddings.invalid/v1", "hash"
+    settings.MEMORY_RECALL_DEADLINE_MS = 50
+    embedder = LateEmbedder()
+    monkeypatch.setattr(recall, "embedder_get", lambda: embedder)
+    session, messages = await sync_to_async(conversation)()
+    await runner(HashEmbedder()).run_now(str(session.pk))
+    question = await sync_to_async(message_make)(session, "user", "Has order ZX-88213 shipped yet?")
+    live = await recall.recall_search(session_id=session.pk, user_message_id=question.pk, boundary=messages[-1].pk)
+    assert live.model is None and live.notes == ["the query's embedding took over 50 ms: lexical only"]
+    turn = recall.TurnRecall(session_id=session.pk, user_message_id=question.pk, deadline=False)
+    replayed = await turn(messages[-1].pk)
+    assert replayed.model == "hash" and replayed.notes == [] and replayed.embedding_ms >= 300
+
+
 class GatedEmbedder(HashEmbedder):
     """An embedder that answers once ``gate`` is set (the turn goes on meanwhile)."""
 

@@ -164,7 +164,9 @@ def test_crafted_locomo_file_with_an_image_turn(tmp_path):
         (None, "tau-bench", "does not exist"),
         ("{not json", "tau-bench", "not readable JSON"),
         ('{"a": 1}', "tau-bench", "JSON list"),
-        ("[]", "locomo", "speaker_a"),
+        ("[]", "locomo", "holds an empty list"),
+        ("[1]", "locomo", "speaker_a"),
+        ('{"a": 1}', "locomo", "speaker_a"),
     ],
 )
 def test_bad_input_is_a_clear_error(tmp_path, content, fmt, message):
@@ -250,6 +252,18 @@ def check_question(record: dict, asked: dict, conversation: str) -> None:
     assert record["messages"][-1] == {"role": "user", "content": asked["question"]}
     assert record["sources"][-1] == {"id": None, "kind": "current"}
     assert record["recall"]["query"] == asked["question"]
+
+
+def test_a_locomo_file_may_hold_a_list_of_conversations_as_the_dataset_does(tmp_path):
+    def conversation(a: str, b: str, **extra: object) -> dict:
+        turns = [{"speaker": a, "dia_id": "D1:1", "text": f"Hi {b}"}, {"speaker": b, "dia_id": "D1:2", "text": "Hi"}]
+        return {"conversation": {"speaker_a": a, "speaker_b": b, "session_1": turns}, "qa": [], **extra}
+
+    path = tmp_path / "locomo10.json"
+    path.write_text(json.dumps([conversation("Ann", "Bo", sample_id="conv-7"), conversation("Cy", "Di")]))
+    records = replay(tmp_path, str(path), "--format", "locomo", "--mode", "quick-answer")
+    assert [(r["conversation"], r["call"]) for r in records] == [("conv-7", 0), ("locomo10-2", 0)]
+    assert [r["messages"][-1]["content"] for r in records] == ["Hi Bo", "Hi Di"]
 
 
 def test_locomo_questions_are_asked_unstored_with_their_evidence(tmp_path, settings):
