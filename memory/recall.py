@@ -251,6 +251,11 @@ _STOP_WORDS = frozenset(
 # A run of CJK characters (Han, kana, Hangul): indexed as overlapping character pairs.
 _CJK_RUN_RE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+")
 _WORD_RE = re.compile(r"[^\W_]+(?:['’][^\W_]+)?", re.UNICODE)
+# Letters and digits joined by - . / : (an order number, a loan id, a version): one term when it
+# holds both a letter and a digit (docs/memory.md §12, "gate").
+_JOINED_RE = re.compile(r"[^\W_]+(?:[-./:][^\W_]+)+", re.UNICODE)
+_HAS_LETTER = re.compile(r"[^\W\d_]", re.UNICODE)
+_HAS_DIGIT = re.compile(r"\d")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -342,16 +347,24 @@ def _stem(word: str) -> str:
 
 @lru_cache(maxsize=4096)
 def content_terms(text: str) -> frozenset[str]:
-    """The terms of ``text`` a lexical match is measured on (docs/memory.md §12, "gate"): words
-    in lower case without English stop words and one-letter words, lightly stemmed (:func:`_stem`),
-    and every pair of adjacent characters of a CJK run (a lone CJK character as itself). Pure,
-    never raises; the terms of recent texts are remembered (recall sees the same items again)."""
+    """The terms of ``text`` a lexical match is measured on (docs/memory.md §12, "gate"): an
+    identifier-like token (letters and digits joined by ``-``, ``.``, ``/`` or ``:``, such as
+    ``LN-4050`` or ``ZX-88213``) as one term in lower case, so ``LN-4049`` shares nothing with it;
+    other words in lower case without English stop words and one-letter words, lightly stemmed
+    (:func:`_stem`); and every pair of adjacent characters of a CJK run (a lone CJK character as
+    itself). Pure, never raises; the terms of recent texts are remembered (recall sees the same
+    items again)."""
     terms: set[str] = set()
     for run in _CJK_RUN_RE.findall(text):
         if len(run) == 1:
             terms.add(run)
         terms.update(run[i : i + 2] for i in range(len(run) - 1))
-    for word in _WORD_RE.findall(_CJK_RUN_RE.sub(" ", text.lower())):
+    lowered = _CJK_RUN_RE.sub(" ", text.lower())
+    joined = [token for token in _JOINED_RE.findall(lowered) if _HAS_LETTER.search(token) and _HAS_DIGIT.search(token)]
+    if joined:
+        terms.update(joined)
+        lowered = _JOINED_RE.sub(lambda m: " " if m.group(0) in joined else m.group(0), lowered)
+    for word in _WORD_RE.findall(lowered):
         if len(word) > 1 and word not in _STOP_WORDS:
             terms.add(_stem(word))
     return frozenset(terms)
