@@ -23,6 +23,7 @@ from memory.recall import (
     RECALL_THRESHOLDS,
     RecallCandidate,
     RecallItem,
+    RecallResult,
     TermRarity,
     admit,
     content_terms,
@@ -698,51 +699,34 @@ LISBON_QUERY = "Which Lisbon hotel did we book?"
 
 def test_the_best_recalled_item_brings_the_next_and_previous_items_of_its_chat() -> None:
     cands = [RecallCandidate(item=ASKED, lexical_rank=1, cosine=None, identifier_match=False)]
-    plain = select_recall(
-        cands, query=LISBON_QUERY, now=NOW, budget_tokens=500, thresholds=LEXICAL_THRESHOLDS, counter=COUNTER
-    )
-    assert [s.item.id for s in plain.items] == [1]
-    result = select_recall(
-        cands,
-        query=LISBON_QUERY,
-        now=NOW,
-        budget_tokens=500,
-        thresholds=LEXICAL_THRESHOLDS,
-        counter=COUNTER,
-        neighbors={1: [ANSWER, BEFORE]},
-    )
+
+    def select(budget: int, neighbors: dict[int, list[RecallItem]] | None = None) -> RecallResult:
+        return select_recall(
+            cands,
+            query=LISBON_QUERY,
+            now=NOW,
+            budget_tokens=budget,
+            thresholds=LEXICAL_THRESHOLDS,
+            counter=COUNTER,
+            neighbors=neighbors,
+        )
+
+    assert [s.item.id for s in select(500).items] == [1]
+    result = select(500, {1: [ANSWER, BEFORE]})
     # Chronological in the block, the answer (next) included, each with its provenance.
     assert [s.item.id for s in result.items] == [3, 1, 2]
     assert [s.reason for s in result.items if s.item.id != 1] == ["context: next to msg 11, recalled"] * 2
-    assert (
-        result.message is not None
-        and '(chat "Trip", msg 12) Assistant: Yes, the one by the river' in (result.message["content"])
-    )
+    assert [s.context_of for s in result.items] == [1, None, 1]
+    assert result.message is not None
+    assert '(chat "Trip", msg 12) Assistant: Yes, the one by the river' in result.message["content"]
     assert result.tokens == COUNTER.count_message(result.message)
 
     # The budget: the next item comes before the previous one, and context never displaces an
     # admitted item (it takes only the room left).
     with_answer = recall_block([ASKED, ANSWER], role="system", counter=COUNTER)[1]
-    tight = select_recall(
-        cands,
-        query=LISBON_QUERY,
-        now=NOW,
-        budget_tokens=with_answer,
-        thresholds=LEXICAL_THRESHOLDS,
-        counter=COUNTER,
-        neighbors={1: [ANSWER, BEFORE]},
-    )
+    tight = select(with_answer, {1: [ANSWER, BEFORE]})
     assert [s.item.id for s in tight.items] == [1, 2] and tight.tokens <= with_answer
-    alone = recall_block([ASKED], role="system", counter=COUNTER)[1]
-    only = select_recall(
-        cands,
-        query=LISBON_QUERY,
-        now=NOW,
-        budget_tokens=alone,
-        thresholds=LEXICAL_THRESHOLDS,
-        counter=COUNTER,
-        neighbors={1: [ANSWER, BEFORE]},
-    )
+    only = select(recall_block([ASKED], role="system", counter=COUNTER)[1], {1: [ANSWER, BEFORE]})
     assert [s.item.id for s in only.items] == [1] and only.over_budget == ()
 
 
