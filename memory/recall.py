@@ -231,7 +231,7 @@ RECALL_MAX_REJECTED = 5
 # Context around what was recalled (docs/memory.md §12, "context"): of the best this many
 # recalled items, those of the request's own chat bring the items next to them (the next one
 # first, then the one before) while the budget has room. On LoCoMo: evidence in context 0.721 →
-# 0.784 at 8,192 tokens and 0.684 → 0.737 at 4,096, foreign hits unchanged (docs/benchmarks.md).
+# 0.784 at 8,192 tokens and 0.684 → 0.738 at 4,096, foreign hits unchanged (docs/benchmarks.md).
 RECALL_CONTEXT_ANCHORS = 3
 # How far the line-by-line token sum may overshoot the budget before a block is counted exactly.
 _NEAR_MISS_TOKENS = 8

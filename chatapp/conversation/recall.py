@@ -188,9 +188,9 @@ async def recall_search(
     gone) finds nothing. ``scope_key``: the owner's, when known (with ``query``, the session is
     not read). ``embedding``: the query's embedding started earlier (:meth:`TurnRecall.prefetch`,
     for this ``query`` and ``scope_key``), awaited instead of started here. ``orm`` and
-    ``deadline`` as for :class:`TurnRecall`. The result's ``latency_ms`` is the time this search took, which is what
-    the request waits for (a prefetched embedding counts only for what was left of it). Storage
-    errors of the full-text side propagate."""
+    ``deadline`` as for :class:`TurnRecall`. The result's ``latency_ms`` is the time this search
+    took, which is what the request waits for (a prefetched embedding counts only for what was
+    left of it). Storage errors of the full-text side propagate."""
     started = time.perf_counter()
     prefetched = embedding is not None and query is not None and scope_key is not None
     if embedding is None or query is None or scope_key is None:
