@@ -754,28 +754,24 @@ def test_only_the_best_recalled_items_bring_context_and_an_admitted_neighbour_is
         for rank, it in enumerate(lisbon, start=1)
     ]
     replies = {it.id: [chat_item(50 + it.id, f"Reply {it.id}.", message_id=it.message_ids[0] + 1)] for it in lisbon}
-    # The last-ranked item is also the first one's previous neighbour; a tiny budget leaves it over.
-    result = select_recall(
-        cands,
-        query=LISBON_QUERY,
-        now=NOW,
-        budget_tokens=2000,
-        thresholds=LEXICAL_THRESHOLDS,
-        counter=COUNTER,
-        neighbors=replies,
-    )
+
+    def select(neighbors: dict[int, list[RecallItem]], max_items: int = 12) -> RecallResult:
+        return select_recall(
+            cands,
+            query=LISBON_QUERY,
+            now=NOW,
+            budget_tokens=2000,
+            thresholds=LEXICAL_THRESHOLDS,
+            counter=COUNTER,
+            max_items=max_items,
+            neighbors=neighbors,
+        )
+
+    # Only the best three recalled items bring their replies; the fourth brings none.
+    result = select(replies)
     brought = {s.item.id for s in result.items if s.reason.startswith("context")}
     assert brought == {50 + it.id for it in lisbon[:RECALL_CONTEXT_ANCHORS]}
-    capped = select_recall(
-        cands,
-        query=LISBON_QUERY,
-        now=NOW,
-        budget_tokens=2000,
-        thresholds=LEXICAL_THRESHOLDS,
-        counter=COUNTER,
-        max_items=1,
-        neighbors={lisbon[0].id: [lisbon[1]]},
-    )
+    capped = select({lisbon[0].id: [lisbon[1]]}, max_items=1)
     # The second item, over the item limit, comes back as the first one's context instead.
     assert [s.item.id for s in capped.items] == [lisbon[0].id, lisbon[1].id]
     assert [s.item.id for s in capped.over_budget] == [it.id for it in lisbon[2:]]

@@ -204,6 +204,17 @@ def fresh_cache() -> Any:
     recall_cache_clear()
 
 
+def endpoint_embedder(settings: Any, monkeypatch: Any, embedder: HashEmbedder, *, deadline_ms: int) -> None:
+    """Recall's configured embedder is an endpoint for model ``hash``, answered by ``embedder``,
+    with a deadline of ``deadline_ms``."""
+    from chatapp.conversation import recall
+
+    settings.EMBEDDING_BACKEND = "auto"
+    settings.EMBEDDING_BASE_URL, settings.EMBEDDING_MODEL = "http://embeddings.invalid/v1", "hash"
+    settings.MEMORY_RECALL_DEADLINE_MS = deadline_ms
+    monkeypatch.setattr(recall, "embedder_get", lambda: embedder)
+
+
 class SlowEmbedder(HashEmbedder):
     """An embedder slower than the recall deadline."""
 
@@ -222,11 +233,8 @@ async def test_the_request_embeds_its_question_only_once_the_owner_has_vectors_a
     # Issue 11: a question embedded for an owner with no vectors found nothing and cost ~6 ms of CPU.
     from chatapp.conversation import recall
 
-    settings.EMBEDDING_BACKEND = "auto"
-    settings.EMBEDDING_BASE_URL, settings.EMBEDDING_MODEL = "http://embeddings.invalid/v1", "hash"
-    settings.MEMORY_RECALL_DEADLINE_MS = 100
     embedder = {"works": HashEmbedder(), "fails": HashEmbedder(fail=True), "too_slow": SlowEmbedder()}[kind]
-    monkeypatch.setattr(recall, "embedder_get", lambda: embedder)
+    endpoint_embedder(settings, monkeypatch, embedder, deadline_ms=100)
     session, messages = await sync_to_async(conversation)()
     question = await sync_to_async(message_make)(session, "user", "Has order ZX-88213 shipped yet?")
 
@@ -264,11 +272,8 @@ async def test_without_a_deadline_as_in_a_replay_the_search_waits_for_a_late_emb
     wait for the question's embedding, where a live request falls back to lexical only."""
     from chatapp.conversation import recall
 
-    settings.EMBEDDING_BACKEND = "auto"
-    settings.EMBEDDING_BASE_URL, settings.EMBEDDING_MODEL = "http://embeddings.invalid/v1", "hash"
-    settings.MEMORY_RECALL_DEADLINE_MS = 50
     embedder = LateEmbedder()
-    monkeypatch.setattr(recall, "embedder_get", lambda: embedder)
+    endpoint_embedder(settings, monkeypatch, embedder, deadline_ms=50)
     session, messages = await sync_to_async(conversation)()
     await runner(HashEmbedder()).run_now(str(session.pk))
     question = await sync_to_async(message_make)(session, "user", "Has order ZX-88213 shipped yet?")
@@ -303,11 +308,8 @@ async def test_a_turn_starts_its_questions_embedding_when_it_opens_and_every_sea
 
     from chatapp.conversation import recall
 
-    settings.EMBEDDING_BACKEND = "auto"
-    settings.EMBEDDING_BASE_URL, settings.EMBEDDING_MODEL = "http://embeddings.invalid/v1", "hash"
-    settings.MEMORY_RECALL_DEADLINE_MS = 10_000
     embedder = GatedEmbedder()
-    monkeypatch.setattr(recall, "embedder_get", lambda: embedder)
+    endpoint_embedder(settings, monkeypatch, embedder, deadline_ms=10_000)
     session, messages = await sync_to_async(conversation)()
     await runner(HashEmbedder()).run_now(str(session.pk))
     scope_key = chat_services.chat_session_scope_key(
