@@ -708,13 +708,13 @@ def memory_items_unembedded(*, memory_key: str, model: str, limit: int = EMBED_B
 
 
 def memory_item_embeddings_exist(*, scope_key: str, model: str) -> bool:
-    """Whether any item of owner ``scope_key`` has an embedding of ``model`` (one query): without
-    one, a query vector would find nothing (docs/memory.md §12)."""
+    """Whether any item of owner ``scope_key`` has an embedding of ``model`` (one query unless
+    :func:`memory_item_embeddings_known` knows): without one, a query vector would find nothing
+    (docs/memory.md §12)."""
+    known = memory_item_embeddings_known(scope_key=scope_key, model=model)
+    if known is not None:
+        return known
     key = (scope_key, model)
-    if key in _embedded_owners:
-        return True
-    if _unembedded_until.get(key, 0.0) > time.monotonic():
-        return False
     found = MemoryItem.objects.filter(scope_key=scope_key, embedding_model=model).exists()
     if found:
         _embedded_owners.add(key)
@@ -733,6 +733,18 @@ _embedded_owners: set[tuple[str, str]] = set()
 # worker's first embeddings are seen within it (until then the question is not embedded).
 UNEMBEDDED_RECHECK_SECONDS = 10.0
 _unembedded_until: dict[tuple[str, str], float] = {}
+
+
+def memory_item_embeddings_known(*, scope_key: str, model: str) -> bool | None:
+    """What this process already knows of :func:`memory_item_embeddings_exist` for owner
+    ``scope_key`` and ``model``, without a query (None: it must ask the database). Safe to call
+    from the event loop: an async caller skips a trip to a database thread when it knows."""
+    key = (scope_key, model)
+    if key in _embedded_owners:
+        return True
+    if _unembedded_until.get(key, 0.0) > time.monotonic():
+        return False
+    return None
 
 
 def memory_items_unembedded_exist(*, memory_key: str, model: str) -> bool:

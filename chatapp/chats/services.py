@@ -9,6 +9,7 @@ a message tells the session's sockets about it only after the commit
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
@@ -203,6 +204,7 @@ def reply_message_store(
     status: str = Message.Status.COMPLETE,
     origin: str = Message.Origin.MODEL,
     step: int = 1,
+    usage: ModelCallUsage | None = None,
 ) -> Message:
     """Store one assistant or tool message of the turn opened by user message ``reply_to_id``.
 
@@ -214,7 +216,9 @@ def reply_message_store(
     to the model (docs/memory.md F-37). The key facts in an assistant message's ``tool_calls``
     are stored in the same transaction (:func:`message_facts_store`).
     The final reply (an assistant message without ``tool_calls``) ends the turn: the turn's lease
-    (:class:`chatapp.models.TurnLease`) is deleted in the same transaction.
+    (:class:`chatapp.models.TurnLease`) is deleted in the same transaction. ``usage``: what the
+    provider reported for the model call this message came from, stored on its record in the same
+    transaction (:func:`model_call_usage_save`; one write to the database fewer per model call).
     """
     if role not in (Message.Role.ASSISTANT, Message.Role.TOOL):
         raise ValueError(f"a reply is an assistant or tool message, not {role!r}")
@@ -243,6 +247,8 @@ def reply_message_store(
             message_facts_store(message=message)
         if reply_to_id is not None and message.is_final_reply:
             TurnLease.objects.filter(user_message_id=reply_to_id).delete()
+        if usage is not None:
+            model_call_usage_save(usage)
         event_broadcast_on_commit(session_id, ChatMessageEvent(message=message.as_dict(), step=step))
     return message
 
@@ -271,10 +277,21 @@ def model_call_record(
     )
 
 
-def model_call_usage_save(
-    *, model_call_id: int, prompt_tokens: int | None, completion_tokens: int | None, finish_reason: str
-) -> None:
-    """Store what the provider reported for a model call (tokens; None when not reported)."""
-    ModelCall.objects.filter(pk=model_call_id).update(
-        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, finish_reason=finish_reason[:32]
+@dataclass(frozen=True, kw_only=True)
+class ModelCallUsage:
+    """What the provider reported for the model call recorded as ``model_call_id``: tokens
+    (None when not reported) and the finish reason (at most 32 characters are stored)."""
+
+    model_call_id: int
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    finish_reason: str
+
+
+def model_call_usage_save(usage: ModelCallUsage) -> None:
+    """Store ``usage`` on its model call's record (one query)."""
+    ModelCall.objects.filter(pk=usage.model_call_id).update(
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        finish_reason=usage.finish_reason[:32],
     )

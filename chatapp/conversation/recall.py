@@ -37,6 +37,7 @@ from memory.api import (
     ScoredCandidate,
     TermRarity,
     memory_item_embeddings_exist,
+    memory_item_embeddings_known,
     message_text,
     recall_anchors,
     recall_candidates,
@@ -146,6 +147,8 @@ async def query_embed(
     started = time.perf_counter()
     try:
         if has_vectors is None:
+            has_vectors = memory_item_embeddings_known(scope_key=scope_key, model=choice.model)
+        if has_vectors is None:
             has_vectors = await orm(memory_item_embeddings_exist)(scope_key=scope_key, model=choice.model)
     except Exception as exc:
         logger.warning("recall embedding lookup failed for %s: %s", scope_key, exc)
@@ -220,17 +223,21 @@ async def recall_search(
         raise
     embedded = await embedding
     now = timezone.now()
-    candidates, rarity, scored, neighbors = await orm(_candidates)(
-        scope_key=scope_key,
-        memory_key=memory_key,
-        boundary=boundary,
-        query=query,
-        vector=embedded.vector,
-        model=embedded.model,
-        hits=hits,
-        rarity=rarity,
-        now=now,
-    )
+    if embedded.vector is None and not hits.lexical and not hits.exact:
+        # Nothing found and no dense side: no candidates, and no trip to the database thread.
+        candidates, rarity, scored, neighbors = [], None, None, {}
+    else:
+        candidates, rarity, scored, neighbors = await orm(_candidates)(
+            scope_key=scope_key,
+            memory_key=memory_key,
+            boundary=boundary,
+            query=query,
+            vector=embedded.vector,
+            model=embedded.model,
+            hits=hits,
+            rarity=rarity,
+            now=now,
+        )
     return RecallInput(
         query=query,
         candidates=candidates,

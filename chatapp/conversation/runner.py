@@ -67,7 +67,9 @@ class _SessionQueue:
         self.stops = 0
 
 
-async def chat_turn_run(*, session_id: int, user_message_id: int, stopped: Callable[[], bool] | None = None) -> Message:
+async def chat_turn_run(
+    *, session_id: int, user_message_id: int, stopped: Callable[[], bool] | None = None, question: str | None = None
+) -> Message:
     """Answer the stored user message ``user_message_id`` of session ``session_id``.
 
     Runs the session's mode (``agent``: :func:`chatapp.conversation.agent.agent_turn_run`; ``quick-answer``:
@@ -85,7 +87,8 @@ async def chat_turn_run(*, session_id: int, user_message_id: int, stopped: Calla
     down) and for cancellation of the calling task. ``stopped``: whether the user stopped the
     session's turns while this one waited behind another or opened (asked once the turn is
     registered, so no stop falls between); such a turn ends as ``stopped`` at once (no search, no
-    context, no model call).
+    context, no model call). ``question``: the user message's text when the caller has it (the
+    socket that stored it), so it is not read again.
     """
     async with (
         turn_lease_kept(user_message_id=user_message_id),
@@ -94,7 +97,10 @@ async def chat_turn_run(*, session_id: int, user_message_id: int, stopped: Calla
         # Never this process's own turns: one started a moment ago may not have its lease stored yet.
         try:
             session, in_flight_first_id, token_factor, question = await orm_async(_turn_open)(
-                session_id=session_id, user_message_id=user_message_id, exclude=leases.turns_leased_here()
+                session_id=session_id,
+                user_message_id=user_message_id,
+                exclude=leases.turns_leased_here(),
+                question=question,
             )
         except ChatSession.DoesNotExist:
             raise _deleted(session_id, user_message_id) from None
@@ -149,19 +155,21 @@ async def chat_turn_run(*, session_id: int, user_message_id: int, stopped: Calla
 
 
 def _turn_open(
-    *, session_id: int, user_message_id: int, exclude: frozenset[int]
+    *, session_id: int, user_message_id: int, exclude: frozenset[int], question: str | None = None
 ) -> tuple[ChatSession, int | None, float, str | None]:
     """Close the session's interrupted turns but those in ``exclude``, then load the session; also
     the first turn in flight (``leases.turn_in_flight_first_id``), the chat model's estimate
     calibration (:func:`chatapp.llm.calibration.token_factor_get`, no query for the offline
-    engine) and the text of the turn's user message (None when it is gone). One trip to the
-    database thread instead of five. Raises ``ChatSession.DoesNotExist``."""
+    engine) and the text of the turn's user message (``question`` when given, else read; None
+    when it is gone). One trip to the database thread instead of five. Raises
+    ``ChatSession.DoesNotExist``."""
     first = leases.turns_interrupted_close_first_in_flight(session_id=session_id, exclude=exclude)
     session = selectors.chat_session_get(session_id=session_id)
-    try:
-        question: str | None = selectors.message_content_get(message_id=user_message_id)
-    except Message.DoesNotExist:
-        question = None
+    if question is None:
+        try:
+            question = selectors.message_content_get(message_id=user_message_id)
+        except Message.DoesNotExist:
+            question = None
     return session, first, token_factor_get(endpoint=chat_endpoint()), question
 
 
@@ -181,15 +189,20 @@ def _deleted(session_id: int, user_message_id: int) -> ChatSessionDeleted:
     return ChatSessionDeleted(session_id, user_message_id)
 
 
-def chat_turn_start(*, session_id: int, user_message_id: int, lease_fresh: bool = False) -> asyncio.Task[Message]:
+def chat_turn_start(
+    *, session_id: int, user_message_id: int, lease_fresh: bool = False, question: str | None = None
+) -> asyncio.Task[Message]:
     """Run :func:`chat_turn_run` as a background task of the running event loop, after the
     session's turns started earlier in this process have ended; returns the task. The turn's
     lease is renewed while it waits; ``lease_fresh``: it was stored a moment ago (by
     :func:`chatapp.conversation.leases.user_message_submit`), so the first renewal waits a beat.
-    From the call on, the turn counts as this process's (``leases.turns_leased_here``)."""
+    From the call on, the turn counts as this process's (``leases.turns_leased_here``).
+    ``question``: the user message's text, when the caller has it (:func:`chat_turn_run`)."""
     leases.turn_lease_claim(user_message_id=user_message_id)
     task = asyncio.create_task(
-        _chat_turn_queued(session_id=session_id, user_message_id=user_message_id, lease_fresh=lease_fresh)
+        _chat_turn_queued(
+            session_id=session_id, user_message_id=user_message_id, lease_fresh=lease_fresh, question=question
+        )
     )
     _tasks.add(task)
     task.add_done_callback(_task_done)
@@ -198,14 +211,19 @@ def chat_turn_start(*, session_id: int, user_message_id: int, lease_fresh: bool 
     return task
 
 
-async def _chat_turn_queued(*, session_id: int, user_message_id: int, lease_fresh: bool = False) -> Message:
+async def _chat_turn_queued(
+    *, session_id: int, user_message_id: int, lease_fresh: bool = False, question: str | None = None
+) -> Message:
     queue = _session_queues.setdefault(session_id, _SessionQueue())
     queue.waiting += 1
     stops = queue.stops
     try:
         async with turn_lease_kept(user_message_id=user_message_id, fresh=lease_fresh), queue.lock:
             return await chat_turn_run(
-                session_id=session_id, user_message_id=user_message_id, stopped=lambda: queue.stops != stops
+                session_id=session_id,
+                user_message_id=user_message_id,
+                stopped=lambda: queue.stops != stops,
+                question=question,
             )
     finally:
         queue.waiting -= 1

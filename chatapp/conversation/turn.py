@@ -23,7 +23,7 @@ from django.db import DatabaseError
 from chatapp.chats import selectors, services
 from chatapp.conversation import leases
 from chatapp.conversation.recall import TurnRecall
-from chatapp.llm.calibration import calibration_report, token_calibration_observe
+from chatapp.llm.calibration import calibration_applies, calibration_report, token_calibration_observe
 from chatapp.llm.clients import Endpoint, LLMError, chat_endpoint, chat_stream
 from chatapp.llm.summarizer import build_summarizer_chain
 from chatapp.models import ChatSession, Message
@@ -170,6 +170,9 @@ class Turn:
         self._stream_task: asyncio.Task[None] | None = None
         # The estimated size of this turn's last request (tokens), 0 before the first.
         self.last_request_tokens = 0
+        # What the provider reported for the last model call, until the message it produced is
+        # stored with it (:meth:`store`: the same transaction).
+        self._usage: services.ModelCallUsage | None = None
         # Recall for this turn's question, searched once (docs/memory.md §12).
         self.recall = TurnRecall(
             session_id=session_id, user_message_id=user_message_id, query=question, scope_key=scope_key
@@ -249,10 +252,15 @@ class Turn:
         await event_broadcast(self.session_id, event)
 
     async def store(self, **fields: Any) -> Message:
-        """Store a reply message of this turn (see :func:`chatapp.chats.services.reply_message_store`)."""
-        return await orm_async(services.reply_message_store)(
-            session_id=self.session_id, reply_to_id=self.user_message_id, **fields
+        """Store a reply message of this turn (see :func:`chatapp.chats.services.reply_message_store`),
+        with the usage of the model call it came from when that is not stored yet."""
+        usage = self._usage
+        message = await orm_async(services.reply_message_store)(
+            session_id=self.session_id, reply_to_id=self.user_message_id, usage=usage, **fields
         )
+        if self._usage is usage:
+            self._usage = None
+        return message
 
     async def model_call(self, ctx: MemoryContext, *, step: int, tools: list[dict[str, Any]] | None) -> ModelReply:
         """Record the request (a ``ModelCall`` row), emit the memory events of ``ctx``, and stream
@@ -260,8 +268,12 @@ class Turn:
 
         ``ctx`` must not be an overflow (see :meth:`overflow`). Raises :class:`TurnStopped` when
         the user stopped the turn and :class:`ModelCallFailed` when the model failed; either
-        carries the partial reply. Stores no message: the caller does.
+        carries the partial reply. Stores no message: the caller does (:meth:`store`), and the
+        provider's usage figures go to the call's record with it.
         """
+        if self._usage is not None:  # the previous call's message was never stored: save it alone
+            await orm_async(services.model_call_usage_save)(self._usage)
+            self._usage = None
         if self.stop_requested():  # asked while the context was being built: do not call the model
             raise TurnStopped(ModelReply())
         self.last_request_tokens = ctx.tokens
@@ -290,7 +302,7 @@ class Turn:
             raise ModelCallFailed(exc, reply) from exc
         finally:
             self._stream_task = None
-            await orm_async(services.model_call_usage_save)(
+            self._usage = services.ModelCallUsage(
                 model_call_id=record.pk,
                 prompt_tokens=reply.prompt_tokens,
                 completion_tokens=reply.completion_tokens,
@@ -307,7 +319,7 @@ class Turn:
         """Count a finished call in the chat model's estimate calibration (docs/memory.md §5,
         "Calibration"; nothing for the offline engine or with ``LLM_TOKEN_CALIBRATION`` off) and
         budget this turn's next call with the factor it has now."""
-        if prompt_tokens is None:
+        if prompt_tokens is None or not calibration_applies(self.endpoint):  # no trip to the database thread
             return
         try:
             now = await orm_async(token_calibration_observe)(

@@ -172,7 +172,9 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
             return
         if created:
             await self._ack(event, message, duplicate=False, pending=True)
-            chat_turn_start(session_id=session.pk, user_message_id=message.pk, lease_fresh=True)
+            chat_turn_start(
+                session_id=session.pk, user_message_id=message.pk, lease_fresh=True, question=message.content or ""
+            )
             return
         replies = await orm_async(selectors.turn_replies_get)(user_message=message)
         if not any(reply.is_final_reply for reply in replies):

@@ -556,16 +556,20 @@ async def test_the_bundled_model_embeds_queries_and_passages_multilingually() ->
 
 @pytest.mark.django_db
 def test_whether_an_owner_has_embeddings_is_asked_once_then_remembered(django_assert_num_queries) -> None:
-    from memory.services import memory_item_embeddings_exist
+    from memory.services import memory_item_embeddings_exist, memory_item_embeddings_known
 
     index("1", OWNER, msg(1, "We booked the hotel in Lisbon near the river."))
     with django_assert_num_queries(1):
+        assert memory_item_embeddings_known(scope_key=OWNER, model="hash") is None  # must ask
         assert memory_item_embeddings_exist(scope_key=OWNER, model="hash") is False
         assert memory_item_embeddings_exist(scope_key=OWNER, model="hash") is False  # remembered a while
+        assert memory_item_embeddings_known(scope_key=OWNER, model="hash") is False
     item_id = MemoryItem.objects.get(scope_key=OWNER).pk
     memory_item_embeddings_save(vectors={item_id: hashed("hotel lisbon")}, model="hash")
+    assert memory_item_embeddings_known(scope_key=OWNER, model="hash") is None  # forgotten after a save
     with django_assert_num_queries(1):
         assert memory_item_embeddings_exist(scope_key=OWNER, model="hash") is True  # asked again after a save
         assert memory_item_embeddings_exist(scope_key=OWNER, model="hash") is True
+        assert memory_item_embeddings_known(scope_key=OWNER, model="hash") is True
     with django_assert_num_queries(1):
         assert memory_item_embeddings_exist(scope_key=STRANGER, model="hash") is False

@@ -13,6 +13,7 @@ from asgiref.sync import sync_to_async
 from chatapp.conversation import agent
 from chatapp.conversation.runner import chat_turn_run, chat_turn_stop
 from chatapp.conversation.tools import tool_call_execute
+from chatapp.conversation.turn import Turn
 from chatapp.models import ChatSession, Message, ModelCall
 from tests.chatapp.conftest import chat_session_make, message_make
 
@@ -91,7 +92,9 @@ async def test_step_limit_ends_with_a_final_answer_offered_no_tools(alice, model
     calls = [c async for c in ModelCall.objects.filter(session=session).order_by("step")]
     assert [c.step for c in calls] == [1, 2, 3]
     assert calls[2].context["sections"]["tools"] == 0 and calls[0].context["sections"]["tools"] > 0
-    assert calls[0].prompt_tokens == 100
+    # Each call's usage is stored with the message it produced (a tool-calling one, or the final reply).
+    assert [(c.prompt_tokens, c.completion_tokens) for c in calls] == [(100, 10)] * 3
+    assert [c.finish_reason for c in calls] == ["tool_calls", "tool_calls", "stop"]
 
 
 async def test_model_still_calling_tools_at_the_limit_is_an_error_without_a_dangling_call(
@@ -191,4 +194,25 @@ async def test_stop_during_tool_execution_keeps_the_tool_group_complete(alice, m
         ("tool", "x", "42"),
         ("tool", "y", agent.STOPPED_TOOL_RESULT),
         ("assistant", "", "[stopped by the user]"),
+    ]
+
+
+async def test_a_model_calls_usage_waits_for_its_message_and_is_never_overwritten_by_the_next_call(alice, model: Model):
+    model(lambda messages, tools: {"text": "an answer"})
+    session, user = await start_turn(alice, "what is 2+2?")
+    turn = Turn(session_id=session.pk, user_message_id=user.pk, mode="agent")
+    ctx = await turn.engine.build_context(await turn.context_request(system_prompt="be brief"))
+
+    await turn.model_call(ctx, step=1, tools=None)
+    first = await ModelCall.objects.aget(session=session, step=1)
+    assert first.prompt_tokens is None  # not yet: it is stored with the message the call produced
+
+    # A second call before any message is stored: the first call's usage is saved on its own.
+    await turn.model_call(ctx, step=2, tools=None)
+    await turn.store(role=Message.Role.ASSISTANT, content="an answer", step=2)
+
+    calls = [c async for c in ModelCall.objects.filter(session=session).order_by("step")]
+    assert [(c.step, c.prompt_tokens, c.completion_tokens, c.finish_reason) for c in calls] == [
+        (1, 100, 10, "stop"),
+        (2, 100, 10, "stop"),
     ]

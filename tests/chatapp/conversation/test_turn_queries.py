@@ -34,9 +34,11 @@ pytestmark = [
 # the owner's memory index (one SELECT; chat titles only when something was found).
 # 17 since the turn reads its question once, with the session, for the knowledge-base search and
 # recall (the owner's scope comes from the session row).
-MAX_STATEMENTS = 17
+# 16 since the socket hands the turn the text it stored (the question is not read back), and 3
+# write transactions since the model call's usage is stored with the final reply.
+MAX_STATEMENTS = 16
 MAX_WRITES = 8
-MAX_WRITE_TRANSACTIONS = 4
+MAX_WRITE_TRANSACTIONS = 3
 TRANSACTION_CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE")
 WRITES = ("INSERT", "UPDATE", "DELETE")
 
@@ -87,7 +89,7 @@ async def turn_as_the_socket_runs_it(session: ChatSession, client_message_id: st
         session=session, client_message_id=client_message_id, text=text, max_pending=5
     )
     assert created
-    return await chat_turn_start(session_id=session.pk, user_message_id=message.pk, lease_fresh=True)
+    return await chat_turn_start(session_id=session.pk, user_message_id=message.pk, lease_fresh=True, question=text)
 
 
 async def test_a_quick_answer_turn_stays_within_its_statement_and_write_budget(alice):
@@ -109,8 +111,8 @@ async def test_a_quick_answer_turn_stays_within_its_statement_and_write_budget(a
     row_lock = 1 if connections[DEFAULT_DB_ALIAS].features.has_select_for_update else 0
     assert len(statements) <= MAX_STATEMENTS + row_lock, f"{len(statements)} statements:\n{report}"
     assert len(writes) <= MAX_WRITES, f"{len(writes)} writes:\n{report}"
-    # The user message (message, lease, session), the model call, its usage, the final reply
-    # (message, session, lease deletion). Only SQLite's log shows where a transaction begins.
+    # The user message (message, lease, session), the model call, the final reply (message,
+    # session, lease deletion, the call's usage). Only SQLite's log shows where a transaction begins.
     if connections[DEFAULT_DB_ALIAS].vendor == "sqlite":
         transactions = transactions_count(captured.per_thread() + sensitive.per_thread())
         assert transactions <= MAX_WRITE_TRANSACTIONS, f"{transactions} write transactions:\n{report}"
