@@ -89,6 +89,7 @@ from memory.services import (
     recall_term_rarity,
     session_memory_delete,
     session_summary_get,
+    session_summary_kind,
     summarizer_health_get,
     token_calibration_get,
     token_calibration_record,
@@ -101,6 +102,7 @@ from memory.summarizer import (
     SummarizerChain,
     SummaryReply,
     SummaryRequest,
+    summary_kind,
 )
 from memory.tokens import TokenCounter, get_counter
 
@@ -170,9 +172,11 @@ __all__ = [
     "rule_facts",
     "session_memory_delete",
     "session_summary_get",
+    "session_summary_kind",
     "split_summary_prompt",
     "summarizer_health_get",
     "summary_block",
+    "summary_kind",
     "to_wire",
     "tool_call_facts",
     "validate_extraction",

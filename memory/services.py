@@ -19,7 +19,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
-from memory import calibration, facts
+from memory import calibration, facts, summarizer
 from memory.fulltext import fts5_match, query_terms
 from memory.index import IndexPiece, VectorCache, VectorRow, vector_bytes
 from memory.jobs import JobState, JobStatus, StepAttempt
@@ -39,6 +39,25 @@ def session_summary_get(*, memory_key: str) -> Summary:
 
 
 _SUMMARY_SQL = f"SELECT * FROM {SessionSummary._meta.db_table} WHERE memory_key = %s ORDER BY id LIMIT 1"
+
+
+def session_summary_kind(*, memory_key: str, summary: Summary) -> str:
+    """How the conversation's current ``summary`` (:func:`session_summary_get`) was written:
+    :func:`memory.summarizer.summary_kind` of the compression event that wrote its version (one
+    query), or its stored type when that event is gone or disagrees (``none`` before the first)."""
+    if not summary.version:
+        return summary.summary_type
+    event = (
+        CompressionEvent.objects.filter(
+            memory_key=memory_key, kind=CompressionEvent.Kind.COMPRESSION, summary_version=summary.version
+        )
+        .order_by("-id")
+        .values_list("result_type", "attempts")
+        .first()
+    )
+    if event is None or event[0] != summary.summary_type:
+        return summary.summary_type
+    return summarizer.summary_kind(event[0], event[1] or [])
 
 
 ConversationAlive = Callable[[str], bool]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -140,6 +141,19 @@ class Summarizer(Protocol):
 # How a summarizer writes summaries (``Summarizer.method``, recorded on every attempt).
 METHOD_LLM = "llm"
 METHOD_EXTRACTIVE = "extractive"
+
+
+def summary_kind(result_type: str, attempts: Iterable[Mapping[str, Any]]) -> str:
+    """How a summary of stored type ``result_type`` (``none``, ``llm``, ``raw``) was written,
+    from the summarizer ``attempts`` recorded with it (``{"ok", "method", ...}``, see
+    :class:`Attempt`): :data:`METHOD_EXTRACTIVE` when it is an ``llm`` result and every successful
+    attempt came from an extractive summarizer (the offline engine copies sentences: no language
+    model wrote it), else ``result_type``. Attempts recorded before ``method`` existed count as
+    LLM ones."""
+    if result_type != "llm":
+        return result_type
+    methods = {str(attempt.get("method") or METHOD_LLM) for attempt in attempts if attempt.get("ok")}
+    return METHOD_EXTRACTIVE if methods == {METHOD_EXTRACTIVE} else result_type
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -41,11 +41,15 @@ from memory.api import (
     key_fact_list,
     memory_job_state_get,
     session_summary_get,
+    session_summary_kind,
+    summary_kind,
 )
 
 # The JSON document's "format" and "version" (docs/export.md): a reader checks both.
 EXPORT_FORMAT_NAME = "kestrel-chat-export"
 EXPORT_FORMAT_VERSION = 1
+# How the Markdown export names who wrote a summary (``summary_kind``); the JSON keeps the word.
+SUMMARY_KIND_LABELS = {"llm": "LLM summary", "extractive": "extractive summary", "raw": "raw archive"}
 # Rows (messages or compression events) read, rendered and sent at a time.
 EXPORT_PAGE_SIZE = 200
 # Longest title part of a download's file name (characters, after slugify).
@@ -87,7 +91,7 @@ class ExportHead:
 
 
 def chat_export_head_get(*, session: ChatSession) -> ExportHead:
-    """The head of ``session``'s export (no access check: callers authorize). Six queries."""
+    """The head of ``session``'s export (no access check: callers authorize). Seven queries."""
     memory_key = ChatSession.memory_key_for(session.pk)
     newest_events = compression_event_list(memory_key=memory_key, limit=1)
     summary = session_summary_get(memory_key=memory_key)
@@ -108,6 +112,7 @@ def chat_export_head_get(*, session: ChatSession) -> ExportHead:
         },
         summary={
             "summary_type": summary.summary_type,
+            "summary_kind": session_summary_kind(memory_key=memory_key, summary=summary),
             "content": summary.content,
             "boundary": summary.last_message_id,
             "compressed_count": summary.compressed_count,
@@ -138,12 +143,14 @@ def message_dict(message: Message) -> dict[str, Any]:
 
 def summary_version_dict(event: CompressionEvent) -> dict[str, Any]:
     """The summary version a ``compression`` event wrote: ``version``, ``summary_type``
-    (``llm``/``raw``), ``boundary`` (the last message id it covers), ``compressed_messages``
+    (``llm``/``raw``), ``summary_kind`` (who wrote it: ``llm``, ``extractive`` or ``raw``,
+    :func:`memory.api.summary_kind`), ``boundary`` (the last message id it covers), ``compressed_messages``
     (messages folded in by that write), ``degraded``, ``created_at``, ``compression_event_id``
     and ``content`` (the whole text)."""
     return {
         "version": event.summary_version,
         "summary_type": event.result_type,
+        "summary_kind": summary_kind(event.result_type, event.attempts or []),
         "boundary": event.boundary_after,
         "compressed_messages": event.messages_summarized,
         "degraded": event.degraded,
@@ -379,7 +386,7 @@ class _MarkdownRenderer:
         parts.append("## Current summary\n")
         if summary["version"]:
             parts.append(
-                f"Version {summary['version']} · {summary['summary_type']} · covers messages up to "
+                f"Version {summary['version']} · {SUMMARY_KIND_LABELS.get(summary['summary_kind'], summary['summary_kind'])} · covers messages up to "
                 f"#{summary['boundary']} · {_count(summary['compressed_count'], 'message')} compressed\n"
             )
             parts.append(fenced(summary["content"], "text"))
@@ -444,7 +451,7 @@ class _MarkdownRenderer:
         for version in items:
             degraded = " (degraded)" if version["degraded"] else ""
             parts.append(
-                f"### Version {version['version']} · {version['summary_type']}{degraded} · "
+                f"### Version {version['version']} · {SUMMARY_KIND_LABELS.get(version['summary_kind'], version['summary_kind'])}{degraded} · "
                 f"{_when(version['created_at'])}\n\n"
                 f"Covers messages up to #{version['boundary']}; {_count(version['compressed_messages'], 'message')} "
                 f"folded in (compression event {version['compression_event_id']}).\n\n"

@@ -25,7 +25,6 @@ from chatapp.llm.embeddings import embedder_choice
 from chatapp.models import ChatSession, Message, ModelCall
 from memory.api import (
     METHOD_EXTRACTIVE,
-    METHOD_LLM,
     CompressionEvent,
     KeyFact,
     compression_event_list,
@@ -34,6 +33,7 @@ from memory.api import (
     memory_job_state_get,
     session_summary_get,
     summarizer_health_get,
+    summary_kind,
 )
 
 # How many compression events the timeline (and the summary's version history) shows.
@@ -52,7 +52,7 @@ MESSAGE_SECTIONS: tuple[tuple[str, str, str], ...] = (
 # How a summary was written (:func:`summary_kind`): the type stored (none / llm / raw), except that
 # an ``llm`` result every successful attempt of which came from an extractive summarizer (the
 # offline engine copies sentences; no language model wrote it) is ``extractive``.
-SUMMARY_KIND_EXTRACTIVE = "extractive"
+SUMMARY_KIND_EXTRACTIVE = METHOD_EXTRACTIVE
 SUMMARY_TYPE_LABELS = {
     "none": "none yet",
     "llm": "LLM summary",
@@ -319,18 +319,6 @@ class RequestSnapshot:
     def prompt_tokens_difference(self) -> int | None:
         """Provider-reported minus estimated prompt tokens (None when not reported)."""
         return None if self.prompt_tokens is None else self.prompt_tokens - self.gauge.used
-
-
-def summary_kind(result_type: str, attempts: Iterable[dict[str, Any]]) -> str:
-    """How a summary of stored type ``result_type`` (``none``, ``llm``, ``raw``) was written,
-    from the summarizer ``attempts`` recorded with it (``{"ok", "method", ...}``, see
-    :class:`memory.summarizer.Attempt`): ``extractive`` when it is an ``llm`` result and every
-    successful attempt came from an extractive summarizer (``method`` ``extractive``: the offline
-    engine), else ``result_type``. Attempts recorded before ``method`` existed count as LLM ones."""
-    if result_type != "llm":
-        return result_type
-    methods = {str(attempt.get("method") or METHOD_LLM) for attempt in attempts if attempt.get("ok")}
-    return SUMMARY_KIND_EXTRACTIVE if methods == {METHOD_EXTRACTIVE} else result_type
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -103,8 +103,8 @@ from chatapp.ui.inspector import (
     key_fact_from_dict,
     key_facts_build,
     recall_build,
-    summary_kind,
 )
+from memory.api import summary_kind
 
 PAGE_TEMPLATE = "chat/session.html"
 

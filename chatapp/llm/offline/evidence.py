@@ -29,7 +29,12 @@ def plain_text(content: Any) -> str:
 _WORD_RE = re.compile(r"[^\W_]+")
 
 
-SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])\s+|\n+")
+# Where a sentence ends: after . ! or ? and a space (not after a title or Latin abbreviation:
+# "Dr. Okonkwo" is one name, "e.g. a PDF" one clause), or at a line break.
+_ABBREVIATIONS = ("Dr", "Mr", "Mrs", "Ms", "Mx", "Prof", "St", "Jr", "Sr", "e.g", "i.e", "vs", "approx")
+SENTENCE_SPLIT_RE = re.compile(
+    r"(?<=[.!?])" + "".join(rf"(?<!\b{re.escape(word)}\.)" for word in _ABBREVIATIONS) + r"\s+|\n+"
+)
 
 
 _PARAGRAPH_SPLIT_RE = re.compile(r"\n\s*\n")

@@ -112,6 +112,15 @@ async def test_chat_stream_events_come_in_order_and_strip_non_wire_keys() -> Non
     assert events[-1] == {"type": "finish", "finish_reason": "stop"}
 
 
+async def test_a_title_or_abbreviation_does_not_end_a_sentence() -> None:
+    # "Dr. Okonkwo" was noted as "Dr; Okonkwo": the period after a title was taken for a sentence end.
+    messages = [SYSTEM, user("My doctor is Dr. Okonkwo, e.g. for check-ups. My plan is Team.")]
+
+    assert (
+        text_of(await collect(messages)) == "Noted: your doctor is Dr. Okonkwo, e.g. for check-ups; your plan is Team."
+    )
+
+
 # --- tool calls -----------------------------------------------------------------------------
 
 

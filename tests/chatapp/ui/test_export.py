@@ -91,7 +91,16 @@ def rich_chat(owner_visitor: Visitor) -> dict[str, Any]:
         new=Summary(content=SUMMARY_V1, summary_type="llm", last_message_id=a2.pk, compressed_count=6),
         token_count=20,
     )
-    ok = {"model": "offline-engine", "phase": "primary", "number": 1, "latency_ms": 12, "ok": True, "error": ""}
+    # The offline engine's summarizer copies sentences: its summaries are extractive, stored as "llm".
+    ok = {
+        "model": "offline-engine",
+        "phase": "primary",
+        "number": 1,
+        "latency_ms": 12,
+        "ok": True,
+        "error": "",
+        "method": "extractive",
+    }
     failed = {**ok, "ok": False, "error": "HTTP 500: summaries are switched to fail"}
     window: dict[str, Any] = {"mode": "agent", "context_window": 2048, "trigger_tokens": 1024, "target_tokens": 614}
     compression_event_create(
@@ -212,13 +221,17 @@ async def test_json_export_holds_messages_summary_versions_key_facts_events_and_
 
     assert data["summary"] == {
         "summary_type": "raw",
+        "summary_kind": "raw",
         "content": SUMMARY_V2,
         "boundary": messages[6].pk,
         "compressed_count": 7,
         "version": 2,
     }
     versions = data["summary_versions"]
-    assert [(v["version"], v["summary_type"], v["degraded"]) for v in versions] == [(1, "llm", False), (2, "raw", True)]
+    assert [(v["version"], v["summary_type"], v["summary_kind"], v["degraded"]) for v in versions] == [
+        (1, "llm", "extractive", False),
+        (2, "raw", "raw", True),
+    ]
     assert [v["content"] for v in versions] == [SUMMARY_V1, SUMMARY_V2]
     assert [v["boundary"] for v in versions] == [messages[5].pk, messages[6].pk]
 
@@ -250,6 +263,53 @@ async def test_an_empty_chat_exports_as_valid_json_with_empty_lists(alice: Visit
     assert data["messages"] == [] and data["summary_versions"] == [] and data["compression_events"] == []
     assert data["key_facts"] == [] and data["as_of"] == {"last_message_id": None, "last_compression_event_id": None}
     assert data["summary"]["version"] == 0 and data["memory_job"]["status"] == "idle"
+
+
+def extractive_summary_chat(visitor: Visitor) -> ChatSession:
+    """A chat whose current summary the offline engine's extractive summarizer wrote (stored as
+    ``llm``, with its compression event's attempts saying ``extractive``)."""
+    session = chat_session_make(visitor.owner)
+    user = message_make(session, "user", "My account is ACC-7731.")
+    reply = message_make(session, "assistant", "Noted.", reply_to=user)
+    key = ChatSession.memory_key_for(session.pk)
+    assert session_summary_save(
+        memory_key=key,
+        expected_version=0,
+        new=Summary(content="- The user's account is ACC-7731.", summary_type="llm", last_message_id=reply.pk),
+        token_count=10,
+    )
+    attempt = {"model": "offline-engine", "phase": "primary", "number": 1, "latency_ms": 3, "ok": True}
+    compression_event_create(
+        memory_key=key,
+        record=CompressionRecord(
+            kind="compression",
+            mode="quick-answer",
+            context_window=2048,
+            trigger_tokens=1024,
+            target_tokens=614,
+            tokens_before=1100,
+            tokens_after=300,
+            messages_summarized=2,
+            boundary_after=reply.pk,
+            result_type="llm",
+            attempts=[{**attempt, "method": "extractive"}],
+            summary_content="- The user's account is ACC-7731.",
+            summary_version=1,
+        ),
+    )
+    return session
+
+
+async def test_an_extractive_summary_is_exported_as_extractive_not_as_an_llm_one(alice: Visitor):
+    session = await sync_to_async(extractive_summary_chat)(alice)
+    _, body = await download(alice, export_url(session.pk, "json"))
+    data = json.loads(body)
+    assert data["summary"]["summary_type"] == "llm" and data["summary"]["summary_kind"] == "extractive"
+    assert [(v["summary_type"], v["summary_kind"]) for v in data["summary_versions"]] == [("llm", "extractive")]
+    _, body = await download(alice, export_url(session.pk, "md"))
+    text = body.decode()
+    assert "Version 1 · extractive summary · covers messages up to" in text
+    assert "### Version 1 · extractive summary" in text and "LLM summary" not in text
 
 
 # --- Markdown --------------------------------------------------------------------------------
@@ -288,8 +348,8 @@ async def test_markdown_export_reads_as_a_document_with_everything_in_it(alice: 
     # Key facts by state, the summary now and every version, events with their attempts.
     assert "### Active (2)" in text and "### Hidden (1)" in text and "### Superseded (1)" in text
     assert "- `account_id` = `ACC-7731` · id · from message #" in text
-    assert f"Version 2 · raw · covers messages up to #{messages[6].pk} · 7 messages compressed" in text
-    assert "### Version 1 · llm" in text and "### Version 2 · raw (degraded)" in text
+    assert f"Version 2 · raw archive · covers messages up to #{messages[6].pk} · 7 messages compressed" in text
+    assert "### Version 1 · extractive summary" in text and "### Version 2 · raw archive (degraded)" in text
     assert f"```text\n{SUMMARY_V1}\n```" in text
     assert "1200 → 500 tokens" in text and "2 attempts, 2 failed" in text
     assert "primary attempt 2 (offline-engine, 12 ms): failed: HTTP 500: summaries are switched to fail" in text

@@ -27,10 +27,9 @@ from chatapp.ui.inspector import (
     attempt_log_build,
     error_text,
     inspector_state_get,
-    summary_kind,
 )
 from chatapp.ui.page_feed import PageFeed, compression_sentence
-from memory.api import get_counter, summary_block
+from memory.api import get_counter, summary_block, summary_kind
 from tests.chatapp.conftest import Visitor, chat_session_make, message_make
 
 pytestmark = [
