@@ -60,6 +60,7 @@ from memory.recall import (
     recall_report,
     recall_scored,
 )
+from memory.sentences import split_sentences
 from memory.services import (
     KeyFactNotFound,
     LexicalHits,
@@ -173,6 +174,7 @@ __all__ = [
     "session_memory_delete",
     "session_summary_get",
     "session_summary_kind",
+    "split_sentences",
     "split_summary_prompt",
     "summarizer_health_get",
     "summary_block",

@@ -13,14 +13,11 @@ from dataclasses import dataclass
 
 from memory.core import RAW_ARCHIVE_MARKER
 from memory.prompts import split_summary_prompt
+from memory.sentences import split_sentences
 from memory.summarizer import METHOD_EXTRACTIVE, SummaryRequest, is_marker_line
 from memory.tokens import TokenCounter, get_counter
 
 _LINE_RE = re.compile(r"^- (?P<label>[^:\n]{1,80}): ?(?P<text>.*)$")
-# Sentence ends: ASCII .!? before whitespace (so "A-1.5" or "example.com" stay whole), the CJK
-# full stops 。！？ and the full-width semicolon ； (no space follows them in CJK text), each with
-# any closing quotes or brackets, and line breaks (docs/memory.md F-39).
-_SENTENCE_END_RE = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s)|[。！？；]+[」』”’）)]*|\n")
 # Clause breaks inside an over-long sentence: commas, colons, semicolons, ideographic commas.
 _CLAUSE_END_RE = re.compile(r"[,;:](?=\s)|[，、：；]")
 # ASCII look-arounds instead of \b: in "订单号是ZX-88213" the CJK character is a word character, so
@@ -85,17 +82,6 @@ def _rank(salience: int, sentence: str) -> float:
     it carries about a word): between two sentences the more informative wins, never the shorter."""
     weighted = len(sentence) + 2 * len(_CJK_RE.findall(sentence))
     return salience + min(weighted, RANK_CHARS_CAP) / (RANK_CHARS_CAP / 3)
-
-
-def split_sentences(text: str) -> list[str]:
-    """``text`` cut into sentences at ``.!?`` followed by whitespace, at ``。！？；`` and at line
-    breaks (docs/memory.md F-39). Pieces are stripped; empty ones are dropped."""
-    pieces, start = [], 0
-    for match in _SENTENCE_END_RE.finditer(text):
-        pieces.append(text[start : match.end()])
-        start = match.end()
-    pieces.append(text[start:])
-    return [piece.strip() for piece in pieces if piece.strip()]
 
 
 def _split_long(sentence: str, limit: int = PIECE_CHARS) -> list[str]:

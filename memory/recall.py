@@ -35,7 +35,8 @@ MIN_BODY_TOKENS = 40
 
 # Sentence ends: ASCII .!? before whitespace (so "A-1.5" or "example.com" stay whole), the CJK
 # full stops 。！？ and the full-width semicolon ；, each with closing quotes or brackets, and line
-# breaks (the rule of :func:`memory.extractive.split_sentences`, docs/memory.md F-39).
+# breaks (docs/memory.md F-39). A piece is a verbatim slice packed up to a token budget, so a cut
+# after an abbreviation leaves out nothing; the summarizer's rule (memory.sentences) skips those.
 _SENTENCE_END_RE = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s)|[。！？；]+[」』”’）)]*|\n")
 # Clause breaks inside an over-long sentence: commas, colons, semicolons, ideographic commas.
 _CLAUSE_END_RE = re.compile(r"[,;:](?=\s)|[，、：；]|\s")

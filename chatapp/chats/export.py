@@ -49,7 +49,12 @@ from memory.api import (
 EXPORT_FORMAT_NAME = "kestrel-chat-export"
 EXPORT_FORMAT_VERSION = 1
 # How the Markdown export names who wrote a summary (``summary_kind``); the JSON keeps the word.
-SUMMARY_KIND_LABELS = {"llm": "LLM summary", "extractive": "extractive summary", "raw": "raw archive"}
+SUMMARY_KIND_LABELS = {
+    "none": "none",
+    "llm": "LLM summary",
+    "extractive": "extractive summary",
+    "raw": "raw archive",
+}
 # Rows (messages or compression events) read, rendered and sent at a time.
 EXPORT_PAGE_SIZE = 200
 # Longest title part of a download's file name (characters, after slugify).
@@ -163,9 +168,11 @@ def summary_version_dict(event: CompressionEvent) -> dict[str, Any]:
 def compression_event_dict(event: CompressionEvent) -> dict[str, Any]:
     """A compression event as exported: every field of ``CompressionEvent.as_dict`` but
     ``summary_content`` (a written summary is in ``summary_versions`` under its
-    ``summary_version``; the text of a ``superseded`` event was never stored as the summary)."""
+    ``summary_version``; the text of a ``superseded`` event was never stored as the summary),
+    plus ``summary_kind`` (who wrote its result, :func:`memory.api.summary_kind`)."""
     data = event.as_dict()
     data.pop("summary_content", None)
+    data["summary_kind"] = summary_kind(event.result_type, event.attempts or [])
     return data
 
 
@@ -471,14 +478,16 @@ class _MarkdownRenderer:
                 f"- {_when(event['created_at'])} · event {event['id']} · {event['kind']} ({event['origin']}) · "
                 f"{event['tokens_before']} → {event['tokens_after']} tokens (trigger {event['trigger_tokens']}, "
                 f"target {event['target_tokens']}) · {_count(event['messages_summarized'], 'message')} summarized · "
-                f"result {event['result_type']}{' (degraded)' if event['degraded'] else ''}{version} · "
+                f"result {SUMMARY_KIND_LABELS.get(event['summary_kind'], event['summary_kind'])}"
+                f"{' (degraded)' if event['degraded'] else ''}{version} · "
                 f"{_count(len(attempts), 'attempt')}, {failed} failed · {event['duration_ms']} ms\n"
             )
             for attempt in attempts:
                 outcome = "ok" if attempt.get("ok") else f"failed: {' '.join(str(attempt.get('error', '')).split())}"
                 parts.append(
                     f"  - {attempt.get('phase', '?')} attempt {attempt.get('number', '?')} "
-                    f"({attempt.get('model', '?')}, {attempt.get('latency_ms', '?')} ms): {outcome}\n"
+                    f"({attempt.get('model', '?')}{', extractive' if attempt.get('method') == 'extractive' else ''}, "
+                    f"{attempt.get('latency_ms', '?')} ms): {outcome}\n"
                 )
             parts.extend(f"  - note: {' '.join(str(note).split())}\n" for note in event["notes"] or [])
         return "".join(parts)

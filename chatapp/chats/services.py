@@ -85,7 +85,9 @@ def chat_session_title_from_text(*, text: str, session_id: int) -> str:
         space = cut.rfind(" ")
         if space > TITLE_MAX_CHARS // 2:
             cut = cut[:space]
-        title = cut.rstrip(" ,;:-") + TITLE_ELISION
+        cut = cut.rstrip(" ,;:-")
+        # A cut right after a left-out value: its "…" marks the cut too ("invoice ……" before).
+        title = cut if cut.endswith(TITLE_ELISION) else cut + TITLE_ELISION
     return title
 
 

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from chatapp.conversation.memory_jobs import memory_job_local_status
 from chatapp.llm.embeddings import embedder_choice
+from chatapp.llm.offline.transport import OFFLINE_MODEL
 from chatapp.models import ChatSession, Message, ModelCall
 from memory.api import (
     METHOD_EXTRACTIVE,
@@ -601,12 +602,14 @@ class FactRow:
 
     @property
     def extractor_label(self) -> str:
-        """Who found the fact: ``rule``, ``LLM (<model>)`` or ``you`` (an edited value)."""
+        """Who found the fact: ``rule``, ``LLM (<model>)``, ``offline engine (no language model)``
+        (the offline engine answers extraction requests with patterns) or ``you`` (an edited value)."""
         extractor = self.fact.extractor
         if extractor == "user":
             return "you"
         if extractor.startswith("llm:"):
-            return f"LLM ({extractor.removeprefix('llm:')})"
+            model = extractor.removeprefix("llm:")
+            return "offline engine (no language model)" if model == OFFLINE_MODEL else f"LLM ({model})"
         return extractor
 
 

@@ -56,6 +56,13 @@ def test_a_long_message_is_cut_at_a_word_after_its_values_are_left_out():
     assert len(cut) <= TITLE_MAX_CHARS and cut.endswith("word…")  # at a word, not inside one
 
 
+def test_a_cut_right_after_a_left_out_value_shows_one_ellipsis():
+    # A newcomer's title: "... and my invoice ……" (the value's mark, then the cut's).
+    made = title("Hi, I'm Ada Lovelace. My account id is ACC-7731 and my invoice INV-20931 is wrong, please check")
+    assert made == "Hi, I'm Ada Lovelace. My account id is … and my invoice …"
+    assert "……" not in made and len(made) <= TITLE_MAX_CHARS
+
+
 def test_value_spans_uses_the_key_fact_rules_and_marks_secrets():
     text = "Order KX-55190, PIN 1234, card 4111 1111 1111 1111, mail a@b.io, cost $12 on 2026-03-01"
     spans = {text[start:end]: kind for start, end, kind in value_spans(text)}

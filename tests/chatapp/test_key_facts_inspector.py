@@ -23,6 +23,7 @@ from chatapp.ui.inspector import (
     FACT_IN_WINDOW,
     FACT_OVER_BUDGET,
     FACT_PINNED,
+    FactRow,
     key_fact_from_dict,
     key_facts_build,
 )
@@ -467,3 +468,18 @@ def test_the_controls_need_the_csrf_token_htmx_sends_in_its_header(alice: Visito
     token = client.cookies["csrftoken"].value
     response = client.post(pin, {"pinned": "true"}, headers={**HTMX, "X-CSRFToken": token})
     assert response.status_code == 200 and facts_of(session)[order.id].pinned_by_user
+
+
+@pytest.mark.parametrize(
+    ("extractor", "label"),
+    [
+        ("rule", "rule"),
+        ("user", "you"),
+        ("llm:gpt-4o-mini", "LLM (gpt-4o-mini)"),
+        # The offline engine answers extraction requests with patterns: no language model found it.
+        ("llm:offline-engine", "offline engine (no language model)"),
+    ],
+)
+def test_the_inspector_says_who_found_a_fact(extractor: str, label: str):
+    fact = KeyFact(id=1, kind="id", key="user_id", value="ACC-9902", text="", source_message_id=1, extractor=extractor)
+    assert FactRow(fact=fact).extractor_label == label

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 from asgiref.sync import async_to_sync
 
-from memory.extractive import ExtractiveSummarizer, extractive_summary, split_sentences
+from memory.extractive import ExtractiveSummarizer, extractive_summary
 from memory.prompts import TRIM_MARKER, build_summary_prompt
+from memory.sentences import split_sentences
 from memory.store import InMemorySummaryStore, Summary
 from memory.summarizer import (
     SummarizerChain,
@@ -35,6 +36,51 @@ def test_f39_cjk_sentences_end_at_full_width_stops():
     assert split_sentences("「走吧。」他说。") == ["「走吧。」", "他说。"]
     # ASCII full stops still need whitespace after them: numbers and domains stay whole.
     assert split_sentences("Version 1.5 is on example.com. Next!") == ["Version 1.5 is on example.com.", "Next!"]
+
+
+@pytest.mark.parametrize(
+    ("text", "sentences"),
+    [
+        # Titles, months, weekdays, company and address words, initials and Latin abbreviations.
+        (
+            "Dr. Smith and Mrs. Jones met me at 9 a.m. on Mon. Jan. 12. They said the fee is approx. $300, i.e. more.",
+            [
+                "Dr. Smith and Mrs. Jones met me at 9 a.m. on Mon. Jan. 12.",
+                "They said the fee is approx. $300, i.e. more.",
+            ],
+        ),
+        (
+            "My colleague, Ms. Brown Jr., works at Acme Inc. in the U.S. and her ext. is 4412. She prefers email.",
+            ["My colleague, Ms. Brown Jr., works at Acme Inc. in the U.S. and her ext. is 4412.", "She prefers email."],
+        ),
+        ("I live at 12 Elm Ave. Apt. 4B in York. Call me!", ["I live at 12 Elm Ave. Apt. 4B in York.", "Call me!"]),
+        # A lowercase word or a digit after a period continues the sentence.
+        (
+            "My follow-up is on Jan. 5, 2027 at 10 a.m. with Prof. Lee.",
+            ["My follow-up is on Jan. 5, 2027 at 10 a.m. with Prof. Lee."],
+        ),
+        # Ordinary sentence ends still end sentences, also after "etc." and "No.".
+        (
+            "Bring the docs, etc. The badge too. No. I did not.",
+            ["Bring the docs, etc.", "The badge too.", "No.", "I did not."],
+        ),
+    ],
+)
+def test_f39_a_period_after_an_abbreviation_or_initial_does_not_end_a_sentence(text: str, sentences: list[str]):
+    assert split_sentences(text) == sentences
+
+
+def test_f39_dropping_sentences_never_splices_pieces_of_one_into_a_statement_nobody_made():
+    # A newcomer's input: cut at "Inc." and "ext.", the summary kept "works at Acme Inc." and "is 4412."
+    # side by side, which read as "Acme Inc. is 4412".
+    summary = summarize(
+        "- User: My colleague, Ms. Brown Jr., works at Acme Inc. in the U.S. and her ext. is 4412. She prefers email.\n"
+        "- User: Dr. Smith and Mrs. Jones met me at 9 a.m. on Mon. Jan. 12. They said the fee is approx. $300."
+    )
+
+    assert "Acme Inc. is 4412" not in summary
+    assert "works at Acme Inc. in the U.S. and her ext. is 4412." in summary
+    assert "Dr. Smith and Mrs. Jones met me at 9 a.m. on Mon. Jan. 12." in summary
 
 
 def test_f39_the_identifier_at_the_end_of_a_long_chinese_message_survives():

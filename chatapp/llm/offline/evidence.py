@@ -11,6 +11,7 @@ from functools import lru_cache
 from typing import Any, Literal
 
 from chatapp.llm.offline.blocks import message_blocks, recall_items
+from memory.api import split_sentences
 
 Message = dict[str, Any]
 # System prompts whose passages are remembered (each a few kilobytes).
@@ -27,14 +28,6 @@ def plain_text(content: Any) -> str:
 
 
 _WORD_RE = re.compile(r"[^\W_]+")
-
-
-# Where a sentence ends: after . ! or ? and a space (not after a title or Latin abbreviation:
-# "Dr. Okonkwo" is one name, "e.g. a PDF" one clause), or at a line break.
-_ABBREVIATIONS = ("Dr", "Mr", "Mrs", "Ms", "Mx", "Prof", "St", "Jr", "Sr", "e.g", "i.e", "vs", "approx")
-SENTENCE_SPLIT_RE = re.compile(
-    r"(?<=[.!?])" + "".join(rf"(?<!\b{re.escape(word)}\.)" for word in _ABBREVIATIONS) + r"\s+|\n+"
-)
 
 
 _PARAGRAPH_SPLIT_RE = re.compile(r"\n\s*\n")
@@ -345,7 +338,7 @@ def _passages_of(text: str) -> tuple[Evidence, ...]:
                 section, heading_words = paragraph, frozenset(content_words(paragraph))
                 topic |= heading_words
                 continue
-            for sentence in SENTENCE_SPLIT_RE.split(paragraph):
+            for sentence in split_sentences(paragraph):
                 if sentence:
                     sentences.append((sentence, section, heading_words | content_words(sentence)))
         if sentences:
@@ -376,7 +369,7 @@ def _sentences(source: Source, text: str, *, where: str = "") -> list[Evidence]:
     for line in text.splitlines():
         if source == "summary" and _ASSISTANT_LINE_RE.match(line.strip()):
             continue
-        for piece in SENTENCE_SPLIT_RE.split(_LINE_LABEL_RE.sub("", line.strip())):
+        for piece in split_sentences(_LINE_LABEL_RE.sub("", line.strip())):
             sentence = piece.strip()
             if sentence and not sentence.endswith("?") and not _HEADER_RE.match(sentence):
                 words = frozenset(content_words(sentence))

@@ -18,7 +18,9 @@ Values are copied verbatim from the line and cut at clause punctuation. Facts al
 slot** (a name, a home address: :data:`SINGLE_VALUED`) a new value supersedes the existing facts
 of that slot, an address taking over the key of the existing address (F-28), and only the newest
 value of such a slot within one request is reported; identifiers, amounts, allergies, pets and
-preferences accumulate. Pure: no I/O.
+preferences accumulate, unless the user's line says it corrects or replaces a value ("Actually
+my account is ACC-9902 now, the old one was closed": :data:`_CORRECTION`), when its values
+supersede the others of their slot too. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -52,6 +54,13 @@ _EN_END = re.compile(
 )
 # A Chinese value ends at punctuation, a space, or where the next clause starts with 我/我们.
 _ZH_END = re.compile(r"[\s,.;:!?()，。；：！？、（）]|我")
+# A user line that corrects or replaces a value it gives ("Actually my account is ACC-9902 now,
+# the old one was closed"): its values supersede the other values of their slot, whatever the slot.
+_CORRECTION = re.compile(
+    r"\b(?:actually|instead|correction|i meant|no longer|changed|not [\w' -]{1,30} any ?more"
+    r"|the (?:old|previous|former) (?:one|number|id|account|code|value))\b",
+    re.IGNORECASE,
+)
 # Capitalised words after "I'm" that are not names.
 _NOT_NAMES = frozenset({"Sorry", "Not", "So", "Just", "Still", "Also", "Really", "Very", "Here", "Allergic", "Looking"})
 _PRONOUNS = frozenset({"it", "that", "this", "them", "those", "these", "you", "one", "him", "her"})
@@ -170,6 +179,7 @@ def extraction_reply(messages: list[Message]) -> str:
     single: dict[str, int] = {}  # single-valued key -> index of its item in ``items``
     seen: set[tuple[str, str]] = {(key, value.casefold()) for _, _, key, value in existing}
     for number, role, body in _new_lines(material):
+        correcting = role == "user" and _CORRECTION.search(body) is not None
         if role == "user":
             candidates = [_rule_item(candidate, number) for candidate in rule_facts(body, message_id=number)]
             candidates += list(_pattern_items(body, number))
@@ -186,6 +196,15 @@ def extraction_reply(messages: list[Message]) -> str:
             if slot in seen:
                 continue
             seen.add(slot)
+            if correcting and item["key"] not in SINGLE_VALUED:
+                item["supersedes"] = [
+                    handle
+                    for handle, _, key, value in existing
+                    if key == item["key"] and value.casefold() != item["value"].casefold()
+                ]
+                # A value of the slot from an earlier line of this request is replaced too.
+                items = [older for older in items if older["key"] != item["key"] or older["source"] == item["source"]]
+                single = {older["key"]: index for index, older in enumerate(items) if older["key"] in single}
             if item["key"] in SINGLE_VALUED:
                 item["supersedes"] = [
                     handle

@@ -27,10 +27,15 @@ _SEARCH_LEAD_RE = re.compile(
 )
 
 
-_KB_MENTION_RE = re.compile(rf"\b{_KB}\b", re.I)
-
-
 _KB_PLACE_RE = re.compile(rf"\s*\b(?:in|from|on|using|according\s+to)\s+{_KB}\b", re.I)
+
+
+# A mention that makes a message a search request: the knowledge base or the documentation by
+# name, or the docs as a place to look ("in the docs", "what the docs say"); "bring the docs" or
+# "I signed the documents" are not requests.
+_KB_MENTION_RE = re.compile(
+    rf"\b(?:knowledge\s*base|kb|documentation)\b|{_KB_PLACE_RE.pattern}|\b{_KB}\s+(?:say|says|said)\b", re.I
+)
 
 
 _LEADING_ARTICLE_RE = re.compile(r"^(?:the|a|an)\s+", re.I)

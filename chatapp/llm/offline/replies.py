@@ -38,7 +38,6 @@ from chatapp.llm.offline.blocks import FactLine, facts_lines, message_blocks, qu
 from chatapp.llm.offline.evidence import (
     ID_WORDS,
     KB_SECTION_LABEL,
-    SENTENCE_SPLIT_RE,
     STOPWORDS,
     Evidence,
     content_words,
@@ -57,7 +56,7 @@ from chatapp.llm.offline.intents import (
     tool_call_for,
     tool_names,
 )
-from memory.api import extractive_summary, split_summary_prompt
+from memory.api import extractive_summary, split_sentences, split_summary_prompt
 
 Message = dict[str, Any]
 
@@ -262,7 +261,7 @@ def _question_of(text: str) -> str | None:
     """The question ``text`` asks, or None when it asks none: its sentences ending with "?"
     (greetings and statements around them left out), else the whole text when it opens with a
     question word ("Is my data encrypted", "Tell me about …")."""
-    sentences = [s.strip() for s in SENTENCE_SPLIT_RE.split(text) if s.strip() and not _GREETING_RE.match(s.strip())]
+    sentences = [s for s in split_sentences(text) if not _GREETING_RE.match(s)]
     asked = [sentence for sentence in sentences if sentence.endswith("?")]
     if asked:
         return " ".join(asked)
@@ -637,7 +636,7 @@ def _acknowledge(text: str) -> str:
     greetings and thanks: "Hi! My name is Ada, account ACC-7731." is noted as "Noted: your name
     is Ada, account ACC-7731."; at most :data:`NOTED_SENTENCES` sentences, joined by "; "."""
     sentences = []
-    for piece in SENTENCE_SPLIT_RE.split(text):
+    for piece in split_sentences(text):
         sentence = piece.strip()
         if not sentence or _GREETING_RE.match(sentence) or _THANKS_RE.match(sentence):
             continue

@@ -119,6 +119,11 @@ async def test_a_title_or_abbreviation_does_not_end_a_sentence() -> None:
     assert (
         text_of(await collect(messages)) == "Noted: your doctor is Dr. Okonkwo, e.g. for check-ups; your plan is Team."
     )
+    # A month, a time and a company: "Jan." was cut from its day, and "a.m." from what followed.
+    messages = [SYSTEM, user("My follow-up is on Jan. 5, 2027 at 10 a.m. with Prof. Lee at Acme Inc. in York.")]
+    assert text_of(await collect(messages)) == (
+        "Noted: your follow-up is on Jan. 5, 2027 at 10 a.m. with Prof. Lee at Acme Inc. in York."
+    )
 
 
 # --- tool calls -----------------------------------------------------------------------------
@@ -175,12 +180,36 @@ async def test_tool_call_ids_are_deterministic_and_differ_between_contexts() -> 
     assert later[0]["id"] != first[0]["id"]
 
 
-@pytest.mark.parametrize("text", ["I find this odd.", "My birthday is 1990-05-01."])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I find this odd.",
+        "My birthday is 1990-05-01.",
+        # "docs" as things to bring, not a place to look: it was searched, and a passage about
+        # "10 GB per day" quoted for "No. 10 Downing St." (a newcomer's finding).
+        "The meeting is at No. 10 Downing St. at 3 p.m. tomorrow. Bring the docs and the badge.",
+    ],
+)
 async def test_no_tool_call_for_ordinary_statements(text: str) -> None:
     events = await collect([SYSTEM, user(text)], tools=TOOL_SCHEMAS)
 
     assert tool_calls_of(events) == []
     assert text_of(events).startswith("Noted: ")
+
+
+@pytest.mark.parametrize(
+    ("text", "query"),
+    [
+        ("What do the docs say about refunds?", "refunds"),
+        ("What is the refund policy in the docs?", "refund policy"),
+        ("According to the documentation, what is the upload limit?", "upload limit"),
+    ],
+)
+async def test_asking_where_the_docs_are_the_place_to_look_is_a_search(text: str, query: str) -> None:
+    calls = tool_calls_of(await collect([SYSTEM, user(text)], tools=TOOL_SCHEMAS))
+
+    assert [call["function"]["name"] for call in calls] == ["kb_search"]
+    assert query in json.loads(calls[0]["function"]["arguments"])["query"]
 
 
 async def test_no_tool_call_when_no_tools_are_offered() -> None:

@@ -120,6 +120,20 @@ def test_a_new_value_supersedes_the_existing_fact_of_a_single_valued_slot_only()
     assert by_value["48 Birch Lane"]["source"] == [1]
 
 
+def test_a_line_that_corrects_a_value_supersedes_the_others_of_its_slot_whatever_the_slot():
+    # A newcomer's case: both account ids stayed active and were pinned side by side.
+    existing = [
+        KeyFact(id=7, kind="id", key="user_id", value="ACC-7731", text="", source_message_id=1),
+        KeyFact(id=9, kind="id", key="order_id", value="#W1111111", text="", source_message_id=1),
+    ]
+    items = extract("Actually my account is ACC-9902 now, the old one was closed.", facts=existing)
+    assert [(item["key"], item["value"], item["supersedes"]) for item in items] == [("user_id", "ACC-9902", [1])]
+    # Without a correction an identifier accumulates; two values of one correcting line both stay.
+    assert [item["supersedes"] for item in extract("My account is ACC-9902.", facts=existing)] == [[]]
+    items = extract("My order is #W2222222.", "No, instead my orders are #W3333333 and #W4444444.", facts=existing)
+    assert [(item["value"], item["supersedes"]) for item in items] == [("#W3333333", [2]), ("#W4444444", [2])]
+
+
 def test_existing_facts_are_not_repeated_and_only_the_newest_value_of_a_slot_is_reported():
     existing = [KeyFact(id=7, kind="preference", key="allergy", value="penicillin", text="", source_message_id=1)]
     assert found("I'm allergic to penicillin.", facts=existing) == set()

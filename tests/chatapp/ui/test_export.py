@@ -238,6 +238,11 @@ async def test_json_export_holds_messages_summary_versions_key_facts_events_and_
     events = data["compression_events"]
     assert [e["kind"] for e in events] == ["compression", "superseded", "compression"]
     assert [e["summary_version"] for e in events] == [1, None, 2]
+    assert [(e["result_type"], e["summary_kind"]) for e in events] == [
+        ("llm", "extractive"),
+        ("llm", "extractive"),
+        ("raw", "raw"),
+    ]
     assert all("summary_content" not in e for e in events)
     assert [a["ok"] for a in events[2]["attempts"]] == [False, False]
     assert events[2]["notes"] == ["every summarizer attempt failed: raw archive"]
@@ -352,7 +357,14 @@ async def test_markdown_export_reads_as_a_document_with_everything_in_it(alice: 
     assert "### Version 1 · extractive summary" in text and "### Version 2 · raw archive (degraded)" in text
     assert f"```text\n{SUMMARY_V1}\n```" in text
     assert "1200 → 500 tokens" in text and "2 attempts, 2 failed" in text
-    assert "primary attempt 2 (offline-engine, 12 ms): failed: HTTP 500: summaries are switched to fail" in text
+    assert (
+        "primary attempt 2 (offline-engine, extractive, 12 ms): failed: HTTP 500: summaries are switched to fail"
+        in text
+    )
+    assert (
+        "result extractive summary, wrote version 1" in text
+        and "result raw archive (degraded), wrote version 2" in text
+    )
     assert "note: every summarizer attempt failed: raw archive" in text
     assert text.rstrip().endswith("Status failed · 3 runs · last error: key-facts extraction timed out")
     assert "secret-host" not in text
