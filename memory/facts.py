@@ -165,6 +165,20 @@ _MONTHS = (
 )
 _CURRENCY_WORDS = r"(?:USD|EUR|GBP|JPY|CNY|RMB|dollars?|euros?|pounds?|yuan|yen|bucks)"
 # Times of day ("11am", "3:30 pm", "15:00"): kind date, slot ``time``.
+# A time that ends in its own period ("10 a.m."): the period is the value's, not the sentence's.
+_TIME_PERIOD_END = re.compile(r"(?<![A-Za-z])[ap]\.m\.$", re.IGNORECASE)
+
+
+def _trimmed(value: str) -> str:
+    """``value`` without the sentence punctuation a pattern caught at its end (``.,;:!?)``),
+    except the period of "a.m."/"p.m."."""
+    while value and value[-1] in ".,;:!?)":
+        if value[-1] == "." and _TIME_PERIOD_END.search(value):
+            break
+        value = value[:-1]
+    return value
+
+
 _TIME = re.compile(r"\b\d{1,2}(?::\d{2})?\s?(?:am|pm|a\.m\.|p\.m\.)(?![A-Za-z])|\b\d{1,2}:\d{2}\b", re.IGNORECASE)
 # Patterns in priority order: a span taken by an earlier kind is not matched again by a later one.
 _PATTERNS: tuple[tuple[FactKind | Literal["secret"], re.Pattern[str]], ...] = (
@@ -256,7 +270,7 @@ def rule_facts(text: str, *, message_id: int) -> list[FactCandidate]:
         for match in pattern.finditer(text):
             group = 1 if match.re.groups else 0
             start, end = match.span(group)
-            value = match.group(group).rstrip(".,;:!?)")
+            value = _trimmed(match.group(group))
             end = start + len(value)
             if not value or any(start < t_end and t_start < end for t_start, t_end in taken):
                 continue
@@ -311,7 +325,7 @@ def value_spans(text: str) -> list[tuple[int, int, str]]:
         for match in pattern.finditer(text):
             group = 1 if match.re.groups else 0
             start = match.start(group)
-            end = start + len(match.group(group).rstrip(".,;:!?)"))
+            end = start + len(_trimmed(match.group(group)))
             if not free(start, end) or (kind == "id" and group == 0 and not _is_identifier(text[start:end])):
                 continue
             clause = _SECRET_CLAUSE.split(text[max(0, start - 32) : start])[-1]

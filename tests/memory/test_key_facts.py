@@ -65,6 +65,10 @@ def values(text: str) -> list[tuple[str, str, str]]:
         ("my number is +49 30 12345678", ("phone", "phone", "+49 30 12345678")),
         ("ring 07700 900123 after six", ("phone", "phone", "07700 900123")),
         ("the visa card ending in 4421", ("id", "payment_card", "4421")),
+        # A time keeps its own period; the sentence's is dropped (a newcomer's "10 a.m").
+        ("my follow-up is at 10 a.m.", ("date", "time", "10 a.m.")),
+        ("see you at 9 p.m., thanks", ("date", "time", "9 p.m.")),
+        ("it starts at 11:30.", ("date", "time", "11:30")),
     ],
 )
 def test_rule_extraction_finds_each_kind_verbatim(text, expected):
