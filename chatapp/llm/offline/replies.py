@@ -631,6 +631,10 @@ def _answer_statement(text: str, context: list[Message]) -> str:
     return _acknowledge(text)
 
 
+# Words that start a later noted sentence in lowercase once it follows "; " (names stay as typed).
+_JOINED_LOWERCASE = frozenset({"He", "She", "It", "They", "We", "This", "That", "These", "Those", "There"})
+
+
 def _acknowledge(text: str) -> str:
     """Restate the statement as facts about the user, in the second person, leaving out
     greetings and thanks: "Hi! My name is Ada, account ACC-7731." is noted as "Noted: your name
@@ -641,6 +645,8 @@ def _acknowledge(text: str) -> str:
         if not sentence or _GREETING_RE.match(sentence) or _THANKS_RE.match(sentence):
             continue
         sentence = _REMEMBER_RE.sub("", _GREETING_LEAD_RE.sub("", sentence)).strip(" .!")
+        if sentences and sentence.split(" ", 1)[0] in _JOINED_LOWERCASE:  # "; he said", not "; He said"
+            sentence = sentence[0].lower() + sentence[1:]
         if sentence:
             sentences.append(sentence)
     if not sentences:

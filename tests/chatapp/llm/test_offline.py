@@ -119,6 +119,9 @@ async def test_a_title_or_abbreviation_does_not_end_a_sentence() -> None:
     assert (
         text_of(await collect(messages)) == "Noted: your doctor is Dr. Okonkwo, e.g. for check-ups; your plan is Team."
     )
+    # A pronoun that starts the second noted sentence follows "; " in lowercase.
+    messages = [SYSTEM, user("I saw Dr. Smith on Tuesday. He said the test was fine.")]
+    assert text_of(await collect(messages)) == "Noted: you saw Dr. Smith on Tuesday; he said the test was fine."
     # A month, a time and a company: "Jan." was cut from its day, and "a.m." from what followed.
     messages = [SYSTEM, user("My follow-up is on Jan. 5, 2027 at 10 a.m. with Prof. Lee at Acme Inc. in York.")]
     assert text_of(await collect(messages)) == (
