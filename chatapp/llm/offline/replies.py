@@ -639,7 +639,7 @@ def _acknowledge(text: str) -> str:
     """Restate the statement as facts about the user, in the second person, leaving out
     greetings and thanks: "Hi! My name is Ada, account ACC-7731." is noted as "Noted: your name
     is Ada, account ACC-7731."; at most :data:`NOTED_SENTENCES` sentences, joined by "; "."""
-    sentences = []
+    sentences: list[str] = []
     for piece in split_sentences(text):
         sentence = piece.strip()
         if not sentence or _GREETING_RE.match(sentence) or _THANKS_RE.match(sentence):
