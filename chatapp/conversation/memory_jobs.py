@@ -734,6 +734,16 @@ async def _job_tell(session_id: int) -> None:
         logger.exception("could not tell chat session %s that its memory job ended", session_id)
 
 
+async def memory_jobs_close() -> None:
+    """Cancel this event loop's pending and running memory jobs and wait until they have ended (a
+    step's database call in a thread finishes first: a thread cannot be interrupted). For a
+    test's teardown, before its database is flushed, and a graceful shutdown; a job scheduled
+    later starts a new runner."""
+    runner = _runners.pop(asyncio.get_running_loop(), None)
+    if runner is not None:
+        await runner.close()
+
+
 def memory_job_local_status(*, session_id: int) -> str | None:
     """``running``, ``queued`` or ``batched`` (waiting for the chat to go idle, docs/memory.md §10)
     while a job of this process is running or pending for session ``session_id`` (any event

@@ -25,6 +25,7 @@ from django.utils import timezone
 from chatapp.asgi import application
 from chatapp.chats.access import Owner
 from chatapp.chats.services import message_token_count
+from chatapp.conversation.memory_jobs import memory_jobs_close
 from chatapp.conversation.runner import chat_turns_wait
 from chatapp.kb.documents import DEMO_KB_DIR, document_load_directory
 from chatapp.llm.offline.transport import OFFLINE_MODEL
@@ -159,10 +160,13 @@ async def ws(transactional_db: None, db_connections_closed: None) -> AsyncIterat
 
 @pytest.fixture
 async def db_connections_closed() -> AsyncIterator[None]:
-    """At teardown, close the connections that async code opened in asgiref's worker thread and
-    in the ORM threads (:mod:`chatapp.orm_threads`), so that the test database can be dropped
-    (PostgreSQL refuses while a session is open)."""
+    """At teardown, end this test's memory jobs (one still writing beside the flush of the test
+    database deadlocked it on PostgreSQL), then close the connections that async code opened in
+    asgiref's worker thread and in the ORM threads (:mod:`chatapp.orm_threads`), so that the test
+    database can be dropped (PostgreSQL refuses while a session is open)."""
     yield
+    async with asyncio.timeout(30):
+        await memory_jobs_close()
     await sync_to_async(connections.close_all)()
     await sync_to_async(orm_connections_close)()
 

@@ -28,9 +28,12 @@ DEMO_URL = "/demo/"
 
 
 @pytest.fixture
-async def demos_stopped(settings) -> AsyncIterator[None]:
+async def demos_stopped(settings, db_connections_closed: None) -> AsyncIterator[None]:
     """Long thinking time, so the demo started by a request is still in its first step when
-    the test looks; every demo is cancelled at the end."""
+    the test looks; every demo is cancelled at the end. Torn down before ``db_connections_closed``
+    (it depends on it), whose teardown then waits for a write the cancelled demo's turn still has
+    in a database thread and closes its connection: torn down after it, as the order of the marks
+    made it, a demo turn's ``INSERT`` met the flush's ``TRUNCATE`` and deadlocked on PostgreSQL."""
     settings.DEMO_SECONDS = 400.0
     # The view is under test, not the channel layer: with Redis (REDIS_URL), the stop listener of
     # a demo turn cancelled mid-flight could hang the event loop's close in channels_redis'
