@@ -1,5 +1,6 @@
-"""Where sentences end (docs/memory.md F-39): one rule for the extractive summarizer, the recall
-index's pieces and the offline engine. Pure functions, no I/O.
+"""Where sentences end (docs/memory.md F-39): one rule for the extractive summarizer and the
+offline engine (the recall index keeps its own, in :mod:`memory.recall`: its pieces are verbatim
+slices, so a cut there leaves nothing out). Pure functions, no I/O.
 
 A sentence ends at ``.``, ``!`` or ``?`` (with any closing quotes or brackets) before whitespace,
 so "A-1.5" or "example.com" stay whole; at the CJK full stops 。！？ and the full-width semicolon
