@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from memory.facts import message_rule_facts  # noqa: E402
+from memory.facts.rules import message_rule_facts  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"
 

@@ -44,17 +44,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from memory.recall import (  # noqa: E402
-    LEXICAL_THRESHOLDS,
-    RECALL_THRESHOLDS,
-    RecallCandidate,
-    RecallItem,
-    RecallThresholds,
-    admit,
-    content_terms,
-    select_recall,
-)
-from memory.tokens import get_counter  # noqa: E402
+from memory.recall.gate import LEXICAL_THRESHOLDS, RECALL_THRESHOLDS, RecallThresholds, admit, content_terms  # noqa: E402
+from memory.recall.rank import select_recall  # noqa: E402
+from memory.recall.values import RecallCandidate, RecallItem  # noqa: E402
+from memory.tokens.counter import get_counter  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "locomo"
 MODEL = "multilingual-e5-small"

@@ -6,68 +6,43 @@ grouped by role; each is documented where it is defined.
 
 from __future__ import annotations
 
-from memory.budget import MemoryBudget, Mode, SummaryRole
-from memory.calibration import MAX_FACTOR, MIN_FACTOR, MIN_SAMPLE_TOKENS, Calibration
-from memory.core import RAW_ARCHIVE_MARKER, Message, summary_block, to_wire
-from memory.engine import (
-    AgentMemoryMiddleware,
+from memory.context.budget import MemoryBudget, Mode, SummaryRole
+from memory.context.builder import AgentMemoryMiddleware, MemoryEngine
+from memory.context.request import (
     Compression,
     CompressionJobs,
     ContextRequest,
     FactsLoader,
     IncrementLoader,
     MemoryContext,
-    MemoryEngine,
     RecallLoader,
 )
-from memory.extractive import ExtractiveSummarizer, extractive_summary
-from memory.facts import (
+from memory.facts.block import FACTS_HEADER, FactsBlock
+from memory.facts.extraction import (
     EXTRACTION_MARKER,
     EXTRACTION_SCHEMA,
     EXTRACTION_SCHEMA_NAME,
-    FACT_KINDS,
-    FACTS_HEADER,
     ExtractionError,
     ExtractionInput,
-    FactCandidate,
-    FactsBlock,
-    KeyFact,
     Validation,
     extraction_prompt,
-    message_rule_facts,
     parse_extraction,
-    rule_facts,
-    tool_call_facts,
     validate_extraction,
-    value_spans,
 )
-from memory.fulltext import SEARCH_STOPWORDS
-from memory.index import IndexPiece, message_pieces
-from memory.jobs import JobRun, JobState, JobStep, MemoryJobRunner
+from memory.facts.rules import message_rule_facts, rule_facts, tool_call_facts, value_spans
+from memory.facts.values import FACT_KINDS, FactCandidate, KeyFact
+from memory.jobs.runner import JobRun, MemoryJobRunner
+from memory.jobs.state import JobState, JobStep
+from memory.messages import Message, to_wire
 from memory.models import CompressionEvent
-from memory.prompts import split_summary_prompt
-from memory.recall import (
-    RECALL_HEADER,
-    Embedder,
-    RecallCandidate,
-    RecallInput,
-    RecallItem,
-    RecallResult,
-    ScoredCandidate,
-    TermRarity,
-    message_text,
-    recall_anchors,
-    recall_report,
-    recall_scored,
-)
-from memory.sentences import split_sentences
-from memory.services import (
+from memory.ports import Embedder, Summarizer, SummaryReply, SummaryRequest
+from memory.recall.block import RECALL_HEADER, recall_report
+from memory.recall.pieces import IndexPiece, message_pieces, message_text
+from memory.recall.rank import recall_anchors, recall_scored
+from memory.recall.values import RecallCandidate, RecallInput, RecallItem, RecallResult, ScoredCandidate, TermRarity
+from memory.storage.calibration import token_calibration_get, token_calibration_record
+from memory.storage.facts import (
     KeyFactNotFound,
-    LexicalHits,
-    OrmJobStore,
-    OrmSummaryStore,
-    compression_event_list,
-    compression_event_list_after,
     key_fact_edit,
     key_fact_hide,
     key_fact_list,
@@ -75,6 +50,9 @@ from memory.services import (
     key_fact_pin,
     key_facts_apply,
     key_facts_store_rule,
+)
+from memory.storage.index import (
+    LexicalHits,
     memory_index_status,
     memory_item_embeddings_exist,
     memory_item_embeddings_known,
@@ -82,30 +60,31 @@ from memory.services import (
     memory_items_unembedded,
     memory_items_unembedded_exist,
     memory_items_write,
-    memory_job_state_get,
     recall_cache_clear,
     recall_candidates,
     recall_lexical_hits,
     recall_neighbors,
     recall_term_rarity,
+)
+from memory.storage.job_state import OrmJobStore, memory_job_state_get
+from memory.storage.summaries import (
+    OrmSummaryStore,
+    compression_event_list,
+    compression_event_list_after,
     session_memory_delete,
     session_summary_get,
     session_summary_kind,
     summarizer_health_get,
-    token_calibration_get,
-    token_calibration_record,
 )
-from memory.store import CompressionRecord, InMemorySummaryStore, Summary, SummaryStore
-from memory.summarizer import (
-    METHOD_EXTRACTIVE,
-    METHOD_LLM,
-    Summarizer,
-    SummarizerChain,
-    SummaryReply,
-    SummaryRequest,
-    summary_kind,
-)
-from memory.tokens import TokenCounter, get_counter
+from memory.summary.archive import RAW_ARCHIVE_MARKER, summary_block
+from memory.summary.chain import METHOD_EXTRACTIVE, METHOD_LLM, SummarizerChain, summary_kind
+from memory.summary.extractive import ExtractiveSummarizer, extractive_summary
+from memory.summary.prompts import split_summary_prompt
+from memory.summary.store import CompressionRecord, InMemorySummaryStore, Summary, SummaryStore
+from memory.text.fulltext import SEARCH_STOPWORDS
+from memory.text.sentences import split_sentences
+from memory.tokens.calibration import MAX_FACTOR, MIN_FACTOR, MIN_SAMPLE_TOKENS, Calibration
+from memory.tokens.counter import TokenCounter, get_counter
 
 __all__ = [
     "EXTRACTION_MARKER",

@@ -16,9 +16,10 @@ from typing import Any
 from django.db import models
 from django.db.models import Q
 
-from memory import calibration, facts
-from memory.jobs import JobState
-from memory.store import CompressionRecord, Summary
+from memory.facts import values as fact_values
+from memory.jobs.state import JobState
+from memory.summary.store import CompressionRecord, Summary
+from memory.tokens import calibration
 
 
 class SummaryType(models.TextChoices):
@@ -153,10 +154,10 @@ class KeyFact(models.Model):
 
     memory_key = models.CharField(max_length=64)
     scope_key = models.CharField(max_length=128, db_index=True)
-    kind = models.CharField(max_length=16, choices=[(kind, kind) for kind in facts.FACT_KINDS])
-    key = models.CharField(max_length=facts.MAX_KEY_CHARS)
-    value = models.CharField(max_length=facts.MAX_VALUE_CHARS)
-    text = models.CharField(max_length=facts.MAX_TEXT_CHARS, blank=True, default="")
+    kind = models.CharField(max_length=16, choices=[(kind, kind) for kind in fact_values.FACT_KINDS])
+    key = models.CharField(max_length=fact_values.MAX_KEY_CHARS)
+    value = models.CharField(max_length=fact_values.MAX_VALUE_CHARS)
+    text = models.CharField(max_length=fact_values.MAX_TEXT_CHARS, blank=True, default="")
     source_message_id = models.BigIntegerField(null=True, blank=True)
     excerpt = models.TextField(blank=True, default="")
     extractor = models.CharField(max_length=64, default="rule")
@@ -186,11 +187,11 @@ class KeyFact(models.Model):
     def __str__(self) -> str:
         return f"{self.key}={self.value} of {self.memory_key} #{self.pk}"
 
-    def as_fact(self, *, replaces: str = "") -> facts.KeyFact:
+    def as_fact(self, *, replaces: str = "") -> fact_values.KeyFact:
         """This row as the engine's :class:`memory.facts.KeyFact` value; ``replaces``: the value
         of the fact it superseded (``""`` when none; the list selectors annotate it in the same
         query, see :mod:`memory.services`)."""
-        return facts.KeyFact(
+        return fact_values.KeyFact(
             id=self.pk,
             kind=self.kind,
             key=self.key,

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from memory.tokens import get_counter
+from memory.tokens.counter import get_counter
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,7 +25,7 @@ from chatapp.ui.inspector import MESSAGE_SECTIONS, recall_build, request_snapsho
 from chatapp.ui.page_feed import PageFeed, partial_render
 from memory.api import Summary
 from memory.models import MemoryItem
-from memory.services import session_summary_save
+from memory.storage.summaries import session_summary_save
 from tests.chatapp.conftest import Visitor, chat_session_make, message_make, visitor_make
 
 HTMX = {"HX-Request": "true"}

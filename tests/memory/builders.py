@@ -8,8 +8,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from memory.summarizer import SummaryRequest
-from memory.tokens import get_counter
+from memory.ports import SummaryRequest
+from memory.tokens.counter import get_counter
 
 COUNTER = get_counter("gpt-4o-mini")
 

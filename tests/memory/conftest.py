@@ -4,11 +4,11 @@ import itertools
 
 import pytest
 
-from memory.budget import MemoryBudget
-from memory.engine import MemoryEngine
-from memory.services import OrmSummaryStore
-from memory.store import SummaryStore
-from memory.summarizer import SummarizerChain
+from memory.context.budget import MemoryBudget
+from memory.context.builder import MemoryEngine
+from memory.storage.summaries import OrmSummaryStore
+from memory.summary.chain import SummarizerChain
+from memory.summary.store import SummaryStore
 from tests.memory.builders import COUNTER, ScriptedSummarizer
 
 _keys = itertools.count(1)

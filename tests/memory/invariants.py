@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from memory.engine import MemoryContext
-from memory.tokens import TokenCounter
+from memory.context.request import MemoryContext
+from memory.tokens.counter import TokenCounter
 
 
 def assert_no_orphans(messages: list[dict[str, Any]]) -> None:

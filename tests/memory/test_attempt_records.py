@@ -9,10 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from memory import summarizer as summarizer_module
-from memory.extractive import ExtractiveSummarizer
-from memory.prompts import build_summary_prompt
-from memory.summarizer import METHOD_EXTRACTIVE, METHOD_LLM, SummarizerChain, SummaryRequest
+from memory.ports import SummaryRequest
+from memory.summary import chain as summarizer_module
+from memory.summary.chain import METHOD_EXTRACTIVE, METHOD_LLM, SummarizerChain
+from memory.summary.extractive import ExtractiveSummarizer
+from memory.summary.prompts import build_summary_prompt
 from tests.memory.builders import COUNTER, ScriptedSummarizer
 
 

@@ -6,9 +6,12 @@ from __future__ import annotations
 import pytest
 from asgiref.sync import async_to_sync
 
-from memory import services
-from memory.budget import MemoryBudget, Mode
-from memory.calibration import (
+from memory.context.budget import MemoryBudget, Mode
+from memory.context.request import ContextRequest, MemoryContext
+from memory.models import TokenCalibration
+from memory.storage import calibration as services
+from memory.summary.store import InMemorySummaryStore
+from memory.tokens.calibration import (
     MAX_FACTOR,
     MIN_FACTOR,
     MIN_SAMPLE_TOKENS,
@@ -16,9 +19,6 @@ from memory.calibration import (
     calibration_observe,
     sample_ratio,
 )
-from memory.engine import ContextRequest, MemoryContext
-from memory.models import TokenCalibration
-from memory.store import InMemorySummaryStore
 from tests.memory.builders import COUNTER, ScriptedSummarizer, Store, asst, tool, user
 from tests.memory.conftest import make_engine
 from tests.memory.invariants import check_context

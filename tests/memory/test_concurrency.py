@@ -10,7 +10,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.db import connection
 
-from memory.engine import ContextRequest, MemoryContext
+from memory.context.request import ContextRequest, MemoryContext
 from memory.models import CompressionEvent, SessionSummary
 from tests.memory.builders import COUNTER, Store, asst, user
 from tests.memory.conftest import make_engine

@@ -3,18 +3,10 @@ docs/memory.md that lives in the core, with its exact small input."""
 
 from __future__ import annotations
 
-from memory.core import (
-    RAW_ARCHIVE_MARKER,
-    back_scan,
-    elide_current_turn,
-    flatten,
-    group_units,
-    raw_archive_line,
-    raw_archive_merge,
-    split_current_turn,
-    split_system_prompt,
-    to_wire,
-)
+from memory.context.assembly import elide_current_turn, flatten
+from memory.context.units import back_scan, group_units, split_current_turn, split_system_prompt
+from memory.messages import to_wire
+from memory.summary.archive import RAW_ARCHIVE_MARKER, raw_archive_line, raw_archive_merge
 from tests.memory.builders import COUNTER, asst, system, tool, user
 
 

@@ -8,11 +8,12 @@ import asyncio
 import pytest
 from asgiref.sync import async_to_sync
 
-from memory import services
-from memory.core import RAW_ARCHIVE_MARKER
-from memory.engine import AgentMemoryMiddleware, ContextRequest
-from memory.extractive import ExtractiveSummarizer
+from memory.context.builder import AgentMemoryMiddleware
+from memory.context.request import ContextRequest
 from memory.models import CompressionEvent, SessionSummary
+from memory.storage import summaries as services
+from memory.summary.archive import RAW_ARCHIVE_MARKER
+from memory.summary.extractive import ExtractiveSummarizer
 from tests.memory.builders import COUNTER, ScriptedSummarizer, Store, asst, tool, user
 from tests.memory.conftest import make_engine
 from tests.memory.invariants import check_context

@@ -9,15 +9,15 @@ import json
 
 import pytest
 
-from memory.facts import (
+from memory.facts.extraction import (
     EXTRACTION_MARKER,
     ExtractionError,
     ExtractionInput,
-    KeyFact,
     extraction_prompt,
     parse_extraction,
     validate_extraction,
 )
+from memory.facts.values import KeyFact
 
 ITEM = {"kind": "id", "key": "order_id", "value": "#W2378156", "text": "order", "source": [1], "supersedes": []}
 

@@ -11,12 +11,13 @@ import copy
 import pytest
 from asgiref.sync import async_to_sync
 
-from memory.budget import MemoryBudget
-from memory.core import RAW_ARCHIVE_MARKER, SUMMARY_TRIMMED, back_scan, trim_summary
-from memory.engine import ContextRequest
-from memory.extractive import ExtractiveSummarizer
-from memory.planner import plan_request
-from memory.store import InMemorySummaryStore, Summary
+from memory.context.budget import MemoryBudget
+from memory.context.planner import plan_request
+from memory.context.request import ContextRequest
+from memory.context.units import back_scan
+from memory.summary.archive import RAW_ARCHIVE_MARKER, SUMMARY_TRIMMED, trim_summary
+from memory.summary.extractive import ExtractiveSummarizer
+from memory.summary.store import InMemorySummaryStore, Summary
 from tests.memory.builders import COUNTER, ScriptedSummarizer, Store, asst, tool, user
 from tests.memory.conftest import make_engine
 from tests.memory.invariants import assert_no_orphans, check_context

@@ -10,9 +10,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from asgiref.sync import async_to_sync
 
-from memory.jobs import InMemoryJobStore, JobStore, MemoryJobRunner, StepAttempt
+from memory.jobs.runner import MemoryJobRunner
+from memory.jobs.state import InMemoryJobStore, JobStore, StepAttempt
 from memory.models import MemoryJobState
-from memory.services import OrmJobStore, session_memory_delete
+from memory.storage.job_state import OrmJobStore
+from memory.storage.summaries import session_memory_delete
 
 
 class Step:

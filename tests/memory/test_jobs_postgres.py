@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from memory.services import memory_job_state_get
+from memory.storage.job_state import memory_job_state_get
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -18,9 +18,9 @@ from chatapp.conversation import leases
 from chatapp.conversation.memory_jobs import PreCompression
 from chatapp.conversation.turn import Turn
 from chatapp.models import ChatSession, Message
-from memory.facts import FactCandidate
+from memory.facts.values import FactCandidate
 from memory.models import KeyFact
-from memory.services import (
+from memory.storage.facts import (
     KeyFactNotFound,
     key_fact_edit,
     key_fact_hide,
@@ -29,8 +29,8 @@ from memory.services import (
     key_fact_pin,
     key_facts_apply,
     key_facts_store_rule,
-    session_memory_delete,
 )
+from memory.storage.summaries import session_memory_delete
 from tests.chatapp.conftest import (  # the fixtures are used by name
     chat_session_make,
     db_connections_closed,  # noqa: F401
@@ -515,7 +515,7 @@ async def test_every_request_the_chat_app_builds_loads_the_active_facts(settings
 def test_the_active_list_written_in_sql_matches_the_orm_query_field_for_field(memory_key):
     """key_fact_list_active reads in hand-written SQL (it runs on every request); it returns the
     same facts, fields and ``replaces`` as the ORM query it replaced, on either database."""
-    from memory.services import _facts_with_replaces
+    from memory.storage.facts import _facts_with_replaces
 
     first = stored(memory_key, key="shipping_address", value="12 Elm Road", valid_from=AT)
     second = stored(memory_key, key="shipping_address", value="3 Ash Way")

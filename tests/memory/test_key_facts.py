@@ -14,19 +14,11 @@ from asgiref.sync import async_to_sync
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memory.engine import ContextRequest
-from memory.facts import (
-    FACTS_HEADER,
-    KeyFact,
-    block_order,
-    fact_line,
-    facts_block,
-    message_rule_facts,
-    render_facts,
-    rule_facts,
-    tool_call_facts,
-)
-from memory.store import InMemorySummaryStore
+from memory.context.request import ContextRequest
+from memory.facts.block import FACTS_HEADER, block_order, fact_line, facts_block, render_facts
+from memory.facts.rules import message_rule_facts, rule_facts, tool_call_facts
+from memory.facts.values import KeyFact
+from memory.summary.store import InMemorySummaryStore
 from tests.memory.builders import COUNTER, Store, asst, tool, user
 from tests.memory.conftest import make_engine
 from tests.memory.invariants import check_context

@@ -15,9 +15,10 @@ from asgiref.sync import async_to_sync
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from memory.engine import CAS_ROUNDS, ContextRequest
-from memory.extractive import ExtractiveSummarizer
-from memory.store import InMemorySummaryStore
+from memory.context.builder import CAS_ROUNDS
+from memory.context.request import ContextRequest
+from memory.summary.extractive import ExtractiveSummarizer
+from memory.summary.store import InMemorySummaryStore
 from tests.memory.builders import COUNTER, Store, asst, system, tool, user
 from tests.memory.conftest import make_engine
 from tests.memory.invariants import check_context

@@ -12,9 +12,10 @@ from asgiref.sync import async_to_sync
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memory.engine import ContextRequest
-from memory.recall import RECALL_HEADER, RecallCandidate, RecallInput, RecallItem
-from memory.store import InMemorySummaryStore
+from memory.context.request import ContextRequest
+from memory.recall.block import RECALL_HEADER
+from memory.recall.values import RecallCandidate, RecallInput, RecallItem
+from memory.summary.store import InMemorySummaryStore
 from tests.memory.builders import COUNTER, Store, asst, user
 from tests.memory.conftest import make_engine
 from tests.memory.invariants import check_context

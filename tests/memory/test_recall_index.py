@@ -16,11 +16,11 @@ import pytest
 from chatapp.llm import embeddings
 from chatapp.llm.clients import LLMError
 from chatapp.llm.embeddings import LocalEmbedder, OpenAIEmbedder, embedder_choice
-from memory.fulltext import fts5_match, query_terms, search_text
-from memory.index import VectorCache, message_pieces, vector_bytes
 from memory.models import MemoryItem
-from memory.recall import RecallItem, split_for_index
-from memory.services import (
+from memory.recall.pieces import message_pieces, split_for_index
+from memory.recall.values import RecallItem
+from memory.recall.vectors import VectorCache, vector_bytes
+from memory.storage.index import (
     memory_item_embeddings_save,
     memory_items_write,
     recall_cache_clear,
@@ -28,9 +28,10 @@ from memory.services import (
     recall_lexical_hits,
     recall_neighbors,
     recall_term_rarity,
-    session_memory_delete,
 )
-from memory.tokens import get_counter
+from memory.storage.summaries import session_memory_delete
+from memory.text.fulltext import fts5_match, query_terms, search_text
+from memory.tokens.counter import get_counter
 from tests.fake_openai import FakeOpenAI, error
 from tests.fake_openai import embeddings as embeddings_reply
 
@@ -556,7 +557,7 @@ async def test_the_bundled_model_embeds_queries_and_passages_multilingually() ->
 
 @pytest.mark.django_db
 def test_whether_an_owner_has_embeddings_is_asked_once_then_remembered(django_assert_num_queries) -> None:
-    from memory.services import memory_item_embeddings_exist, memory_item_embeddings_known
+    from memory.storage.index import memory_item_embeddings_exist, memory_item_embeddings_known
 
     index("1", OWNER, msg(1, "We booked the hotel in Lisbon near the river."))
     with django_assert_num_queries(1):

@@ -13,33 +13,29 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memory.recall import (
+from memory.recall.block import RECALL_HEADER, recall_block, recall_line
+from memory.recall.gate import (
     DENSE_WEIGHT,
     LEXICAL_THRESHOLDS,
-    RARITY_MIN_DOCUMENTS,
-    RECALL_CONTEXT_ANCHORS,
-    RECALL_HEADER,
-    RECALL_MAX_REJECTED,
     RECALL_THRESHOLDS,
-    RecallCandidate,
-    RecallItem,
-    RecallResult,
-    TermRarity,
     admit,
     content_terms,
-    decay,
     lexical_overlap,
     rarity_overlap,
+    thresholds_for,
+)
+from memory.recall.rank import (
+    RECALL_CONTEXT_ANCHORS,
+    RECALL_MAX_REJECTED,
+    decay,
     recall_anchors,
-    recall_block,
-    recall_line,
     recall_scored,
     rrf,
     score_candidates,
     select_recall,
-    thresholds_for,
 )
-from memory.tokens import get_counter
+from memory.recall.values import RARITY_MIN_DOCUMENTS, RecallCandidate, RecallItem, RecallResult, TermRarity
+from memory.tokens.counter import get_counter
 
 COUNTER = get_counter("gpt-4o-mini")
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)

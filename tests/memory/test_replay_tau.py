@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from asgiref.sync import async_to_sync
 
-from memory.engine import AgentMemoryMiddleware, ContextRequest
-from memory.extractive import ExtractiveSummarizer
-from memory.store import InMemorySummaryStore
+from memory.context.builder import AgentMemoryMiddleware
+from memory.context.request import ContextRequest
+from memory.summary.extractive import ExtractiveSummarizer
+from memory.summary.store import InMemorySummaryStore
 from tests.memory.builders import COUNTER, Store
 from tests.memory.conftest import make_engine
 from tests.memory.invariants import check_context

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from asgiref.sync import async_to_sync
 
-from memory.services import OrmSummaryStore
-from memory.store import CompressionRecord, InMemorySummaryStore, Summary, SummaryStore
+from memory.storage.summaries import OrmSummaryStore
+from memory.summary.store import CompressionRecord, InMemorySummaryStore, Summary, SummaryStore
 
 pytestmark = pytest.mark.django_db  # for the database store; the in-memory one ignores it
 

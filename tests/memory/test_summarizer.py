@@ -8,12 +8,13 @@ import asyncio
 import pytest
 from asgiref.sync import async_to_sync
 
-from memory.budget import MemoryBudget
-from memory.extractive import ExtractiveSummarizer, extractive_summary
-from memory.planner import summary_output_tokens
-from memory.prompts import build_summary_prompt, chunk_messages, split_summary_prompt, transcript_budget
-from memory.store import InMemorySummaryStore, Summary
-from memory.summarizer import SummarizerChain, SummaryRequest
+from memory.context.budget import MemoryBudget
+from memory.context.planner import summary_output_tokens
+from memory.ports import SummaryRequest
+from memory.summary.chain import SummarizerChain
+from memory.summary.extractive import ExtractiveSummarizer, extractive_summary
+from memory.summary.prompts import build_summary_prompt, chunk_messages, split_summary_prompt, transcript_budget
+from memory.summary.store import InMemorySummaryStore, Summary
 from tests.memory.builders import COUNTER, ScriptedSummarizer, asst, tool, user
 from tests.memory.conftest import make_engine
 
@@ -114,7 +115,7 @@ def test_extractive_keeps_identifiers_requests_and_tool_results_within_the_limit
 
 async def test_extractive_summarizer_reads_the_prompt_like_an_llm_would():
     messages = [user("Book flight HAT123 on 2024-05-20"), asst(None, tc=["c1"]), tool("c1", "booked, total $540")]
-    from memory.prompts import render_transcript
+    from memory.summary.prompts import render_transcript
 
     text = await ExtractiveSummarizer(COUNTER).summarize(request("- User: I am Ada.", render_transcript(messages)))
     assert text.startswith("- User: I am Ada.") and "HAT123" in text and "$540" in text

@@ -7,18 +7,12 @@ from __future__ import annotations
 import pytest
 from asgiref.sync import async_to_sync
 
-from memory.extractive import ExtractiveSummarizer, extractive_summary
-from memory.prompts import TRIM_MARKER, build_summary_prompt
-from memory.sentences import split_sentences
-from memory.store import InMemorySummaryStore, Summary
-from memory.summarizer import (
-    SummarizerChain,
-    SummaryReply,
-    SummaryRequest,
-    TruncatedSummaryError,
-    check_reply,
-    is_marker_line,
-)
+from memory.ports import SummaryReply, SummaryRequest
+from memory.summary.chain import SummarizerChain, TruncatedSummaryError, check_reply, is_marker_line
+from memory.summary.extractive import ExtractiveSummarizer, extractive_summary
+from memory.summary.prompts import TRIM_MARKER, build_summary_prompt
+from memory.summary.store import InMemorySummaryStore, Summary
+from memory.text.sentences import split_sentences
 from tests.memory.builders import COUNTER, ScriptedSummarizer, asst, user
 from tests.memory.conftest import make_engine
 

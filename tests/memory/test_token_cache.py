@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import tiktoken
 
-from memory.tokens import COUNT_CACHE_MAX_CHARS, COUNT_CACHE_MIN_CHARS, FALLBACK_ENCODING, TokenCounter
+from memory.tokens.counter import COUNT_CACHE_MAX_CHARS, COUNT_CACHE_MIN_CHARS, FALLBACK_ENCODING, TokenCounter
 
 
 class CountingEncoding:

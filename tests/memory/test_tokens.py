@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memory.tokens import FALLBACK_ENCODING, get_counter
+from memory.tokens.counter import FALLBACK_ENCODING, get_counter
 from tests.memory.builders import COUNTER, asst, user
 
 

@@ -35,7 +35,7 @@ from chatapp.llm.clients import chat_stream
 from chatapp.llm.summarizer import OpenAISummarizer
 from chatapp.models import ChatSession, Message, ModelCall
 from memory.api import session_summary_get
-from memory.engine import MemoryEngine
+from memory.context.builder import MemoryEngine
 from tests.chatapp.conftest import chat_session_make, lease_make, message_make
 from tests.chatapp.conversation.test_runner import history_make
 from tests.fake_openai import FakeOpenAI, chunk, error, stream

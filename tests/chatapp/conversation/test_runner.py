@@ -21,7 +21,7 @@ from chatapp.conversation.leases import (
 from chatapp.conversation.runner import chat_turn_run, chat_turn_stop
 from chatapp.models import ChatSession, Message, ModelCall
 from memory.api import session_summary_get
-from memory.engine import MemoryEngine
+from memory.context.builder import MemoryEngine
 from memory.models import CompressionEvent
 from tests.chatapp.conftest import (
     TIMEOUT,

@@ -12,7 +12,7 @@ from chatapp.conversation.tools import (
     calculator_format,
     tool_call_execute,
 )
-from memory.tokens import get_counter
+from memory.tokens.counter import get_counter
 
 COUNTER = get_counter("gpt-4o-mini")
 

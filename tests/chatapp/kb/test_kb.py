@@ -18,7 +18,7 @@ from chatapp.kb.documents import (
 )
 from chatapp.kb.search import fts5_query, kb_search, passages_fit, search_words
 from chatapp.models import Chunk, Document
-from memory.tokens import get_counter
+from memory.tokens.counter import get_counter
 
 pytestmark = pytest.mark.django_db
 

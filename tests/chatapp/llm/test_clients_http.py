@@ -10,8 +10,9 @@ import pytest
 
 from chatapp.llm.clients import ChatEvent, Endpoint, LLMError, chat_stream, failover_endpoint, summary_endpoint
 from chatapp.llm.summarizer import OpenAISummarizer, build_summarizer_chain
-from memory.prompts import build_summary_prompt
-from memory.summarizer import SummarizerChain, SummaryRequest
+from memory.ports import SummaryRequest
+from memory.summary.chain import SummarizerChain
+from memory.summary.prompts import build_summary_prompt
 from tests.fake_openai import MALFORMED_JSON, FakeOpenAI, Reply, chunk, completion, error, slow, stream
 
 MESSAGES = [

@@ -23,9 +23,10 @@ from chatapp.llm.clients import (
 )
 from chatapp.llm.offline.transport import OFFLINE_MODEL
 from chatapp.llm.summarizer import OpenAISummarizer, build_summarizer_chain
-from memory.prompts import build_summary_prompt
-from memory.summarizer import SummarizerChain, SummaryRequest
-from memory.tokens import TokenCounter
+from memory.ports import SummaryRequest
+from memory.summary.chain import SummarizerChain
+from memory.summary.prompts import build_summary_prompt
+from memory.tokens.counter import TokenCounter
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 

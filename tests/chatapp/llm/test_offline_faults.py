@@ -18,8 +18,9 @@ from chatapp.llm.offline.faults import (
 )
 from chatapp.llm.offline.transport import OFFLINE_MODEL
 from chatapp.llm.summarizer import OpenAISummarizer
-from memory.prompts import build_summary_prompt
-from memory.summarizer import SummarizerChain, SummaryRequest
+from memory.ports import SummaryRequest
+from memory.summary.chain import SummarizerChain
+from memory.summary.prompts import build_summary_prompt
 
 pytestmark = pytest.mark.usefixtures("offline_engine")
 

@@ -18,9 +18,12 @@ from chatapp.kb.documents import DEMO_KB_DIR
 from chatapp.kb.search import Passage, passages_format
 from chatapp.llm.offline.blocks import facts_lines, message_blocks, question_and_blocks, recall_items
 from chatapp.llm.offline.replies import GREETING, WELCOME, OfflineReply, offline_reply
-from memory.core import MERGE_SEPARATOR, summary_block
-from memory.facts import KeyFact, render_facts
-from memory.recall import RecallItem, render_recall
+from memory.context.assembly import MERGE_SEPARATOR
+from memory.facts.block import render_facts
+from memory.facts.values import KeyFact
+from memory.recall.block import render_recall
+from memory.recall.values import RecallItem
+from memory.summary.archive import summary_block
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 AGENT_SYSTEM = {"role": "system", "content": "You are the assistant of Kestrel Sync. Use the kb_search tool."}

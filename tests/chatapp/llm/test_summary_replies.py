@@ -14,12 +14,14 @@ from asgiref.sync import async_to_sync
 from chatapp.llm.clients import Endpoint, chat_endpoint
 from chatapp.llm.summarizer import OpenAISummarizer
 from memory.api import summarizer_health_get
-from memory.budget import MemoryBudget
-from memory.engine import ContextRequest, MemoryEngine
+from memory.context.budget import MemoryBudget
+from memory.context.builder import MemoryEngine
+from memory.context.request import ContextRequest
 from memory.models import CompressionEvent, SessionSummary
-from memory.prompts import TRIM_MARKER, build_summary_prompt
-from memory.services import OrmSummaryStore
-from memory.summarizer import SummarizerChain, SummaryRequest
+from memory.ports import SummaryRequest
+from memory.storage.summaries import OrmSummaryStore
+from memory.summary.chain import SummarizerChain
+from memory.summary.prompts import TRIM_MARKER, build_summary_prompt
 from tests.fake_openai import FakeOpenAI, Reply, completion, text_stream
 from tests.memory.builders import COUNTER, Store, asst, user
 

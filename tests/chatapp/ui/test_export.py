@@ -32,8 +32,8 @@ from chatapp.models import ChatSession, Message
 from memory.api import KeyFact
 from memory.models import KeyFact as KeyFactRow
 from memory.models import MemoryJobState, SessionSummary
-from memory.services import compression_event_create, compression_event_list_after, session_summary_save
-from memory.store import CompressionRecord, Summary
+from memory.storage.summaries import compression_event_create, compression_event_list_after, session_summary_save
+from memory.summary.store import CompressionRecord, Summary
 from tests.chatapp.conftest import Visitor, chat_session_make, message_make
 
 pytestmark = [

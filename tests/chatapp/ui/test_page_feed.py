@@ -27,8 +27,8 @@ from chatapp.realtime.protocol import (
     MemorySummaryEvent,
 )
 from chatapp.ui.page_feed import PageFeed, compression_sentence, partial_render
-from memory import services as memory_services
 from memory.api import Summary
+from memory.storage import summaries as memory_services
 from tests.chatapp.conftest import (
     TIMEOUT,
     Visitor,

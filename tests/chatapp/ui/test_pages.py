@@ -14,7 +14,7 @@ from django.urls import reverse
 from chatapp.models import ChatSession, Message, ModelCall
 from memory.api import Summary, session_summary_get
 from memory.models import CompressionEvent, SessionSummary
-from memory.services import session_summary_save
+from memory.storage.summaries import session_summary_save
 from tests.chatapp.conftest import Visitor, chat_session_make, message_make
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("offline_engine")]

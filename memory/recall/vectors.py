@@ -1,9 +1,4 @@
-"""The recall index's pure parts (docs/memory.md §12, "the index"): which pieces a batch of
-stored messages becomes, how an embedding is stored, and the per-owner vector cache.
-
-No ORM and no I/O here: :mod:`memory.services` reads and writes the rows
-(:class:`memory.models.MemoryItem`) and hands this module what it read.
-"""
+"""Embeddings as bytes and the per-owner vector cache searched with numpy (docs/memory.md §12)."""
 
 from __future__ import annotations
 
@@ -12,91 +7,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
 
 import numpy as np
-
-from memory.fulltext import search_text
-from memory.recall import INDEX_PIECE_TOKENS, split_for_index
-from memory.tokens import TokenCounter
-
-
-@dataclass(frozen=True, kw_only=True)
-class IndexPiece:
-    """One item to store: ``message_ids`` oldest first (a tool result: its call's message, then
-    itself), ``last_message_id`` the newest of them, ``piece`` its place in that message (from
-    0), ``role``, verbatim ``text``, ``search_text`` (see :func:`memory.fulltext.search_text`),
-    ``tokens`` (its size in tokens) and ``created_at`` (its newest message's time, aware)."""
-
-    message_ids: tuple[int, ...]
-    last_message_id: int
-    piece: int
-    role: str
-    text: str
-    search_text: str
-    tokens: int
-    created_at: datetime
-
-    @property
-    def slot(self) -> tuple[int, int]:
-        """``(last_message_id, piece)``: the piece's identity within its conversation."""
-        return (self.last_message_id, self.piece)
-
-
-def _tool_name(call: dict[str, Any] | None, message: dict[str, Any]) -> str:
-    """The name of the tool a result answers: its call's function name, else the message's name."""
-    function = call.get("function") if isinstance(call, dict) else None
-    name = function.get("name") if isinstance(function, dict) else None
-    return str(name or message.get("name") or "")
-
-
-def message_pieces(
-    messages: Sequence[dict[str, Any]],
-    *,
-    counter: TokenCounter,
-    calls: dict[str, tuple[int, dict[str, Any]]],
-    max_tokens: int = INDEX_PIECE_TOKENS,
-    skip_tools: frozenset[str] = frozenset(),
-) -> list[IndexPiece]:
-    """The items of ``messages`` (stored messages as dicts with ``id``, ``role``, ``content``,
-    ``tool_calls``, ``tool_call_id``, ``name`` and ``created_at``), in message order, by
-    :func:`memory.recall.split_for_index`. ``calls``: tool-call id → ``(message id, call)`` of
-    the assistant messages that made calls answered among ``messages`` (the caller reads the ones
-    outside the batch); the calls made inside ``messages`` are added here. A tool result whose
-    call is unknown is indexed as ``name -> result``. The results of the tools named in
-    ``skip_tools`` (the call's function name, else the message's ``name``) give no item (the
-    owning app's choice, docs/memory.md §12, "the index"). Never raises."""
-    known = dict(calls)
-    for message in messages:
-        for call in message.get("tool_calls") or ():
-            if isinstance(call, dict) and call.get("id"):
-                known[str(call["id"])] = (int(message["id"]), call)
-    found: list[IndexPiece] = []
-    for message in messages:
-        message_id = int(message["id"])
-        ids: tuple[int, ...] = (message_id,)
-        call = None
-        if message.get("role") == "tool":
-            call_message_id, call = known.get(str(message.get("tool_call_id") or ""), (None, None))
-            if _tool_name(call, message) in skip_tools:
-                continue
-            if call_message_id is not None and call_message_id < message_id:
-                ids = (call_message_id, message_id)
-        for number, text in enumerate(split_for_index(message, counter=counter, max_tokens=max_tokens, call=call)):
-            found.append(
-                IndexPiece(
-                    message_ids=ids,
-                    last_message_id=message_id,
-                    piece=number,
-                    role=str(message.get("role")),
-                    text=text,
-                    search_text=search_text(text),
-                    tokens=counter.count_text(text),
-                    created_at=message["created_at"],
-                )
-            )
-    return found
 
 
 def vector_bytes(vector: np.ndarray) -> bytes:
@@ -116,13 +28,17 @@ VectorRow = tuple[int, str, int, bytes | memoryview | None, str, int]
 """One row the vector cache reads: ``(id, memory_key, last_message_id, embedding, embedding_model,
 embedding_dim)``."""
 
+
 VectorReader = Callable[[int, Sequence[int]], Iterable[VectorRow]]
 """``read(after_id, ids)``: the owner's rows with an id above ``after_id`` plus the rows ``ids``
 (still without a usable embedding when last read), in any order."""
 
+
 # Rows without a usable embedding are read again at most this often (seconds) and this many per
 # query: they get one when the memory job's embedding step catches up.
 MISSING_RECHECK_SECONDS = 10.0
+
+
 MISSING_CHUNK = 500
 
 

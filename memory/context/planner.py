@@ -8,26 +8,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memory.budget import MemoryBudget, Mode
-from memory.core import (
-    Assembly,
-    Message,
-    Unit,
-    assemble,
-    back_scan,
-    count_turns,
-    elide_current_turn,
-    flatten,
-    group_units,
-    snap_to_turn_start,
-    split_current_turn,
-    steps_note,
-    summary_block,
-)
-from memory.facts import FactsBlock, KeyFact, facts_block
-from memory.recall import RecallInput, RecallResult
-from memory.store import Summary
-from memory.tokens import REPLY_PRIMING_TOKENS, TokenCounter
+from memory.context.assembly import Assembly, assemble, elide_current_turn, flatten, steps_note
+from memory.context.budget import MemoryBudget, Mode
+from memory.context.units import Unit, back_scan, count_turns, group_units, snap_to_turn_start, split_current_turn
+from memory.facts.block import FactsBlock, facts_block
+from memory.facts.values import KeyFact
+from memory.messages import Message
+from memory.recall.values import RecallInput, RecallResult
+from memory.summary.archive import summary_block
+from memory.summary.store import Summary
+from memory.tokens.counter import REPLY_PRIMING_TOKENS, TokenCounter
 
 # A summary shorter than this many tokens is never asked for, however small the prefix.
 MIN_SUMMARY_TOKENS = 48

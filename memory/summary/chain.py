@@ -1,14 +1,5 @@
-"""Summarizer interface and the degradation chain (docs/memory.md §4).
-
-layer 1: the primary summarizer, up to ``attempts`` tries, each under its own timeout;
-layer 2: the failover summarizer, up to ``attempts`` more (skipped when none is configured);
-layer 3: the raw archive, which needs no LLM and cannot fail (built by the caller from
-``memory.core``). A reply that is empty or whitespace-only, cut off by the provider
-(``finish_reason`` ``length`` or ``content_filter``) or made only of this code base's markers counts
-as a failure (docs/memory.md §4, F-36): :func:`check_reply` decides, for every summarizer alike.
-Every try is recorded as an :class:`Attempt`. Nothing here writes any state: the caller persists
-only after this returns.
-"""
+"""The summarizer degradation chain (docs/memory.md §4): primary attempts, failover attempts,
+each with its timeout; empty or cut-off replies count as failures."""
 
 from __future__ import annotations
 
@@ -17,7 +8,9 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal
+
+from memory.ports import Summarizer, SummaryReply, SummaryRequest
 
 Phase = Literal["primary", "failover"]
 
@@ -44,6 +37,7 @@ class MarkerOnlySummaryError(SummarizerError):
 # Chat Completions; most OpenAI-compatible servers report ``length`` at the output cap).
 INCOMPLETE_FINISH_REASONS = frozenset({"length", "content_filter"})
 
+
 # Lines this code base writes around summaries and transcripts, never facts: the trimming marker
 # of an oversized transcript (memory.prompts), raw-archive headings and omission counts
 # (memory.core), the summary block header, the elision marker, and bare ellipses.
@@ -68,16 +62,6 @@ def is_marker_line(line: str) -> bool:
     return bool(_MARKER_LINE_RE.match(line.strip()))
 
 
-@dataclass(frozen=True, kw_only=True)
-class SummaryReply:
-    """What a summarizer answered: ``text`` and the provider's ``finish_reason`` (``"stop"``,
-    ``"length"``, …; None when unknown). Summarizers that can tell a cut-off reply from a finished
-    one return this instead of a bare string, so the chain can refuse it (docs/memory.md F-36)."""
-
-    text: str
-    finish_reason: str | None = None
-
-
 def check_reply(reply: str | SummaryReply) -> str:
     """The stripped summary text of ``reply`` when it is usable (docs/memory.md §4, F-36).
 
@@ -98,48 +82,10 @@ def check_reply(reply: str | SummaryReply) -> str:
     return text.strip()
 
 
-@dataclass(frozen=True, kw_only=True)
-class SummaryRequest:
-    """One summarizer call.
-
-    ``previous_summary``: the old summary text, ``""`` on a session's first compression.
-    ``messages``: the prefix being folded in, OpenAI wire dicts (they may carry an ``id`` key).
-    ``prompt``: the ready wire prompt, ``[system instructions, user transcript]`` (docs/memory.md F-11).
-    ``max_tokens``: the output cap in tokens (30 % rule and hard cap already applied).
-    ``response_format``: the OpenAI ``response_format`` to ask for, e.g. ``{"type":
-    "json_schema", "json_schema": {"name", "schema", "strict"}}`` for a key-facts extraction
-    (docs/memory.md §11); None (summaries) asks for plain text. A summarizer whose endpoint
-    rejects it falls back to ``{"type": "json_object"}``, then to none, so the caller must
-    still parse the reply tolerantly.
-    """
-
-    previous_summary: str
-    messages: list[dict[str, Any]]
-    prompt: list[dict[str, Any]]
-    max_tokens: int
-    response_format: dict[str, Any] | None = None
-
-
-@runtime_checkable
-class Summarizer(Protocol):
-    """Anything that turns a :class:`SummaryRequest` into summary text.
-
-    ``model`` names it in attempt records. ``summarize`` returns the new self-contained summary
-    text, or a :class:`SummaryReply` that also says whether the provider finished it; it may raise
-    any exception, which the chain records as a failed attempt. The chain judges every reply with
-    :func:`check_reply`. An optional ``method`` attribute says how it writes summaries
-    (:data:`METHOD_LLM`, the default when absent, or :data:`METHOD_EXTRACTIVE` for one that copies
-    sentences without a language model); the chain records it on each attempt, so the inspector
-    can say who wrote a summary. (Not a protocol member: ``isinstance`` would then require it.)
-    """
-
-    model: str
-
-    async def summarize(self, request: SummaryRequest) -> str | SummaryReply: ...
-
-
 # How a summarizer writes summaries (``Summarizer.method``, recorded on every attempt).
 METHOD_LLM = "llm"
+
+
 METHOD_EXTRACTIVE = "extractive"
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from memory.core import Message, raw_archive_line
-from memory.tokens import TokenCounter
+from memory.messages import Message
+from memory.summary.archive import raw_archive_line
+from memory.tokens.counter import TokenCounter
 
 SUMMARY_INSTRUCTIONS = """You maintain the working memory of a conversation between a user and an assistant.
 Write ONE self-contained summary that replaces both the previous summary (if any) and the new transcript.

@@ -11,11 +11,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from memory.core import RAW_ARCHIVE_MARKER
-from memory.prompts import split_summary_prompt
-from memory.sentences import split_sentences
-from memory.summarizer import METHOD_EXTRACTIVE, SummaryRequest, is_marker_line
-from memory.tokens import TokenCounter, get_counter
+from memory.ports import SummaryRequest
+from memory.summary.archive import RAW_ARCHIVE_MARKER
+from memory.summary.chain import METHOD_EXTRACTIVE, is_marker_line
+from memory.summary.prompts import split_summary_prompt
+from memory.text.sentences import split_sentences
+from memory.tokens.counter import TokenCounter, get_counter
 
 _LINE_RE = re.compile(r"^- (?P<label>[^:\n]{1,80}): ?(?P<text>.*)$")
 # Clause breaks inside an over-long sentence: commas, colons, semicolons, ideographic commas.

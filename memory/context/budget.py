@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from memory.calibration import MAX_FACTOR, MIN_FACTOR
+from memory.tokens.calibration import MAX_FACTOR, MIN_FACTOR
 
 SummaryRole = Literal["system", "user"]
 # The summary block's header and message overhead take about 25 tokens; leave room for text too.

@@ -1,0 +1,235 @@
+"""LLM extraction of key facts (docs/memory.md §11): the prompt, tolerant parsing of the reply
+and validation in code (grounding, supersession within a slot). Pure."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from memory.facts.rules import _SNAKE, _text, excerpt_around
+from memory.facts.values import FACT_KINDS, MAX_KEY_CHARS, MAX_TEXT_CHARS, MAX_VALUE_CHARS, FactCandidate, KeyFact
+from memory.messages import Message
+
+EXTRACTION_SCHEMA_NAME = "key_facts"
+
+
+EXTRACTION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["facts"],
+    "properties": {
+        "facts": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["kind", "key", "value", "text", "source", "supersedes"],
+                "properties": {
+                    "kind": {"type": "string", "enum": list(FACT_KINDS)},
+                    "key": {"type": "string"},
+                    "value": {"type": "string"},
+                    "text": {"type": "string"},
+                    "source": {"type": "array", "items": {"type": "integer"}},
+                    "supersedes": {"type": "array", "items": {"type": "integer"}},
+                },
+            },
+        }
+    },
+}
+
+
+EXTRACTION_INSTRUCTIONS = """You extract key facts from a conversation so that they are never forgotten.
+A key fact is a value the USER stated about themselves or their request, or that a tool was called with: identifiers (order, reservation, account, ticket numbers), amounts, dates, emails, phone numbers, URLs, addresses, names, preferences (likes, dislikes, allergies, pets), and commitments (what the assistant promised to do).
+Rules:
+- Copy "value" VERBATIM from the message it comes from (same spelling, digits and script); never translate, normalize or invent it.
+- "source": the numbers of the messages the value occurs in. "text": one short line saying what it is, with absolute dates.
+- "key": the slot in lowercase snake_case (e.g. shipping_address, allergy, pet_name, order_id). Use the same key as an existing fact for the same slot.
+- When the user corrects or changes an existing fact of the same slot, put that fact's handle in "supersedes".
+- Do not extract the assistant's suggestions, options or listings as facts of the user; do not repeat existing facts unchanged.
+- Reply with JSON only: {"facts": [{"kind", "key", "value", "text", "source", "supersedes"}]}; {"facts": []} when there is nothing new."""
+
+
+EXTRACTION_LINE_CHARS = 600
+
+
+# Marks an extraction request, so a test double or the offline engine can recognise it.
+EXTRACTION_MARKER = "<new_messages>"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExtractionInput:
+    """What one LLM extraction request is made of: the ``messages`` since the watermark (with
+    ``id`` and, optionally, ``created_at`` as ISO 8601), numbered 1…n in the prompt, and the
+    chat's ``facts`` that are active, given small integer handles 1…m."""
+
+    messages: list[Message]
+    facts: list[KeyFact]
+
+    def message_by_number(self, number: int) -> Message | None:
+        return self.messages[number - 1] if 1 <= number <= len(self.messages) else None
+
+    def fact_by_handle(self, handle: int) -> KeyFact | None:
+        return self.facts[handle - 1] if 1 <= handle <= len(self.facts) else None
+
+
+def extraction_prompt(data: ExtractionInput) -> list[dict[str, Any]]:
+    """The wire prompt ``[system instructions, user material]`` of one extraction request: the
+    active facts as ``[handle] kind key: value``, then the new messages as numbered lines
+    ``N. (date) Role: text`` (tool calls with their arguments, each line at most 600
+    characters)."""
+    facts = "\n".join(f"[{n}] {fact.kind} {fact.key}: {fact.value}" for n, fact in enumerate(data.facts, 1))
+    lines = []
+    for number, message in enumerate(data.messages, 1):
+        role = str(message.get("role") or "user").capitalize()
+        body = _text(message.get("content"))
+        calls = message.get("tool_calls") or ()
+        if calls:
+            body += " " + "; ".join(
+                f"{(c.get('function') or {}).get('name', '?')}({(c.get('function') or {}).get('arguments', '')})"
+                for c in calls
+            )
+        when = str(message.get("created_at") or "")[:10]
+        line = " ".join(f"{number}. {f'({when}) ' if when else ''}{role}: {body}".split())
+        lines.append(line if len(line) <= EXTRACTION_LINE_CHARS else line[: EXTRACTION_LINE_CHARS - 1] + "…")
+    material = (
+        f"<existing_facts>\n{facts or '(none)'}\n</existing_facts>\n\n"
+        f"{EXTRACTION_MARKER}\n" + "\n".join(lines) + "\n</new_messages>\n\nReply with the JSON object now."
+    )
+    return [{"role": "system", "content": EXTRACTION_INSTRUCTIONS}, {"role": "user", "content": material}]
+
+
+class ExtractionError(ValueError):
+    """An extraction reply that is not a JSON object with a ``facts`` list (docs/memory.md
+    F-29): nothing is changed and the watermark stays."""
+
+
+def parse_extraction(reply: str) -> list[dict[str, Any]]:
+    """The ``facts`` list of an extraction reply, tolerant of code fences and prose around the
+    JSON object and of a bare list. Raises :class:`ExtractionError` when no JSON object or list
+    with facts can be read."""
+    text = reply.strip()
+    fenced = re.search(r"```(?:json)?\s*(.*?)```", text, re.DOTALL)
+    if fenced:
+        text = fenced.group(1).strip()
+    for attempt in (text, _outermost(text, "{", "}"), _outermost(text, "[", "]")):
+        if not attempt:
+            continue
+        try:
+            data = json.loads(attempt)
+        except ValueError:
+            continue
+        if isinstance(data, dict) and isinstance(data.get("facts"), list):
+            return [item for item in data["facts"] if isinstance(item, dict)]
+        if isinstance(data, list):
+            return [item for item in data if isinstance(item, dict)]
+    raise ExtractionError(f"not a JSON object with a facts list: {reply.strip()[:120]!r}")
+
+
+def _outermost(text: str, opening: str, closing: str) -> str:
+    start, end = text.find(opening), text.rfind(closing)
+    return text[start : end + 1] if 0 <= start < end else ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Validation:
+    """The outcome of :func:`validate_extraction`: ``accepted`` candidates (with ``supersedes``
+    already checked) and ``rejected`` items with the reason, for the job's record."""
+
+    accepted: list[FactCandidate]
+    rejected: list[dict[str, Any]]
+
+
+def validate_extraction(items: list[dict[str, Any]], data: ExtractionInput, *, extractor: str) -> Validation:
+    """Code-side validation of an extraction reply (docs/memory.md F-28, F-30).
+
+        Each item needs a known ``kind``, a ``key`` and a non-empty ``value`` of at most 200
+        characters. **Grounding**: the value must occur (case-insensitively, spacing normalised) in a
+        cited message, and that message must be the user's or an assistant message with tool calls
+        whose arguments hold it; assistant prose and tool results ground nothing, so the assistant's
+        suggestions are never stored as facts the user stated. ``supersedes`` keeps only handles of
+        active facts of the **same slot** that the user did not pin. The source is the first
+        grounding message. Items restating the value of an active fact (in any slot: a rule fact may
+    already hold it) are dropped.
+    """
+    accepted: list[FactCandidate] = []
+    rejected: list[dict[str, Any]] = []
+    current = {_norm(fact.value) for fact in data.facts}
+    for item in items:
+        kind = str(item.get("kind") or "other").lower()
+        key = _SNAKE.sub("_", str(item.get("key") or "").lower()).strip("_")[:MAX_KEY_CHARS]
+        value = " ".join(str(item.get("value") or "").split())
+        if kind not in FACT_KINDS:
+            kind = "other"
+        if not key or not value or len(value) > MAX_VALUE_CHARS:
+            rejected.append({"item": item, "reason": "missing or oversized key or value"})
+            continue
+        sources = [n for n in _ints(item.get("source")) if data.message_by_number(n) is not None]
+        grounding = next((n for n in sources if _grounds(data.message_by_number(n), value)), None)
+        if grounding is None:
+            rejected.append({"item": item, "reason": "value does not occur in a cited user message or tool call"})
+            continue
+        if _norm(value) in current:
+            continue
+        message = data.message_by_number(grounding)
+        assert message is not None
+        supersedes = []
+        for handle in _ints(item.get("supersedes")):
+            old = data.fact_by_handle(handle)
+            if old is None or old.key != key or old.pinned_by_user or not old.active:
+                rejected.append({"item": item, "reason": f"supersedes handle {handle}: not an active fact of {key}"})
+                continue
+            supersedes.append(old.id)
+        source_text = _grounding_text(message)
+        at = _norm(source_text).find(_norm(value))
+        accepted.append(
+            FactCandidate(
+                kind=kind,  # type: ignore[arg-type]  # checked against FACT_KINDS above
+                key=key,
+                value=_verbatim(source_text, value),
+                text=" ".join(str(item.get("text") or value).split())[:MAX_TEXT_CHARS],
+                source_message_id=int(message["id"]),
+                excerpt=excerpt_around(" ".join(source_text.split()), max(at, 0), max(at, 0) + len(value)),
+                extractor=extractor,
+                supersedes=tuple(supersedes),
+            )
+        )
+        current.add(_norm(value))
+    return Validation(accepted=accepted, rejected=rejected)
+
+
+def _ints(value: Any) -> list[int]:
+    items = value if isinstance(value, list) else [value]
+    out = []
+    for item in items:
+        try:
+            out.append(int(item))
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+def _grounding_text(message: Message) -> str:
+    """The text a fact of ``message`` may be grounded in: a user's words, or an assistant's
+    tool-call arguments (never its prose nor a tool's result)."""
+    if message.get("role") == "user":
+        return _text(message.get("content"))
+    if message.get("role") == "assistant" and message.get("tool_calls"):
+        return " ".join(str((call.get("function") or {}).get("arguments") or "") for call in message["tool_calls"])
+    return ""
+
+
+def _grounds(message: Message | None, value: str) -> bool:
+    return message is not None and _norm(value) in _norm(_grounding_text(message))
+
+
+def _verbatim(source: str, value: str) -> str:
+    """``value`` as spelled in ``source`` (the model may have changed its case or spacing)."""
+    flat = " ".join(source.split())
+    at = flat.casefold().find(" ".join(value.split()).casefold())
+    return flat[at : at + len(" ".join(value.split()))] if at >= 0 else value

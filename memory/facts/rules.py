@@ -1,0 +1,350 @@
+"""Rule extraction of key facts (docs/memory.md §11): values found by regular expressions in a
+user's text and in tool-call arguments, with their slot. Pure."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Any, Literal
+
+from memory.facts.values import EXCERPT_CHARS, MAX_KEY_CHARS, MAX_VALUE_CHARS, FactCandidate, FactKind
+from memory.messages import Message
+
+_MONTHS = (
+    r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|Jun(?:e)?|Jul(?:y)?|Aug(?:ust)?|"
+    r"Sep(?:t(?:ember)?)?|Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)"
+)
+
+
+_CURRENCY_WORDS = r"(?:USD|EUR|GBP|JPY|CNY|RMB|dollars?|euros?|pounds?|yuan|yen|bucks)"
+
+
+# Times of day ("11am", "3:30 pm", "15:00"): kind date, slot ``time``.
+# A time that ends in its own period ("10 a.m."): the period is the value's, not the sentence's.
+_TIME_PERIOD_END = re.compile(r"(?<![A-Za-z])[ap]\.m\.$", re.IGNORECASE)
+
+
+def _trimmed(value: str) -> str:
+    """``value`` without the sentence punctuation a pattern caught at its end (``.,;:!?)``),
+    except the period of "a.m."/"p.m."."""
+    while value and value[-1] in ".,;:!?)":
+        if value[-1] == "." and _TIME_PERIOD_END.search(value):
+            break
+        value = value[:-1]
+    return value
+
+
+_TIME = re.compile(r"\b\d{1,2}(?::\d{2})?\s?(?:am|pm|a\.m\.|p\.m\.)(?![A-Za-z])|\b\d{1,2}:\d{2}\b", re.IGNORECASE)
+
+
+# Patterns in priority order: a span taken by an earlier kind is not matched again by a later one.
+_PATTERNS: tuple[tuple[FactKind | Literal["secret"], re.Pattern[str]], ...] = (
+    ("url", re.compile(r"https?://[^\s<>\"'()\[\]{}，。！？、]+", re.IGNORECASE)),
+    ("email", re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")),
+    # Never pinned: whole card numbers (13-19 digits) and US social security numbers.
+    ("secret", re.compile(r"(?<![\d-])(?:\d[ -]?){12,18}\d(?![\d-])|(?<![\d-])\d{3}-\d{2}-\d{4}(?![\d-])")),
+    (
+        "date",
+        re.compile(
+            r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2})?)?"
+            r"|\d{4}年\d{1,2}月\d{1,2}[日号]?|\d{1,2}月\d{1,2}[日号]"
+            rf"|\b{_MONTHS}\.?\s+\d{{1,2}}(?:st|nd|rd|th)?(?:,?\s+\d{{4}})?\b"
+            rf"|\b\d{{1,2}}(?:st|nd|rd|th)?\s+(?:of\s+)?{_MONTHS}\b(?:,?\s+\d{{4}})?"
+            r"|\b\d{1,2}/\d{1,2}/\d{2,4}\b",
+            re.IGNORECASE,
+        ),
+    ),
+    ("date", _TIME),
+    (
+        "money",
+        re.compile(
+            r"[$€£¥]\s?\d[\d,]*(?:\.\d+)?(?:\s?(?:k|K|million|billion))?"
+            rf"|\b(?:USD|EUR|GBP|CNY|RMB|JPY)\s?\d[\d,]*(?:\.\d+)?"
+            rf"|\d(?:[\d.,]*\d)?\s?(?:{_CURRENCY_WORDS}\b|[元円块€£]|美元|欧元|日元|人民币)",
+            re.IGNORECASE,
+        ),
+    ),
+    # A Chinese mobile number: 11 digits starting 13-19.
+    ("phone", re.compile(r"(?<!\d)1[3-9]\d{9}(?!\d)")),
+    # International numbers with their groups ("+44 7700 900123", "0044 20 7946 0958", "+49 30
+    # 12345678") and national ones with a trunk 0 ("07700 900123", "020 7946 0958").
+    ("phone", re.compile(r"(?<![\w/+])(?:\+|00)\d{1,3}(?:[\s.-]?(?:\(\d{1,4}\)|\d{2,5})){2,4}(?![\w/])")),
+    ("phone", re.compile(r"(?<![\w/.,-])0\d{2,4}[\s.-]?\d{3,4}[\s.-]?\d{3,4}(?![\w/])")),
+    (
+        "phone",
+        re.compile(r"(?<![\w/])(?:\+\d{1,3}[\s.-]?)?(?:\(\d{2,4}\)\s?|\d{2,4}[\s.-])\d{3,4}[\s.-]\d{3,4}(?![\w/])"),
+    ),
+    ("id", re.compile(r"(?:card|visa|mastercard|amex|ending(?:\s+in)?)\D{0,16}?\b(\d{4})\b", re.IGNORECASE)),
+    ("id", re.compile(r"\b(\d{4})\s+(?:credit\s+|debit\s+|gift\s+)?card\b", re.IGNORECASE)),
+    # Mixed letter-digit identifiers of 5 or more characters, with # - _ . / inside; ASCII only,
+    # so an identifier glued to CJK text (订单号是A-48213) is still cut at the right place.
+    ("id", re.compile(r"(?<![A-Za-z0-9_#-])#?[A-Za-z0-9][A-Za-z0-9_\-./]*[A-Za-z0-9](?![A-Za-z0-9_])")),
+)
+
+
+# Words that mark the value after them as a secret (in the same clause, shortly before it).
+_SECRET_WORDS = re.compile(
+    r"\b(?:password|passcode|passwd|pin(?: code)?|ssn|social security|cvv|cvc|security code|secret|token|api key)\b"
+    r"|密码|口令",
+    re.IGNORECASE,
+)
+
+
+_SECRET_CLAUSE = re.compile(r"[,.;!?\n，。；！？、]")
+
+
+_HAS_DIGIT = re.compile(r"\d")
+
+
+_HAS_LETTER = re.compile(r"[A-Za-z]")
+
+
+# Words before a value that name its slot; the first that occurs in the preceding clause wins.
+_SLOT_WORDS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"\border|订单", re.IGNORECASE), "order_id"),
+    (re.compile(r"\b(?:reservation|booking|confirmation)|预订|预约", re.IGNORECASE), "reservation_id"),
+    (re.compile(r"\b(?:user ?(?:id|name)|username|account|login)|用户", re.IGNORECASE), "user_id"),
+    (re.compile(r"\b(?:zip|postal|post ?code)|邮编", re.IGNORECASE), "zip_code"),
+    (re.compile(r"\btracking\b|快递|运单", re.IGNORECASE), "tracking_id"),
+    (re.compile(r"\bflight\b|航班", re.IGNORECASE), "flight_number"),
+    (re.compile(r"\b(?:card|visa|mastercard|amex|payment)|卡", re.IGNORECASE), "payment_card"),
+    (re.compile(r"\b(?:ticket|case|issue)\b|工单", re.IGNORECASE), "ticket_id"),
+    (re.compile(r"\b(?:item|product|sku)\b|商品", re.IGNORECASE), "item_id"),
+    (re.compile(r"\b(?:invoice|receipt)\b|发票", re.IGNORECASE), "invoice_id"),
+)
+
+
+_CLAUSE_BREAK = re.compile(r"[.;!?\n。；！？]")
+
+
+# How far back (characters) a value's slot word is looked for.
+SLOT_WINDOW_CHARS = 48
+
+
+_SNAKE = re.compile(r"[^0-9a-z]+")
+
+
+def rule_facts(text: str, *, message_id: int) -> list[FactCandidate]:
+    """The key facts regular expressions find in a user's ``text`` (docs/memory.md §11).
+
+    Emails, URLs, amounts (``$``, ``€``, ``£``, ``¥``, currency words and codes, 元/円), ISO,
+    textual and CJK dates, times of day ("11am", "15:00", slot ``time``), phone numbers, card
+    tails ("card ending in 4421", "my 7447 card") and mixed letter-digit identifiers of at least 5 characters (``mia_li_3668``, ``ZFA04Y``, ``#W2378156``,
+    ``KX-55190``, ``A-48213`` inside CJK text) or digit runs of at least 5. Secrets are never
+    reported: whole card numbers, social security numbers, and any value shortly after
+    "password", "PIN", "CVV", "token", "密码" and the like in the same clause. The slot is named
+    from a word shortly before the value ("order" → ``order_id``), else after its kind. Each value
+    is reported once, in order of appearance. Never raises.
+    """
+    taken: list[tuple[int, int]] = []
+    found: list[tuple[int, FactCandidate]] = []
+    seen: set[tuple[str, str]] = set()
+    for kind, pattern in _PATTERNS:
+        for match in pattern.finditer(text):
+            group = 1 if match.re.groups else 0
+            start, end = match.span(group)
+            value = _trimmed(match.group(group))
+            end = start + len(value)
+            if not value or any(start < t_end and t_start < end for t_start, t_end in taken):
+                continue
+            if kind == "secret" or _SECRET_WORDS.search(_SECRET_CLAUSE.split(text[max(0, start - 32) : start])[-1]):
+                # Never pinned: credentials and whole card or social security numbers.
+                taken.append((match.start(), max(end, match.end(group))))
+                continue
+            if kind == "id" and group == 0 and not _is_identifier(value):
+                continue
+            # A card tail (the only capturing pattern) names its slot itself.
+            key = "payment_card" if group else _slot(text[:start], kind)
+            if kind == "date" and _TIME.fullmatch(value):
+                key = "time"
+            if (key, value) in seen:
+                continue
+            seen.add((key, value))
+            taken.append((match.start(), max(end, match.end(group))))
+            found.append(
+                (
+                    start,
+                    FactCandidate(
+                        kind=kind,
+                        key=key,
+                        value=value,
+                        text=f"user gave {key.replace('_', ' ')} {value}",
+                        source_message_id=message_id,
+                        excerpt=excerpt_around(text, start, end),
+                    ),
+                )
+            )
+    return [candidate for _, candidate in sorted(found, key=lambda item: item[0])]
+
+
+def value_spans(text: str) -> list[tuple[int, int, str]]:
+    """Where rule extraction sees a value in ``text``: ``(start, end, kind)`` character offsets,
+    ordered by ``start``, never overlapping. The same patterns, in the same priority, as
+    :func:`rule_facts` (docs/memory.md §11), for removing values from a text rather than
+    pinning them (e.g. a chat's title made from its first message).
+
+    ``kind`` is one of :data:`FACT_KINDS` (``url``, ``email``, ``date``, ``money``, ``phone``,
+    ``id``) or ``"secret"``: a whole card or social security number, a value shortly after a
+    secret word ("password", "PIN", "CVV", "token", "密码" …), and the rest of that word's clause
+    (a password without digits matches no value pattern). A card tail ("card ending in 4421")
+    spans its four digits. Never raises.
+    """
+    spans: list[tuple[int, int, str]] = []
+
+    def free(start: int, end: int) -> bool:
+        return end > start and not any(start < s_end and s_start < end for s_start, s_end, _ in spans)
+
+    for kind, pattern in _PATTERNS:
+        for match in pattern.finditer(text):
+            group = 1 if match.re.groups else 0
+            start = match.start(group)
+            end = start + len(_trimmed(match.group(group)))
+            if not free(start, end) or (kind == "id" and group == 0 and not _is_identifier(text[start:end])):
+                continue
+            clause = _SECRET_CLAUSE.split(text[max(0, start - 32) : start])[-1]
+            secret = kind == "secret" or _SECRET_WORDS.search(clause)
+            spans.append((start, end, "secret" if secret else kind))
+    for word in _SECRET_WORDS.finditer(text):
+        clause_end = _SECRET_CLAUSE.search(text, word.end())
+        start, end = word.end(), clause_end.start() if clause_end else len(text)
+        while start < end and text[start].isspace():
+            start += 1
+        overlapping = [span for span in spans if start < span[1] and span[0] < end]
+        spans = [span for span in spans if span not in overlapping]
+        start = min([start, *(span[0] for span in overlapping)])
+        end = max([end, *(span[1] for span in overlapping)])
+        if end > start:
+            spans.append((start, end, "secret"))
+    return sorted(spans)
+
+
+def _is_identifier(value: str) -> bool:
+    """A mixed letter-digit token of 5+ characters, or a digit run of 5+ digits."""
+    core = value.lstrip("#")
+    if len(core) < 5 or not _HAS_DIGIT.search(core):
+        return False
+    if not _HAS_LETTER.search(core):
+        return sum(ch.isdigit() for ch in core) >= 5 and not re.fullmatch(r"\d+\.\d+", core)
+    return True
+
+
+def _slot(before: str, kind: FactKind) -> str:
+    """The slot of a value: for an identifier, from a word shortly before it in the same clause
+    ("order" → ``order_id``), else ``identifier``; for the other kinds, the kind (``amount`` for
+    money)."""
+    if kind == "id":
+        clause = _CLAUSE_BREAK.split(before[-SLOT_WINDOW_CHARS:])[-1]
+        best: tuple[int, str] | None = None
+        for pattern, slot in _SLOT_WORDS:
+            for match in pattern.finditer(clause):
+                if best is None or match.start() > best[0]:
+                    best = (match.start(), slot)
+        return best[1] if best is not None else "identifier"
+    return "amount" if kind == "money" else kind
+
+
+def excerpt_around(text: str, start: int, end: int, *, chars: int = EXCERPT_CHARS) -> str:
+    """Up to ``chars`` characters of ``text`` around ``text[start:end]``, on one line, with
+    ``…`` where it was cut."""
+    room = max(0, chars - (end - start)) // 2
+    left, right = max(0, start - room), min(len(text), end + room)
+    piece = " ".join(text[left:right].split())
+    return f"{'…' if left else ''}{piece}{'…' if right < len(text) else ''}"
+
+
+def tool_call_facts(tool_calls: Sequence[dict[str, Any]], *, message_id: int) -> list[FactCandidate]:
+    """The key facts in the arguments of an assistant message's ``tool_calls``: every string or
+    number leaf that is an identifier, amount, date, email, phone number or URL by
+    :func:`rule_facts`, or a number under an amount-like argument name (``amount``, ``price``,
+    ``refund``, ``cost``, ``fee``, ``balance``). The slot is the argument's name (``user_id``,
+    ``payment_id``, ``flight_number``); ``text`` names the tool. Unparsable arguments are read
+    as text. Never raises."""
+    found: list[FactCandidate] = []
+    seen: set[tuple[str, str]] = set()
+    for call in tool_calls:
+        function = call.get("function") or {}
+        name = str(function.get("name") or "tool")
+        raw = function.get("arguments")
+        try:
+            arguments = json.loads(raw) if isinstance(raw, str) else raw
+        except ValueError:
+            arguments = raw
+        for path, leaf in _leaves(arguments, ()):
+            arg = path[-1] if path else "arguments"
+            for candidate in _leaf_facts(leaf, arg=arg, tool=name, message_id=message_id):
+                if (candidate.key, candidate.value) not in seen:
+                    seen.add((candidate.key, candidate.value))
+                    found.append(candidate)
+    return found
+
+
+_AMOUNT_ARGS = re.compile(r"amount|price|refund|cost|fee|balance|total_paid|paid", re.IGNORECASE)
+
+
+def _leaves(value: Any, path: tuple[str, ...]) -> Iterable[tuple[tuple[str, ...], Any]]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _leaves(item, (*path, str(key)))
+    elif isinstance(value, list):
+        for item in value:
+            yield from _leaves(item, path)
+    elif value is not None and not isinstance(value, bool):
+        yield path, value
+
+
+def _leaf_facts(leaf: Any, *, arg: str, tool: str, message_id: int) -> list[FactCandidate]:
+    key = _SNAKE.sub("_", arg.lower()).strip("_")[:MAX_KEY_CHARS] or "argument"
+    text = str(leaf)
+    if isinstance(leaf, int | float):
+        if _AMOUNT_ARGS.search(arg):
+            return [_tool_fact("money", key, text, tool, message_id, f"{arg}={text}")]
+        if len(text) >= 5 and text.isdigit():
+            return [_tool_fact("id", key, text, tool, message_id, f"{arg}={text}")]
+        return []
+    if len(text) > MAX_VALUE_CHARS:
+        return [
+            replace(candidate, key=key if candidate.key in ("identifier", "amount", candidate.kind) else candidate.key)
+            for candidate in rule_facts(text, message_id=message_id)
+        ]
+    whole = [candidate for candidate in rule_facts(text, message_id=message_id) if candidate.value == text.strip()]
+    if whole:
+        return [_tool_fact(whole[0].kind, key, whole[0].value, tool, message_id, f"{arg}={text}")]
+    if _AMOUNT_ARGS.search(arg) and re.fullmatch(r"\d[\d,]*(?:\.\d+)?", text.strip()):
+        return [_tool_fact("money", key, text.strip(), tool, message_id, f"{arg}={text}")]
+    parts = rule_facts(text, message_id=message_id)
+    return [_tool_fact(part.kind, key, part.value, tool, message_id, f"{arg}={text}") for part in parts]
+
+
+def _tool_fact(kind: FactKind, key: str, value: str, tool: str, message_id: int, excerpt: str) -> FactCandidate:
+    return FactCandidate(
+        kind=kind,
+        key=key,
+        value=value,
+        text=f"{tool} was called with {key} {value}",
+        source_message_id=message_id,
+        excerpt=excerpt[:EXCERPT_CHARS],
+    )
+
+
+def message_rule_facts(message: Message) -> list[FactCandidate]:
+    """The rule facts of one stored message (it must carry its ``id``): a user message's text
+    and an assistant message's tool-call arguments. Assistant text and tool results are not
+    read (mostly listings and suggestions, docs/memory.md F-30). Never raises."""
+    message_id = message.get("id")
+    if not isinstance(message_id, int):
+        return []
+    role = message.get("role")
+    if role == "user":
+        content = message.get("content")
+        return rule_facts(content if isinstance(content, str) else _text(content), message_id=message_id)
+    if role == "assistant" and message.get("tool_calls"):
+        return tool_call_facts(message["tool_calls"], message_id=message_id)
+    return []
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return "" if content is None else str(content)

@@ -1,0 +1,365 @@
+"""Key facts in the database (docs/memory.md §11): store, supersede, pin, hide and edit;
+nothing is deleted."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, connection, transaction
+from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.utils import timezone
+
+from memory.facts import rules as fact_rules
+from memory.facts import values as fact_values
+from memory.models import KeyFact
+from memory.ports import ConversationAlive
+
+logger = logging.getLogger(__name__)
+
+
+class KeyFactNotFound(Exception):
+    """No key fact with that id in that conversation: unknown, or another conversation's (the
+    owning app answers 404 either way, so a fact id of another chat reveals nothing)."""
+
+
+# Tries of a key-fact write that lost a race with a concurrent insert of the same active value
+# (the partial unique constraint of :class:`memory.models.KeyFact`); each try reads again, so
+# the value stored meanwhile is then found and treated as a restatement.
+FACT_WRITE_TRIES = 3
+
+
+# Fact ids are 64-bit database keys; a larger id names no fact (and would overflow the driver).
+FACT_ID_MAX = 2**63 - 1
+
+
+def _facts_with_replaces(rows: QuerySet[KeyFact]) -> QuerySet[KeyFact]:
+    """``rows`` with ``replaces_value``: the value of the newest fact each one superseded (None
+    when none), read by the same query (no query per fact)."""
+    replaced = KeyFact.objects.filter(superseded_by=OuterRef("pk")).order_by("-id").values("value")[:1]
+    return rows.annotate(replaces_value=Subquery(replaced))
+
+
+def key_fact_list_active(*, memory_key: str) -> list[fact_values.KeyFact]:
+    """The conversation's active key facts, oldest first: not superseded (``invalidated_at``
+    NULL) and not hidden by the owner, each with ``replaces`` filled (docs/memory.md §11). What
+    a request's ``load_facts`` returns. One query, read once per request: written in SQL, so
+    Django does not build and compile it every time (bench/ws_load.py profile, issue 11)."""
+    return [row.as_fact() for row in KeyFact.objects.raw(_ACTIVE_FACTS_SQL, [memory_key])]
+
+
+# key_fact_list_active's query: the same rows and ``replaces_value`` as
+# ``_facts_with_replaces(KeyFact.objects.filter(memory_key=…, invalidated_at__isnull=True,
+# hidden_by_user=False))`` (tests/memory/test_key_fact_services.py compares the two).
+_ACTIVE_FACTS_SQL = (
+    f"SELECT f.*, (SELECT r.value FROM {KeyFact._meta.db_table} r WHERE r.superseded_by_id = f.id "
+    f"ORDER BY r.id DESC LIMIT 1) AS replaces_value FROM {KeyFact._meta.db_table} f "
+    "WHERE f.memory_key = %s AND f.invalidated_at IS NULL AND NOT f.hidden_by_user ORDER BY f.id"
+)
+
+
+def key_fact_list(*, memory_key: str) -> list[fact_values.KeyFact]:
+    """Every key fact of the conversation, oldest first, superseded and hidden ones included
+    (the inspector's list), each with ``replaces`` filled. One query."""
+    return [row.as_fact() for row in _facts_with_replaces(KeyFact.objects.filter(memory_key=memory_key))]
+
+
+def _fact_get(*, memory_key: str, fact_id: int) -> fact_values.KeyFact:
+    if not 0 < fact_id <= FACT_ID_MAX:
+        raise KeyFactNotFound(f"no key fact {fact_id} in {memory_key}")
+    row = _facts_with_replaces(KeyFact.objects.filter(pk=fact_id, memory_key=memory_key)).first()
+    if row is None:
+        raise KeyFactNotFound(f"no key fact {fact_id} in {memory_key}")
+    return row.as_fact()
+
+
+def _storable(candidate: fact_values.FactCandidate) -> bool:
+    """Whether ``candidate`` fits its columns unchanged (a value is never cut: it is verbatim)."""
+    return (
+        bool(candidate.value)
+        and len(candidate.value) <= fact_values.MAX_VALUE_CHARS
+        and bool(candidate.key)
+        and len(candidate.key) <= fact_values.MAX_KEY_CHARS
+    )
+
+
+def _fact_row(
+    candidate: fact_values.FactCandidate,
+    *,
+    memory_key: str,
+    scope_key: str,
+    extractor: str,
+    valid_from: datetime | None,
+) -> KeyFact:
+    kind = candidate.kind if candidate.kind in fact_values.FACT_KINDS else "other"
+    return KeyFact(
+        memory_key=memory_key,
+        scope_key=scope_key,
+        kind=kind,
+        key=candidate.key,
+        value=candidate.value,
+        text=(candidate.text or candidate.value)[: fact_values.MAX_TEXT_CHARS],
+        source_message_id=candidate.source_message_id,
+        excerpt=candidate.excerpt,
+        extractor=extractor[:64],
+        valid_from=valid_from,
+        last_seen_message_id=candidate.source_message_id,
+    )
+
+
+def _fact_write_retried(
+    write: Callable[[], list[fact_values.KeyFact]], *, memory_key: str, give_up_quietly: bool = True
+) -> list[fact_values.KeyFact]:
+    """Run ``write`` in a transaction (a savepoint inside the caller's), again when it lost a
+    race with a concurrent insert of the same active value (IntegrityError, see
+    :data:`FACT_WRITE_TRIES`). After the last lost race nothing is written and, with
+    ``give_up_quietly``, ``[]`` is returned (the caller's own transaction, e.g. a stored
+    message, must not fail because of a fact); otherwise the IntegrityError propagates."""
+    for attempt in range(1, FACT_WRITE_TRIES + 1):
+        try:
+            with transaction.atomic():
+                return write()
+        except IntegrityError:
+            if attempt == FACT_WRITE_TRIES:
+                if not give_up_quietly:
+                    raise
+                logger.warning("key facts of %s not stored: lost %s races for the same values", memory_key, attempt)
+    return []
+
+
+def key_facts_store_rule(
+    *, memory_key: str, scope_key: str, messages: list[dict[str, Any]]
+) -> list[fact_values.KeyFact]:
+    """Store the rule facts of just-stored messages (docs/memory.md §11, "rule extraction at
+    store time"); returns the facts created, in message order.
+
+    ``messages``: stored messages as dicts with ``id`` (int), ``role``, ``content``,
+    ``tool_calls`` and ``created_at`` (aware datetime, becomes ``valid_from``);
+    :func:`memory.facts.message_rule_facts` reads a user's text and an assistant's tool-call
+    arguments. ``scope_key``: the conversation's owner, an opaque string of the owning app. A
+    value already held by an active fact of the conversation (any slot, hidden ones too) is an
+    exact restatement: no row is added, only that fact's ``last_seen_message_id`` moves up.
+    Values longer than :data:`memory.facts.MAX_VALUE_CHARS` are not stored (never cut).
+
+    Cost: no query at all when no message yields a candidate (most messages); otherwise one
+    SELECT of the active facts with those values, one bulk INSERT and at most one UPDATE per
+    restating message, in one transaction (a savepoint inside the caller's).
+    """
+    found: list[tuple[fact_values.FactCandidate, datetime | None]] = []
+    for message in messages:
+        created_at = message.get("created_at")
+        valid_from = created_at if isinstance(created_at, datetime) else None
+        found.extend(
+            (candidate, valid_from) for candidate in fact_rules.message_rule_facts(message) if _storable(candidate)
+        )
+    if not found:
+        return []
+
+    def write() -> list[fact_values.KeyFact]:
+        held: dict[str, list[int]] = {}
+        active = KeyFact.objects.filter(
+            memory_key=memory_key, invalidated_at__isnull=True, value__in={candidate.value for candidate, _ in found}
+        )
+        for fact_id, value in active.values_list("id", "value"):
+            held.setdefault(value, []).append(fact_id)
+        new: dict[str, KeyFact] = {}
+        restated: dict[int, set[int]] = {}
+        for candidate, valid_from in found:
+            message_id = candidate.source_message_id
+            if candidate.value in held:
+                restated.setdefault(message_id, set()).update(held[candidate.value])
+            elif candidate.value in new:
+                row = new[candidate.value]
+                row.last_seen_message_id = max(row.last_seen_message_id or 0, message_id)
+            else:
+                new[candidate.value] = _fact_row(
+                    candidate, memory_key=memory_key, scope_key=scope_key, extractor="rule", valid_from=valid_from
+                )
+        created = KeyFact.objects.bulk_create(list(new.values())) if new else []
+        now = timezone.now()
+        for message_id in sorted(restated):
+            KeyFact.objects.filter(
+                Q(last_seen_message_id__isnull=True) | Q(last_seen_message_id__lt=message_id),
+                pk__in=restated[message_id],
+            ).update(last_seen_message_id=message_id, updated_at=now)
+        return [row.as_fact() for row in created]
+
+    return _fact_write_retried(write, memory_key=memory_key)
+
+
+def key_facts_apply(
+    *,
+    memory_key: str,
+    scope_key: str,
+    candidates: list[fact_values.FactCandidate],
+    valid_from: dict[int, datetime],
+    alive: ConversationAlive | None = None,
+) -> list[fact_values.KeyFact]:
+    """Store validated extraction candidates (:func:`memory.facts.validate_extraction`) in one
+    transaction and apply their supersessions (docs/memory.md §11, F-28); returns the facts
+    created, ``replaces`` filled.
+
+    Each candidate becomes a row with its own ``extractor`` (``llm:<model>``) and
+    ``valid_from[candidate.source_message_id]`` (None when missing), unless an active fact of
+    the conversation already holds the same slot and value (then it is skipped: a restatement),
+    or a retired fact (superseded, by a later message or by the user's own edit) holds the same
+    value and was seen in a message at least as new as the candidate's: a replaced value comes
+    back only when a newer message states it again (an extraction that runs after the user
+    corrected a fact must not bring the old value back). Each id in ``candidate.supersedes`` that names an active fact of the same conversation and
+    the **same slot** that the user did **not** pin is retired: ``invalidated_at`` now,
+    ``superseded_by`` the new fact; its row is kept. Other ids are ignored. With ``alive`` (see
+    :data:`ConversationAlive`), nothing is written and ``[]`` returned once the conversation is
+    gone (docs/memory.md F-41).
+    """
+    storable = [candidate for candidate in candidates if _storable(candidate)]
+    if not storable:
+        return []
+
+    def write() -> list[fact_values.KeyFact]:
+        if alive is not None and not alive(memory_key):
+            return []
+        active = set(
+            KeyFact.objects.filter(
+                memory_key=memory_key,
+                invalidated_at__isnull=True,
+                value__in={candidate.value for candidate in storable},
+            ).values_list("key", "value")
+        )
+        retired_seen: dict[str, int] = {}
+        for value, source_id, seen_id in KeyFact.objects.filter(
+            memory_key=memory_key,
+            invalidated_at__isnull=False,
+            value__in={candidate.value for candidate in storable},
+        ).values_list("value", "source_message_id", "last_seen_message_id"):
+            retired_seen[value] = max(retired_seen.get(value, 0), source_id or 0, seen_id or 0)
+        wanted = {fact_id for candidate in storable for fact_id in candidate.supersedes}
+        retirable: dict[int, KeyFact] = {}
+        if wanted:
+            rows = KeyFact.objects.filter(
+                pk__in=wanted, memory_key=memory_key, invalidated_at__isnull=True, pinned_by_user=False
+            )
+            if connection.features.has_select_for_update:
+                rows = rows.select_for_update()
+            retirable = {row.pk: row for row in rows}
+        planned: list[tuple[KeyFact, list[KeyFact]]] = []
+        for candidate in storable:
+            if (candidate.key, candidate.value) in active:
+                continue
+            if candidate.source_message_id <= retired_seen.get(candidate.value, -1):
+                continue  # replaced after that message: not revived by a late extraction
+            active.add((candidate.key, candidate.value))
+            row = _fact_row(
+                candidate,
+                memory_key=memory_key,
+                scope_key=scope_key,
+                extractor=candidate.extractor,
+                valid_from=valid_from.get(candidate.source_message_id),
+            )
+            retired = [
+                retirable.pop(fact_id)
+                for fact_id in dict.fromkeys(candidate.supersedes)
+                if fact_id in retirable and retirable[fact_id].key == candidate.key
+            ]
+            planned.append((row, sorted(retired, key=lambda old: old.pk)))
+        if not planned:
+            return []
+        KeyFact.objects.bulk_create([row for row, _ in planned])
+        now = timezone.now()
+        for row, retired in planned:
+            if retired:
+                KeyFact.objects.filter(pk__in=[old.pk for old in retired]).update(
+                    invalidated_at=now, superseded_by=row, updated_at=now
+                )
+        return [row.as_fact(replaces=retired[-1].value if retired else "") for row, retired in planned]
+
+    return _fact_write_retried(write, memory_key=memory_key)
+
+
+def key_fact_pin(*, memory_key: str, fact_id: int, pinned: bool) -> fact_values.KeyFact:
+    """Pin (``pinned`` True) or unpin fact ``fact_id`` of the conversation for the owner
+    (docs/memory.md §11): a pinned fact is kept first in the block and is never superseded by
+    an extraction, only by the user's own edit. Returns the fact as now stored. Raises
+    :class:`KeyFactNotFound` for an id that is not a fact of ``memory_key``."""
+    if 0 < fact_id <= FACT_ID_MAX:
+        KeyFact.objects.filter(pk=fact_id, memory_key=memory_key).update(
+            pinned_by_user=pinned, updated_at=timezone.now()
+        )
+    return _fact_get(memory_key=memory_key, fact_id=fact_id)
+
+
+def key_fact_hide(*, memory_key: str, fact_id: int, hidden: bool) -> fact_values.KeyFact:
+    """Hide (``hidden`` True) or restore fact ``fact_id`` of the conversation for the owner
+    (docs/memory.md §11): a hidden fact stays stored but is never put in a request. Returns the
+    fact as now stored. Raises :class:`KeyFactNotFound` for an id that is not a fact of
+    ``memory_key``."""
+    if 0 < fact_id <= FACT_ID_MAX:
+        KeyFact.objects.filter(pk=fact_id, memory_key=memory_key).update(
+            hidden_by_user=hidden, updated_at=timezone.now()
+        )
+    return _fact_get(memory_key=memory_key, fact_id=fact_id)
+
+
+def key_fact_edit(*, memory_key: str, fact_id: int, value: str) -> fact_values.KeyFact:
+    """The owner's correction of fact ``fact_id`` (docs/memory.md §11): a new current fact of the
+    same slot, kind and source message with ``value`` (spacing normalised), ``extractor``
+    ``user``, ``valid_from`` now, pinned if the old one was; the edited fact is kept, retired
+    (``invalidated_at``, ``superseded_by``), even if pinned (the user may retire their own pin).
+    Its ``text`` says the new value where the old one said the old value. Returns the new fact
+    (``replaces`` = the old value); an unchanged value changes nothing and returns the fact. When
+    another current fact of the slot already holds ``value``, that one becomes the current fact
+    (shown again if hidden) instead of a duplicate.
+
+    Raises :class:`KeyFactNotFound` for an id that is not a fact of ``memory_key``, and
+    ``ValueError`` for an empty value, one over :data:`memory.facts.MAX_VALUE_CHARS` characters,
+    or a fact already superseded (edit the current one); ``IntegrityError`` only after
+    :data:`FACT_WRITE_TRIES` lost races with concurrent inserts of the same value.
+    """
+    value = " ".join(value.split())
+    if not value:
+        raise ValueError("a key fact needs a value")
+    if len(value) > fact_values.MAX_VALUE_CHARS:
+        raise ValueError(f"a key fact's value has at most {fact_values.MAX_VALUE_CHARS} characters")
+    if not 0 < fact_id <= FACT_ID_MAX:
+        raise KeyFactNotFound(f"no key fact {fact_id} in {memory_key}")
+
+    def write() -> list[fact_values.KeyFact]:
+        rows = KeyFact.objects.filter(pk=fact_id, memory_key=memory_key)
+        if connection.features.has_select_for_update:
+            rows = rows.select_for_update()
+        old = rows.first()
+        if old is None:
+            raise KeyFactNotFound(f"no key fact {fact_id} in {memory_key}")
+        if old.invalidated_at is not None:
+            raise ValueError(f"key fact {fact_id} was superseded: edit the current one")
+        if value == old.value:
+            return [old.as_fact()]
+        now = timezone.now()
+        current = KeyFact.objects.filter(
+            memory_key=memory_key, key=old.key, value=value, invalidated_at__isnull=True
+        ).first()
+        if current is None:
+            current = KeyFact.objects.create(
+                memory_key=memory_key,
+                scope_key=old.scope_key,
+                kind=old.kind,
+                key=old.key,
+                value=value,
+                text=(old.text.replace(old.value, value) if old.value in old.text else value)[
+                    : fact_values.MAX_TEXT_CHARS
+                ],
+                source_message_id=old.source_message_id,
+                excerpt=old.excerpt,
+                extractor="user",
+                valid_from=now,
+                pinned_by_user=old.pinned_by_user,
+                last_seen_message_id=old.last_seen_message_id,
+            )
+        elif current.hidden_by_user:
+            KeyFact.objects.filter(pk=current.pk).update(hidden_by_user=False, updated_at=now)
+        KeyFact.objects.filter(pk=old.pk).update(invalidated_at=now, superseded_by=current, updated_at=now)
+        return [current.as_fact()]
+
+    (edited,) = _fact_write_retried(write, memory_key=memory_key, give_up_quietly=False)
+    return _fact_get(memory_key=memory_key, fact_id=edited.id)

@@ -1,0 +1,161 @@
+"""The raw archive, the summary that needs no LLM (docs/memory.md §4), and the summary block's
+header. Pure."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from memory.messages import Message
+from memory.tokens.counter import TokenCounter
+
+RAW_ARCHIVE_LINE_CHARS = 500
+
+
+RAW_ARCHIVE_MARKER = "[Raw archive of newly added messages]"
+
+
+ARCHIVE_OMITTED = "- [{count} earlier archived messages omitted]"
+
+
+_OMITTED_RE = re.compile(r"- \[(\d+) earlier archived messages omitted\]")
+
+
+# Line lengths (characters) tried in turn when the archive is over its token cap.
+ARCHIVE_LINE_STEPS = (RAW_ARCHIVE_LINE_CHARS, 200, 80)
+
+
+SUMMARY_TRIMMED = "[… earlier summary trimmed to fit the summary cap]"
+
+
+def summary_header(*, summary_type: str, compressed_count: int) -> str:
+    """The first line of the summary block (docs/memory.md §3 step 5)."""
+    if summary_type == "raw":
+        return f"[Memory Summary - {compressed_count} earlier messages archived (LLM summarization unavailable)]"
+    return f"[Memory Summary - {compressed_count} earlier messages consolidated]"
+
+
+def summary_block(*, content: str, summary_type: str, compressed_count: int, role: str) -> Message:
+    """The one message that carries the summary into the request; ``role`` is ``system`` or
+    ``user`` (for providers that accept a single leading system message, F-10)."""
+    header = summary_header(summary_type=summary_type, compressed_count=compressed_count)
+    return {"role": role, "content": f"{header}\n{content}"}
+
+
+def trim_summary(content: str, max_tokens: int, counter: TokenCounter) -> str:
+    """``content`` (a stored summary) brought to at most ``max_tokens`` tokens without any LLM,
+    for a summary over the current cap when no summarizer can shrink it (docs/memory.md F-40).
+
+    A raw archive section is bounded as in :func:`raw_archive_merge` (lines shortened, then the
+    oldest counted as omitted); a plain summary keeps its head, the earliest facts (I7), and ends
+    with a visible ``[… earlier summary trimmed …]`` marker. Text already within the cap is
+    returned unchanged."""
+    if counter.count_text(content) <= max_tokens:
+        return content
+    _, lines, omitted = _split_archive(content)
+    if lines or omitted:
+        return raw_archive_merge(content, [], max_tokens=max_tokens, counter=counter)
+    # +2: the joining newline may not merge with either side's tokens.
+    room = max_tokens - counter.count_text(SUMMARY_TRIMMED) - 2
+    if room <= 0:
+        return counter.truncate_text(content, max_tokens)
+    return f"{counter.truncate_text(content, room).rstrip()}\n{SUMMARY_TRIMMED}"
+
+
+def raw_archive_line(message: Message) -> str:
+    """One raw archive line (docs/memory.md §4), cut to 500 characters of content."""
+    role = message.get("role")
+    content = _plain_text(message.get("content"))
+    if role == "assistant":
+        names = [(call.get("function") or {}).get("name", "?") for call in message.get("tool_calls") or ()]
+        if names:
+            arguments = "; ".join(
+                f"{(call.get('function') or {}).get('name', '?')}({(call.get('function') or {}).get('arguments', '')})"
+                for call in message.get("tool_calls") or ()
+            )
+            content = f"{content} {arguments}".strip()
+            label = f"Assistant [tools: {', '.join(names)}]"
+        else:
+            label = "Assistant"
+    elif role == "tool":
+        label = f"Tool[{message.get('name') or message.get('tool_call_id') or '?'}]"
+    elif role == "system":
+        label = "System"
+    else:
+        label = "User"
+    if role in ("user", "assistant") and message.get("name"):
+        label = f"{label} ({message['name']})"
+    content = " ".join(content.split())
+    if len(content) > RAW_ARCHIVE_LINE_CHARS:
+        content = content[: RAW_ARCHIVE_LINE_CHARS - 1] + "…"
+    return f"- {label}: {content}"
+
+
+def _plain_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return json.dumps(content, ensure_ascii=False)
+
+
+def raw_archive_merge(previous_summary: str, messages: list[Message], *, max_tokens: int, counter: TokenCounter) -> str:
+    """The degraded summary: ``previous_summary`` kept plus one
+    ``[Raw archive of newly added messages]`` section holding an archive line per message.
+
+    A previous raw section is merged into the single section (no stacking, F-12). When the text
+    exceeds ``max_tokens``, archive lines are shortened (500, 200, then 80 characters), then the
+    oldest give way to an ``N earlier archived messages omitted`` line, so the archive stays
+    bounded across many degraded compressions. The LLM-written part is kept whole while it
+    leaves room for that count line; otherwise its tail gives way (its head, with the earliest
+    facts, stays), so the archive always says how many messages it folded in.
+    """
+    base, old_lines, omitted = _split_archive(previous_summary)
+    lines = old_lines + [raw_archive_line(m) for m in messages]
+
+    def section(kept: list[str], dropped: int, line_chars: int) -> str:
+        cut = [line if len(line) <= line_chars else line[: line_chars - 1] + "…" for line in kept]
+        head = [ARCHIVE_OMITTED.format(count=dropped)] if dropped else []
+        return "\n".join([RAW_ARCHIVE_MARKER, *head, *cut])
+
+    def render(kept: list[str], dropped: int, line_chars: int) -> str:
+        return f"{base}\n\n{section(kept, dropped, line_chars)}" if base else section(kept, dropped, line_chars)
+
+    # Shorter lines first, so more messages stay covered; then the oldest lines give way.
+    for line_chars in ARCHIVE_LINE_STEPS:
+        text = render(lines, omitted, line_chars)
+        if counter.count_text(text) <= max_tokens:
+            return text
+    line_chars = ARCHIVE_LINE_STEPS[-1]
+    # Binary search the number of oldest lines to drop: O(log n) renders, not O(n).
+    low, high = 0, len(lines)
+    while low < high:
+        middle = (low + high) // 2
+        if counter.count_text(render(lines[middle:], omitted + middle, line_chars)) <= max_tokens:
+            high = middle
+        else:
+            low = middle + 1
+    text = render(lines[low:], omitted + low, line_chars)
+    if counter.count_text(text) <= max_tokens:
+        return text
+    tail = section([], omitted + len(lines), line_chars)
+    room = max_tokens - counter.count_text(tail) - 4
+    if room <= 0:
+        return tail
+    return f"{counter.truncate_text(base, room).rstrip()}…\n\n{tail}"
+
+
+def _split_archive(summary: str) -> tuple[str, list[str], int]:
+    """``(LLM-written part, archive lines, omitted count)`` of a stored summary text."""
+    if RAW_ARCHIVE_MARKER not in summary:
+        return summary.strip(), [], 0
+    base, _, section = summary.partition(RAW_ARCHIVE_MARKER)
+    lines = [line for line in section.strip().splitlines() if line.strip()]
+    omitted = 0
+    if lines and (match := _OMITTED_RE.fullmatch(lines[0].strip())):
+        omitted = int(match.group(1))
+        lines = lines[1:]
+    return base.strip(), lines, omitted
