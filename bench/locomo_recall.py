@@ -100,17 +100,17 @@ def worker(config: str, window: int, limit: int, cache: Path, out: Path) -> None
     logging.getLogger("chatapp").setLevel(logging.WARNING)
     from django.core.management import call_command
 
-    from chatapp.conversation.replay import ReplaySession, locomo_conversation, replay_engine
+    from chatapp.conversation.replay import ReplaySession, locomo_conversation, replay_config
 
     call_command("migrate", verbosity=0)
     print(f"  [{config} {window}] database {os.environ['SQLITE_PATH']}", file=sys.stderr, flush=True)
     vectors = _passage_cache(cache) if config == "embedder" else None
-    engine = replay_engine(window)
+    memory = replay_config(window)
     started = time.perf_counter()
     sessions = []
     for path in sorted(DATA.glob("conv-*.json"))[:limit]:
         conversation = locomo_conversation(json.loads(path.read_text(encoding="utf-8")), path.stem)
-        session = ReplaySession(conversation, engine=engine, mode="quick-answer")
+        session = ReplaySession(conversation, config=memory, mode="quick-answer")
         calls = sum(1 for _ in session.records())
         sessions.append(session)
         print(
@@ -159,7 +159,9 @@ def worker(config: str, window: int, limit: int, cache: Path, out: Path) -> None
                 "path": record["path"],
             }
             if config == "summary":
-                truncated = normalised(_truncation_text(session, engine, question["text"], record["target_tokens"]))
+                truncated = normalised(
+                    _truncation_text(session, session.engine, question["text"], record["target_tokens"])
+                )
                 row["truncation_evidence"] = any(text in truncated for text in evidence)
                 row["truncation_answer"] = question["answer"].lower() in truncated.lower()
             rows.append(row)

@@ -35,19 +35,15 @@ django.setup()
 from asgiref.sync import sync_to_async  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
+from chatapp.chats.memory import memory_key_of  # noqa: E402
 from chatapp.models import ChatSession, Message  # noqa: E402
-from memory.api import (  # noqa: E402
-    ContextRequest,
-    IncrementLoader,
-    MemoryBudget,
-    MemoryEngine,
-    OrmSummaryStore,
-    SummarizerChain,
-    SummaryRequest,
-    get_counter,
-    session_memory_delete,
-)
+from memory.api import ContextRequest, SummaryRequest, get_counter  # noqa: E402
 from memory.api import Message as WireMessage  # noqa: E402
+from memory.context.budget import MemoryBudget  # noqa: E402
+from memory.context.builder import ContextBuilder  # noqa: E402
+from memory.context.request import IncrementLoader  # noqa: E402
+from memory.storage.summaries import OrmSummaryStore, session_memory_delete  # noqa: E402
+from memory.summary.chain import SummarizerChain  # noqa: E402
 
 SIZES = (10, 100, 1_000, 10_000)
 COUNTER = get_counter("gpt-4o-mini")
@@ -93,11 +89,11 @@ async def load_increment_for(session_id: int) -> IncrementLoader:
     return loader
 
 
-async def measure(size: int, requests: int, engine: MemoryEngine) -> list[float]:
+async def measure(size: int, requests: int, engine: ContextBuilder) -> list[float]:
     session = await sync_to_async(seed)(size)
     loader = await load_increment_for(session.pk)
     request = ContextRequest(
-        memory_key=ChatSession.memory_key_for(session.pk), system_prompt=SYSTEM, load_increment=loader, mode="agent"
+        memory_key=memory_key_of(session.pk), system_prompt=SYSTEM, load_increment=loader, mode="agent"
     )
     # Reach the steady state: the first request compresses the long history once.
     await sync_to_async(add)(session, size if size % 2 == 0 else size + 1)
@@ -122,7 +118,7 @@ def percentile(values: list[float], fraction: float) -> float:
 
 
 async def main(args: argparse.Namespace) -> None:
-    engine = MemoryEngine(
+    engine = ContextBuilder(
         budget=MemoryBudget(context_window=args.window),
         chain=SummarizerChain(primary=InstantSummarizer(), backoff=0),
         counter=COUNTER,

@@ -55,8 +55,8 @@ from django.test import override_settings  # noqa: E402
 
 from chatapp.chats import services  # noqa: E402
 from chatapp.chats.access import Owner  # noqa: E402
+from chatapp.chats.memory import memory_engine  # noqa: E402
 from chatapp.conversation import leases  # noqa: E402
-from chatapp.conversation.memory_jobs import memory_job_runner  # noqa: E402
 from chatapp.conversation.replay import locomo_conversation  # noqa: E402
 from chatapp.conversation.runner import chat_turn_run  # noqa: E402
 from chatapp.models import ModelCall  # noqa: E402
@@ -115,7 +115,7 @@ async def run_mode(mode: str, texts: list[str], gap: float, window: int) -> tupl
             ttfts.append((await asyncio.wait_for(listening, 30) - started) * 1000)
             await layer.group_discard(group, channel)
             await asyncio.sleep(gap)
-        await memory_job_runner().wait(str(session.pk), 60)
+        await memory_engine().jobs().wait(str(session.pk), 60)
         return ttfts, await sync_to_async(summarizer_waits)(session.pk)
 
 

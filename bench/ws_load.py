@@ -195,14 +195,15 @@ def jobs_check(visitors: list[tuple[str, int]]) -> int:
     chat's newest message id): the deferred work was done, not skipped."""
     from django.db import connections
 
-    from chatapp.models import ChatSession, Message
+    from chatapp.chats.memory import memory_key_of
+    from chatapp.models import Message
     from memory.models import MemoryJobState
 
     done = 0
     for _, chat_id in visitors:
         rows = Message.objects.filter(session_id=chat_id).exclude(origin=Message.Origin.APP)
         newest = rows.order_by("-id").values_list("id", flat=True).first()
-        state = MemoryJobState.objects.filter(memory_key=ChatSession.memory_key_for(chat_id)).first()
+        state = MemoryJobState.objects.filter(memory_key=memory_key_of(chat_id)).first()
         if newest is not None and state is not None and (state.watermarks or {}).get("index") == newest:
             done += 1
     connections.close_all()

@@ -45,18 +45,6 @@ class ChatSession(models.Model):
     def __str__(self) -> str:
         return self.title or f"Chat {self.pk}"
 
-    @staticmethod
-    def memory_key_for(session_id: int) -> str:
-        """The memory engine's key of chat session ``session_id`` (its primary key as text): the
-        one place the chat app names a conversation to the ``memory`` app."""
-        return str(session_id)
-
-    @staticmethod
-    def session_id_for(memory_key: str) -> int:
-        """The chat session id that :meth:`memory_key_for` named ``memory_key``; ValueError for a
-        key it never makes."""
-        return int(memory_key)
-
 
 class Message(models.Model):
     """One wire message of a session.

@@ -11,7 +11,6 @@ app's models (the chat app uses its session's primary key).
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any
 
 from django.db import models
 from django.db.models import Q
@@ -97,14 +96,10 @@ class CompressionEvent(models.Model):
     def __str__(self) -> str:
         return f"{self.kind} of {self.memory_key} #{self.pk}"
 
-    def as_dict(self) -> dict[str, Any]:
-        """The JSON form sent to clients: every :class:`~memory.store.CompressionRecord` field,
-        plus ``id`` and ``created_at`` (ISO 8601)."""
-        return {
-            "id": self.pk,
-            "created_at": self.created_at.isoformat() if self.created_at else None,
-            **{f.name: getattr(self, f.name) for f in fields(CompressionRecord)},
-        }
+    def as_record(self) -> CompressionRecord:
+        """This row as the engine's :class:`~memory.summary.store.CompressionRecord`."""
+        values = {f.name: getattr(self, f.name) for f in fields(CompressionRecord)}
+        return CompressionRecord(**{**values, "id": self.pk, "created_at": self.created_at.isoformat()})
 
 
 class MemoryJobState(models.Model):

@@ -3,11 +3,16 @@ owner app. Each is a small protocol."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from memory.context.request import ContextRequest
+    from memory.facts.values import KeyFact
+    from memory.summary.store import CompressionRecord, Summary
 
 EmbedKind = Literal["query", "passage"]
 
@@ -83,3 +88,77 @@ class Summarizer(Protocol):
     model: str
 
     async def summarize(self, request: SummaryRequest) -> str | SummaryReply: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoredMessages:
+    """A batch of a conversation's stored messages for the memory job: ``scope_key``, the owner's
+    opaque key (docs/memory.md §11, "scope"); ``messages``, wire dicts plus ``id`` and
+    ``created_at`` (aware datetime), oldest first; ``calls``, for tool results whose call was
+    stored before the batch, tool-call id → (its message id, the call)."""
+
+    scope_key: str
+    messages: list[dict[str, Any]]
+    calls: dict[str, tuple[int, dict[str, Any]]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class NextRequest:
+    """What the conversation's next model call will carry besides its history (pre-compression,
+    docs/memory.md §10): ``request``, the request as the owning app would make it now;
+    ``reserve_share``, the share of the target it keeps for content not known yet (knowledge-base
+    passages); ``last_message_id``, the newest stored message."""
+
+    request: ContextRequest
+    reserve_share: float
+    last_message_id: int
+
+
+class ConversationSource(Protocol):
+    """The owning app's side of a conversation (named by its ``memory_key``): its stored messages,
+    its owner, its title, whether it still exists, and where to tell what memory did.
+
+    Reads and :meth:`notify` are coroutines; :meth:`alive` and :meth:`titles` run inside the
+    engine's own database work (a write's transaction, a search), so they are synchronous.
+    """
+
+    async def messages_after(self, memory_key: str, *, after: int | None, limit: int) -> StoredMessages | None:
+        """Up to ``limit`` stored messages with an id above ``after`` (all when None), the app's
+        own notes left out (docs/memory.md F-37); None when the conversation is gone."""
+        ...
+
+    async def has_messages_after(self, memory_key: str, *, after: int | None) -> bool:
+        """Whether :meth:`messages_after` would return any message."""
+        ...
+
+    async def next_request(self, memory_key: str) -> NextRequest | None:
+        """The conversation's next request (None when it is gone or empty)."""
+        ...
+
+    def titles(self, memory_keys: set[str]) -> Mapping[str, str]:
+        """The titles of those conversations (for recalled items' provenance)."""
+        ...
+
+    def alive(self, memory_key: str) -> bool:
+        """See :data:`ConversationAlive`."""
+        ...
+
+    async def notify(self, memory_key: str, notice: Notice) -> None:
+        """Tell the conversation's open pages what memory just did (never raises)."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Notice:
+    """What memory did outside a request: ``compressions`` recorded by the memory job, the
+    ``summary`` as it is now, or every key fact of the conversation after new ones (``facts``)."""
+
+    compressions: Sequence[CompressionRecord] = ()
+    summary: Summary | None = None
+    facts: Sequence[KeyFact] | None = None
+
+
+RunSync = Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]]
+"""How the engine runs synchronous database work from async code: ``run_sync(func)`` returns a
+coroutine function calling ``func`` on a database thread (asgiref's ``sync_to_async`` by
+default; the owning app may pass its own bounded pool)."""

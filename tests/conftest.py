@@ -53,10 +53,10 @@ def embeddings_only_when_asked(settings: Any) -> None:
     """Recall runs lexical-only unless a test selects an embedder (docs/memory.md §12): the
     bundled model would make every test that runs a memory job slower, and the endpoint needs a
     server. The process's recall caches (vectors, owners known to have embeddings) start empty."""
-    from memory.api import recall_cache_clear
+    from memory.api import MemoryEngine
 
     settings.EMBEDDING_BACKEND = "none"
-    recall_cache_clear()
+    MemoryEngine.caches_clear()
 
 
 @pytest.fixture(autouse=True)

@@ -31,19 +31,10 @@ from asgiref.sync import sync_to_async
 from django.utils import timezone
 from django.utils.text import slugify
 
+from chatapp.chats.memory import memory_engine, memory_key_of
 from chatapp.chats.selectors import message_last_id, message_list_between
 from chatapp.models import ChatSession, Message
-from memory.api import (
-    CompressionEvent,
-    KeyFact,
-    compression_event_list,
-    compression_event_list_after,
-    key_fact_list,
-    memory_job_state_get,
-    session_summary_get,
-    session_summary_kind,
-    summary_kind,
-)
+from memory.api import CompressionRecord, KeyFact
 
 # The JSON document's "format" and "version" (docs/export.md): a reader checks both.
 EXPORT_FORMAT_NAME = "kestrel-chat-export"
@@ -97,10 +88,11 @@ class ExportHead:
 
 def chat_export_head_get(*, session: ChatSession) -> ExportHead:
     """The head of ``session``'s export (no access check: callers authorize). Seven queries."""
-    memory_key = ChatSession.memory_key_for(session.pk)
-    newest_events = compression_event_list(memory_key=memory_key, limit=1)
-    summary = session_summary_get(memory_key=memory_key)
-    job = memory_job_state_get(memory_key=memory_key).as_dict()
+    memory_key = memory_key_of(session.pk)
+    engine = memory_engine()
+    newest_events = engine.events(memory_key, limit=1)
+    summary = engine.summary(memory_key)
+    job = engine.job_state(memory_key).as_dict()
     job.pop("lease_owner", None)  # a worker's name: the server's business, not the chat's
     return ExportHead(
         exported_at=timezone.now().isoformat(),
@@ -113,18 +105,18 @@ def chat_export_head_get(*, session: ChatSession) -> ExportHead:
         },
         as_of={
             "last_message_id": message_last_id(session_id=session.pk),
-            "last_compression_event_id": newest_events[0].pk if newest_events else None,
+            "last_compression_event_id": newest_events[0].id if newest_events else None,
         },
         summary={
             "summary_type": summary.summary_type,
-            "summary_kind": session_summary_kind(memory_key=memory_key, summary=summary),
+            "summary_kind": engine.summary_kind(memory_key, summary),
             "content": summary.content,
             "boundary": summary.last_message_id,
             "compressed_count": summary.compressed_count,
             "version": summary.version,
         },
         memory_job=job,
-        key_facts=[key_fact_dict(fact) for fact in key_fact_list(memory_key=memory_key)],
+        key_facts=[key_fact_dict(fact) for fact in engine.facts(memory_key)],
     )
 
 
@@ -146,33 +138,33 @@ def message_dict(message: Message) -> dict[str, Any]:
     return message.as_dict()
 
 
-def summary_version_dict(event: CompressionEvent) -> dict[str, Any]:
+def summary_version_dict(event: CompressionRecord) -> dict[str, Any]:
     """The summary version a ``compression`` event wrote: ``version``, ``summary_type``
     (``llm``/``raw``), ``summary_kind`` (who wrote it: ``llm``, ``extractive`` or ``raw``,
-    :func:`memory.api.summary_kind`), ``boundary`` (the last message id it covers), ``compressed_messages``
+    ``boundary`` (the last message id it covers), ``compressed_messages``
     (messages folded in by that write), ``degraded``, ``created_at``, ``compression_event_id``
     and ``content`` (the whole text)."""
     return {
         "version": event.summary_version,
         "summary_type": event.result_type,
-        "summary_kind": summary_kind(event.result_type, event.attempts or []),
+        "summary_kind": event.summary_kind,
         "boundary": event.boundary_after,
         "compressed_messages": event.messages_summarized,
         "degraded": event.degraded,
-        "created_at": event.created_at.isoformat() if event.created_at else None,
-        "compression_event_id": event.pk,
+        "created_at": event.created_at,
+        "compression_event_id": event.id,
         "content": event.summary_content,
     }
 
 
-def compression_event_dict(event: CompressionEvent) -> dict[str, Any]:
+def compression_event_dict(event: CompressionRecord) -> dict[str, Any]:
     """A compression event as exported: every field of ``CompressionEvent.as_dict`` but
     ``summary_content`` (a written summary is in ``summary_versions`` under its
     ``summary_version``; the text of a ``superseded`` event was never stored as the summary),
-    plus ``summary_kind`` (who wrote its result, :func:`memory.api.summary_kind`)."""
+    plus ``summary_kind`` (who wrote its result)."""
     data = event.as_dict()
     data.pop("summary_content", None)
-    data["summary_kind"] = summary_kind(event.result_type, event.attempts or [])
+    data["summary_kind"] = event.summary_kind
     return data
 
 
@@ -210,7 +202,7 @@ async def chat_export_stream(
         pages = _event_page(session.pk, head.as_of["last_compression_event_id"], page_size)
         async for events in _pages(pages):
             if section == "summary_versions":
-                versions = [event for event in events if event.kind == CompressionEvent.Kind.COMPRESSION]
+                versions = [event for event in events if event.kind == "compression"]
                 yield renderer.summary_versions([summary_version_dict(event) for event in versions])
             else:
                 yield renderer.compression_events([compression_event_dict(event) for event in events])
@@ -232,12 +224,13 @@ def _message_page(session_id: int, up_to_id: int | None, size: int) -> PageReade
 
 
 def _event_page(session_id: int, up_to_id: int | None, size: int) -> PageReader:
-    memory_key = ChatSession.memory_key_for(session_id)
+    memory_key = memory_key_of(session_id)
+    engine = memory_engine()
 
-    def read(after_id: int) -> list[CompressionEvent]:
+    def read(after_id: int) -> list[CompressionRecord]:
         if up_to_id is None:
             return []
-        return compression_event_list_after(memory_key=memory_key, after_id=after_id, up_to_id=up_to_id, limit=size)
+        return engine.events_page(memory_key, after_id=after_id, up_to_id=up_to_id, limit=size)
 
     return read
 
@@ -250,7 +243,8 @@ async def _pages(read: PageReader) -> AsyncIterator[list[Any]]:
         if not page:
             return
         yield page
-        after_id = page[-1].pk
+        last = page[-1]
+        after_id = last.pk if isinstance(last, Message) else last.id
 
 
 # ----------------------------------------------------------------------------------------------

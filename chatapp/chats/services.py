@@ -12,22 +12,16 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from chatapp.chats.access import Owner
+from chatapp.chats.memory import chat_session_lock, chat_session_scope_key, memory_engine, memory_key_of
 from chatapp.llm.clients import chat_endpoint
 from chatapp.models import ChatSession, Message, ModelCall, TurnLease
 from chatapp.realtime.broadcast import event_broadcast_on_commit, session_sockets_close_on_commit
 from chatapp.realtime.protocol import ChatMessageEvent
-from memory.api import (
-    KeyFact,
-    get_counter,
-    key_facts_store_rule,
-    message_rule_facts,
-    session_memory_delete,
-    value_spans,
-)
+from memory.api import KeyFact, get_counter, value_spans
 
 # The longest title a chat gets from its first message, in characters (a rename allows 200).
 TITLE_MAX_CHARS = 60
@@ -115,45 +109,14 @@ def chat_session_delete(*, session: ChatSession) -> None:
     the session's turns and close with code 4404.
 
     The session row is locked first, so a memory write of a turn or compression still running
-    (guarded by :func:`chat_session_memory_alive`) either commits before and is deleted here, or
+    (guarded by the memory source's ``alive``) either commits before and is deleted here, or
     waits and then sees the session gone: nothing of the chat survives (docs/memory.md F-41)."""
     session_id = session.pk
     with transaction.atomic():
-        _session_lock(session_id)
-        session_memory_delete(memory_key=ChatSession.memory_key_for(session_id))
+        chat_session_lock(session_id)
+        memory_engine().forget(memory_key_of(session_id))
         session.delete()
         session_sockets_close_on_commit(session_id)
-
-
-def _session_lock(session_id: int) -> bool:
-    """Whether session ``session_id`` exists, its row locked until the transaction ends where the
-    database has row locks (SQLite needs none: its transactions begin IMMEDIATE, settings.py,
-    which already serializes writers)."""
-    rows = ChatSession.objects.filter(pk=session_id)
-    if connection.features.has_select_for_update:
-        rows = rows.select_for_update()
-    return rows.exists()
-
-
-def chat_session_memory_alive(memory_key: str) -> bool:
-    """The memory engine's write guard (``OrmSummaryStore(alive=...)``, run inside each memory
-    write's transaction): whether the chat session named by ``memory_key``
-    (:meth:`ChatSession.memory_key_for`) still exists, its row locked so that
-    :func:`chat_session_delete` cannot run between this check and the write (docs/memory.md F-41).
-    A key that names no session (not an integer) is not alive."""
-    try:
-        session_id = ChatSession.session_id_for(memory_key)
-    except ValueError:
-        return False
-    return _session_lock(session_id)
-
-
-def chat_session_scope_key(*, owner_id: int | None, owner_session_key: str) -> str:
-    """The memory app's ``scope_key`` of a chat session's owner (its key facts are stored under
-    it, docs/memory.md §11): ``user:<user id>`` for a user's session, ``anon:<Django session
-    key>`` for an anonymous browser's, from the session's owner columns (what
-    :func:`chat_session_create` stored from the :class:`~chatapp.chats.access.Owner`)."""
-    return f"user:{owner_id}" if owner_id is not None else f"anon:{owner_session_key}"
 
 
 def message_facts_store(*, message: Message, scope_key: str | None = None) -> list[KeyFact]:
@@ -177,16 +140,15 @@ def message_facts_store(*, message: Message, scope_key: str | None = None) -> li
         "tool_calls": message.tool_calls,
         "created_at": message.created,
     }
+    engine = memory_engine()
     if scope_key is None:
-        if not message_rule_facts(stored):
+        if not engine.has_rule_facts(stored):
             return []
         owner = ChatSession.objects.filter(pk=message.session_id).values_list("owner_id", "owner_session_key").first()
         if owner is None:
             return []
         scope_key = chat_session_scope_key(owner_id=owner[0], owner_session_key=owner[1])
-    return key_facts_store_rule(
-        memory_key=ChatSession.memory_key_for(message.session_id), scope_key=scope_key, messages=[stored]
-    )
+    return engine.facts_on_store(memory_key_of(message.session_id), scope_key=scope_key, messages=[stored])
 
 
 def message_token_count(wire: dict[str, Any]) -> int:

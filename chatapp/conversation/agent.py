@@ -1,7 +1,6 @@
 """Agent mode (docs/memory.md §7): model call -> tool calls -> tool results -> model call ...
 
-The memory engine runs as a before-model middleware (``AgentMemoryMiddleware.before_model``)
-before *every* model call, after the previous step's messages were stored, so the context of each
+The memory engine (``MemoryEngine.before_model``) runs before *every* model call, after the previous step's messages were stored, so the context of each
 step includes the tool chain of the current turn and is compressed as needed. The loop ends with
 a final answer, or at ``settings.AGENT_MAX_STEPS`` model calls: the last allowed call is offered no
 tools, so it must answer with what it has.
@@ -11,18 +10,12 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from chatapp.conversation.tools import TOOL_SCHEMAS, tool_call_execute
+from chatapp.conversation.tools import tool_call_execute
 from chatapp.conversation.turn import ModelCallFailed, Turn, TurnStopped
+from chatapp.llm.prompts import AGENT_PROMPT, TOOL_SCHEMAS
 from chatapp.models import Message
 from chatapp.realtime.protocol import AGENT_STEP_LIMIT
-from memory.api import AgentMemoryMiddleware
 
-AGENT_PROMPT = (
-    "You are the assistant of Kestrel Sync, a file sync and backup service. Use the kb_search tool "
-    "to look up product facts (plans, prices, limits, security, troubleshooting) before answering "
-    "questions about them, and the calculator tool for arithmetic. Quote numbers exactly. Answer "
-    "concisely; if the knowledge base has no answer, say so."
-)
 STOPPED_TOOL_RESULT = "error: not run, the user stopped the turn"
 
 
@@ -36,14 +29,13 @@ async def agent_turn_run(turn: Turn) -> Message:
     model still called tools at the step limit).
     """
     max_steps = settings.AGENT_MAX_STEPS
-    middleware = AgentMemoryMiddleware(turn.engine)
     for step in range(1, max_steps + 1):
         if turn.stop_requested():
             return await turn.stopped("", step=step)
         last_step = step == max_steps
         # The estimate must match what is sent: the last step carries no tool schemas.
         tools = None if last_step else TOOL_SCHEMAS
-        ctx = await middleware.before_model(await turn.context_request(system_prompt=AGENT_PROMPT, tools=tools))
+        ctx = await turn.engine.before_model(await turn.context_request(system_prompt=AGENT_PROMPT, tools=tools))
         if ctx.overflow:
             return await turn.overflow(ctx, step=step)
         try:

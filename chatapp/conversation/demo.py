@@ -33,8 +33,8 @@ from typing import Literal
 from django.conf import settings
 
 from chatapp.chats import selectors
+from chatapp.chats.memory import memory_engine, memory_key_of
 from chatapp.conversation.leases import user_message_submit
-from chatapp.conversation.memory_jobs import memory_job_runner
 from chatapp.conversation.runner import ChatSessionDeleted, chat_turn_start
 from chatapp.llm.offline.faults import OfflineOverrides, offline_overrides
 from chatapp.models import ChatSession, Message
@@ -120,7 +120,7 @@ async def demo_run(*, session_id: int, script: tuple[DemoStep, ...] = DEMO_SCRIP
     what storing a user message raises when the database fails, and for cancellation of the
     calling task."""
     thinking, pause = demo_step_seconds()
-    memory_key = ChatSession.memory_key_for(session_id)
+    memory_key = memory_key_of(session_id)
     outcome = DemoOutcome()
     _cancelled.discard(session_id)
     for number, step in enumerate(script, 1):
@@ -167,7 +167,7 @@ async def _memory_job_run(memory_key: str, number: int) -> None:
     """Run the session's memory job to completion now, in this context (so an outage of this
     step holds for its summarizer requests), waiting at most :data:`JOB_WAIT_SECONDS`; a job
     that takes longer goes on in the background. Never raises but for cancellation."""
-    job = asyncio.ensure_future(memory_job_runner().run_now(memory_key))
+    job = asyncio.ensure_future(memory_engine().run_jobs(memory_key))
     done, _ = await asyncio.wait({job}, timeout=JOB_WAIT_SECONDS)
     if not done:
         logger.warning("demo of %s: the memory job outlasted step %s", memory_key, number)

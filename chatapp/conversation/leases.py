@@ -16,21 +16,20 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Collection
-from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
+from chatapp.chats.memory import chat_session_scope_key
 from chatapp.chats.services import (
-    chat_session_scope_key,
     chat_session_title_from_text,
     message_facts_store,
     message_token_count,
     reply_message_store,
 )
+from chatapp.chats.turns import lease_alive, lease_cutoff, pending_turns, turn_in_flight_list, turn_interrupted_list
 from chatapp.models import ChatSession, Message, TurnLease
 from chatapp.orm_threads import orm_async
 from chatapp.realtime.broadcast import event_broadcast_on_commit
@@ -57,91 +56,6 @@ def _without_final_reply(messages: QuerySet[Message]) -> QuerySet[Message]:
     ``tool_calls``) yet."""
     final_reply = Message.objects.filter(reply_to=OuterRef("pk"), role=Message.Role.ASSISTANT, tool_calls__isnull=True)
     return messages.exclude(Exists(final_reply))
-
-
-def _pending_turns_sql() -> str:
-    """The SQL of :func:`_pending_turns` (one parameter: the session id), the same on SQLite and
-    PostgreSQL. Written out because every socket event and every turn asks it several times and
-    the ORM spent about 3 ms of CPU building each ``Exists`` query (SQLite ran it in 0.2 ms)."""
-    quote = connection.ops.quote_name
-    message, lease = quote(Message._meta.db_table), quote(TurnLease._meta.db_table)
-    return (
-        f"SELECT m.id, l.heartbeat FROM {message} m LEFT JOIN {lease} l ON l.user_message_id = m.id "
-        f"WHERE m.session_id = %s AND m.role = '{Message.Role.USER.value}' AND NOT EXISTS ("
-        f"SELECT 1 FROM {message} r WHERE r.reply_to_id = m.id "
-        f"AND r.role = '{Message.Role.ASSISTANT.value}' AND r.tool_calls IS NULL) "
-        "ORDER BY m.id"
-    )
-
-
-def _pending_turns(session_id: int) -> list[tuple[int, datetime | None]]:
-    """``(user message id, lease heartbeat or None)`` of every turn of the session without a final
-    reply (an assistant message without ``tool_calls``), ascending id: the turns in flight and the
-    interrupted ones. One query."""
-    with connection.cursor() as cursor:
-        cursor.execute(_pending_turns_sql(), [session_id])
-        rows = cursor.fetchall()
-    return [(int(message_id), _aware(heartbeat)) for message_id, heartbeat in rows]
-
-
-def _aware(value: datetime | str | None) -> datetime | None:
-    """A heartbeat as the driver returned it, as an aware datetime (SQLite stores naive UTC)."""
-    if isinstance(value, str):
-        value = parse_datetime(value)
-    if value is not None and timezone.is_naive(value):
-        value = timezone.make_aware(value, UTC)
-    return value
-
-
-def _lease_cutoff() -> datetime:
-    """Heartbeats at or after this moment are fresh: within ``CHAT_TURN_LEASE_SECONDS`` and, when
-    the app is one process (``CHAT_TURN_LEASES_ONE_PROCESS``, the embedded default), not older
-    than this process (:data:`PROCESS_STARTED`): no other process can be renewing them."""
-    cutoff = timezone.now() - timedelta(seconds=settings.CHAT_TURN_LEASE_SECONDS)
-    return max(cutoff, PROCESS_STARTED) if settings.CHAT_TURN_LEASES_ONE_PROCESS else cutoff
-
-
-# When this process started (its module was imported): see :func:`_lease_cutoff`.
-PROCESS_STARTED = timezone.now()
-
-
-def _alive(heartbeat: datetime | None, cutoff: datetime) -> bool:
-    return heartbeat is not None and heartbeat >= cutoff
-
-
-def turn_in_flight_list(*, session_id: int) -> list[int]:
-    """Ids of the session's user messages whose turn is in flight, ascending: no final reply (an
-    assistant message without ``tool_calls``) yet, and a fresh lease (:class:`TurnLease`), so
-    running or queued on some worker right now. These are the turns a client sees as pending."""
-    cutoff = _lease_cutoff()
-    return [message_id for message_id, heartbeat in _pending_turns(session_id) if _alive(heartbeat, cutoff)]
-
-
-def turn_in_flight_first_id(*, session_id: int) -> int | None:
-    """The id of the session's oldest user message whose turn is in flight (see
-    :func:`turn_in_flight_list`), or None. Memory compression must not summarize from there on
-    while that turn runs (docs/memory.md F-26); an interrupted turn pins nothing."""
-    return next(iter(turn_in_flight_list(session_id=session_id)), None)
-
-
-def turn_lease_next_expiry(*, session_id: int, exclude: Collection[int] = ()) -> datetime | None:
-    """When the first lease of the session's turns in flight runs out (its heartbeat plus
-    ``CHAT_TURN_LEASE_SECONDS``), leaving out the turns ``exclude`` (e.g. those running in this
-    process, which keep renewing theirs); None when there is no such turn."""
-    excluded = set(exclude)
-    heartbeats = [
-        heartbeat
-        for message_id, heartbeat in _pending_turns(session_id)
-        if heartbeat is not None and message_id not in excluded
-    ]
-    return min(heartbeats) + timedelta(seconds=settings.CHAT_TURN_LEASE_SECONDS) if heartbeats else None
-
-
-def turn_interrupted_list(*, session_id: int) -> list[int]:
-    """Ids of the session's user messages whose turn was interrupted, ascending: no final reply,
-    and no fresh lease (the worker running it stopped, e.g. a server restart mid-reply)."""
-    cutoff = _lease_cutoff()
-    return [message_id for message_id, heartbeat in _pending_turns(session_id) if not _alive(heartbeat, cutoff)]
 
 
 def user_message_submit(
@@ -261,14 +175,14 @@ def turns_interrupted_close_first_in_flight(*, session_id: int, exclude: Collect
     """:func:`turns_interrupted_close` (``exclude`` likewise), then the session's
     :func:`turn_in_flight_first_id`, reading the session's pending turns once when none was
     interrupted (the usual case) instead of twice: what a turn needs as it opens."""
-    cutoff = _lease_cutoff()
+    cutoff = lease_cutoff()
     excluded = set(exclude)
-    pending = _pending_turns(session_id)
-    if any(not _alive(heartbeat, cutoff) and message_id not in excluded for message_id, heartbeat in pending):
+    pending = pending_turns(session_id)
+    if any(not lease_alive(heartbeat, cutoff) and message_id not in excluded for message_id, heartbeat in pending):
         turns_interrupted_close(session_id=session_id, exclude=excluded)
-        cutoff = _lease_cutoff()
-        pending = _pending_turns(session_id)
-    return next((message_id for message_id, heartbeat in pending if _alive(heartbeat, cutoff)), None)
+        cutoff = lease_cutoff()
+        pending = pending_turns(session_id)
+    return next((message_id for message_id, heartbeat in pending if lease_alive(heartbeat, cutoff)), None)
 
 
 # Heartbeats per lease period: two may be missed (a slow database write) before a live turn

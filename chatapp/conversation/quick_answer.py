@@ -12,22 +12,16 @@ from django.conf import settings
 from chatapp.chats import selectors
 from chatapp.conversation.turn import ModelCallFailed, Turn, TurnStopped
 from chatapp.kb.search import Passage, kb_search, passages_fit, passages_format
+from chatapp.llm.prompts import NO_PASSAGES, system_prompt_with
 from chatapp.models import Message
 from chatapp.orm_threads import orm_async
 from chatapp.realtime.protocol import ChatRetrievalEvent
-
-QUICK_ANSWER_PROMPT = (
-    "You are the support assistant of Kestrel Sync. Answer the user's question from the knowledge "
-    "base passages below and the conversation so far. Quote numbers exactly. If the passages do "
-    "not contain the answer, say so briefly instead of guessing."
-)
 
 
 def quick_answer_system_prompt(passages: list[Passage]) -> str:
     """The system prompt of a quick answer: the instructions, then the retrieved ``passages``
     (``[n] title`` blocks, :func:`chatapp.kb.search.passages_format`) or a note that none matched."""
-    knowledge = passages_format(passages) if passages else "(no passage matched the question)"
-    return f"{QUICK_ANSWER_PROMPT}\n\nKnowledge base passages:\n\n{knowledge}"
+    return system_prompt_with(passages_format(passages) if passages else NO_PASSAGES)
 
 
 def _question_search(*, message_id: int, question: str | None = None) -> list[Passage]:
@@ -49,9 +43,7 @@ async def quick_answer_run(turn: Turn) -> Message:
             passages=[{key: value for key, value in p.as_dict().items() if key != "text"} for p in passages],
         )
     )
-    ctx = await turn.engine.build_context(
-        await turn.context_request(system_prompt=quick_answer_system_prompt(passages))
-    )
+    ctx = await turn.engine.context(await turn.context_request(system_prompt=quick_answer_system_prompt(passages)))
     if ctx.overflow:
         return await turn.overflow(ctx, step=1)
     try:

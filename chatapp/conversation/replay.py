@@ -19,7 +19,6 @@ each as the next user turn that is never stored (docs/replay.md, "Questions").
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from collections.abc import Iterator
@@ -28,36 +27,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from asgiref.sync import async_to_sync, sync_to_async
-from django.conf import settings
 
 from chatapp.chats import selectors, services
 from chatapp.chats.access import Owner
+from chatapp.chats.memory import ChatConversations, chat_session_scope_key, memory_config, memory_engine, memory_key_of
 from chatapp.conversation import leases
-from chatapp.conversation.memory_jobs import (
-    EmbedItems,
-    FactExtraction,
-    IndexMessages,
-    NextRequest,
-    PreCompression,
-)
-from chatapp.conversation.recall import TurnRecall
-from chatapp.conversation.turn import memory_engine_build
 from chatapp.llm.clients import chat_endpoint
-from chatapp.models import ChatSession, Message, TurnLease
-from memory.api import (
-    AgentMemoryMiddleware,
-    Compression,
-    ContextRequest,
-    JobStep,
-    KeyFact,
-    MemoryContext,
-    MemoryEngine,
-    MemoryJobRunner,
-    Mode,
-    OrmJobStore,
-    RecallLoader,
-    key_fact_list_active,
-)
+from chatapp.models import Message, TurnLease
+from memory.api import ContextRequest, MemoryConfig, MemoryContext, NextRequest, Notice, TurnRecall
 
 Format = Literal["tau-bench", "locomo"]
 # Every replayed conversation belongs to this owner (memory scope key ``anon:replay``): with
@@ -206,15 +183,33 @@ def locomo_conversation(data: Any, name: str) -> Conversation:
     return Conversation(name=name, system_prompt=prompt, messages=messages, turn_ids=turn_ids, questions=questions)
 
 
-class ReplayJobs:
-    """The memory jobs of a replay (:class:`memory.api.CompressionJobs`): a request never waits,
-    and the work it hands over (``schedule``) is done by :meth:`run_if_due` before the next model
-    call, so the replay is deterministic. ``runner`` runs the session's job; ``step`` is its
-    pre-compression step (None in ``sync`` mode, where the job only extracts key facts)."""
+class ReplayConversations(ChatConversations):
+    """Chat sessions as a replay sees them: reads on the replay's own connection, the recorded
+    system prompt in the next request (pre-compression plans with it), and the compressions the
+    memory job reports kept (``compressions``, their JSON form) instead of sent to sockets."""
 
-    def __init__(self, runner: MemoryJobRunner, step: PreCompression | None) -> None:
-        self.runner = runner
-        self.step = step
+    def __init__(self, system_prompt: str) -> None:
+        super().__init__(run_sync=sync_to_async)
+        self.system_prompt = system_prompt
+        self.compressions: list[dict[str, Any]] = []
+
+    async def next_request(self, memory_key: str) -> NextRequest | None:
+        planned = await super().next_request(memory_key)
+        if planned is None:
+            return None
+        request = replace(planned.request, system_prompt=self.system_prompt, tools=None)
+        return replace(planned, request=request, reserve_share=0.0)
+
+    async def notify(self, memory_key: str, notice: Notice) -> None:
+        self.compressions.extend(record.as_dict() for record in notice.compressions)
+
+
+class ReplayJobs:
+    """Where a replay's requests hand their compression: a request never waits, and the work it
+    hands over (``schedule``) is done by :meth:`run_if_due` before the next model call, so the
+    replay is deterministic."""
+
+    def __init__(self) -> None:
         self.due = False
 
     async def wait(self, memory_key: str, timeout_seconds: float) -> bool:
@@ -223,26 +218,15 @@ class ReplayJobs:
     def schedule(self, memory_key: str) -> None:
         self.due = True
 
-    def run_if_due(self, memory_key: str, *, reply_stored: bool) -> list[dict[str, Any]]:
-        """Run the job to completion when a final reply was stored since the last model call or
-        a request asked for it; returns the compression events it recorded."""
-        if not (self.due or reply_stored):
-            return []
-        self.due = False
-        if self.step is not None:
-            self.step.last_events = []
-        async_to_sync(self.runner.run_now)(memory_key)
-        return self.step.last_events if self.step is not None else []
-
 
 def conversation_replay(
-    conversation: Conversation, *, engine: MemoryEngine, mode: Literal["agent", "quick-answer"]
+    conversation: Conversation, *, config: MemoryConfig, mode: Literal["agent", "quick-answer"]
 ) -> Iterator[dict[str, Any]]:
     """Store ``conversation`` message by message in a fresh session; before each assistant
     message yield the replay record of that model call (see the README's replay contract).
     In background mode the session's memory job runs between model calls (see the module
     docstring). :class:`ReplaySession` also asks questions afterwards."""
-    yield from ReplaySession(conversation, engine=engine, mode=mode).records()
+    yield from ReplaySession(conversation, config=config, mode=mode).records()
 
 
 class ReplaySession:
@@ -256,49 +240,42 @@ class ReplaySession:
         self,
         conversation: Conversation,
         *,
-        engine: MemoryEngine,
+        config: MemoryConfig,
         mode: Literal["agent", "quick-answer"],
         owner: Owner = REPLAY_OWNER,
     ) -> None:
         self.conversation = conversation
-        self.mode: Mode = mode
+        self.mode: Literal["agent", "quick-answer"] = mode
         session = services.chat_session_create(owner=owner, mode=mode, title=conversation.name[:200])
         self.session_id: int = session.pk
-        self.memory_key = ChatSession.memory_key_for(session.pk)
-        self.compression: Compression = "background" if settings.MEMORY_COMPRESSION == "background" else "sync"
-        self.engine = copy.copy(engine)
+        self.memory_key = memory_key_of(session.pk)
+        self.scope_key = chat_session_scope_key(owner_id=session.owner_id, owner_session_key=session.owner_session_key)
+        self.source = ReplayConversations(conversation.system_prompt)
+        self.jobs = ReplayJobs()
+        # The live app's engine and job steps, on the replay's connection, its jobs run in between.
+        self.engine = memory_engine(
+            config=config, source=self.source, run_sync=sync_to_async, compression_jobs=self.jobs
+        )
         self.message_ids: list[int] = []
         self.calls = 0
         self._session = session
         # The newest user message whose turn has no final reply yet (None: none).
         self._open_turn: int | None = None
 
-        def recorded_prompt(_mode: str, _engine: MemoryEngine) -> NextRequest:
-            return conversation.system_prompt, None, 0
-
-        step = (
-            # A replay calls no model: its engine stays uncalibrated, whatever the live factor is.
-            PreCompression(engine_build=lambda _factor: self.engine, next_request=recorded_prompt, orm=sync_to_async)
-            if self.compression == "background"
-            else None
-        )
-        # As in the live app: pre-compression first (the next request waits for it), then extraction,
-        # then indexing for recall and its embeddings.
-        steps: list[JobStep] = [
-            *([step] if step is not None else []),
-            FactExtraction(orm=sync_to_async, max_batches=None),
-            IndexMessages(orm=sync_to_async),
-            EmbedItems(orm=sync_to_async),
-        ]
-        runner = MemoryJobRunner(store=OrmJobStore(), steps=steps, owner="replay", debounce_seconds=0)
-        self.jobs = ReplayJobs(runner, step)
-        if self.compression == "background":
-            self.engine.jobs = self.jobs
+    def _jobs_run_if_due(self, *, reply_stored: bool) -> list[dict[str, Any]]:
+        """Run the session's memory job to completion when a final reply was stored since the
+        last model call or a request handed it work; the compressions it recorded."""
+        if not (self.jobs.due or reply_stored):
+            return []
+        self.jobs.due = False
+        self.source.compressions = []
+        async_to_sync(self.engine.run_jobs)(self.memory_key)
+        return self.source.compressions
 
     def records(self) -> Iterator[dict[str, Any]]:
         """Store the conversation message by message; before each assistant message yield the
         record of that model call (docs/replay.md). Each turn recalls once, its user message
-        being the query (:class:`chatapp.conversation.recall.TurnRecall`); before the first user
+        being the query; before the first user
         message a request has no recall. A recorded user message followed by another one is a turn
         that got no reply: its lease is released when the next one is stored, so it does not pin
         memory as a turn in flight would (docs/memory.md F-26)."""
@@ -308,17 +285,9 @@ class ReplaySession:
         reply_stored = False
         for index, message in enumerate(conversation.messages):
             if message["role"] == "assistant":
-                job_events = self.jobs.run_if_due(self.memory_key, reply_stored=reply_stored)
+                job_events = self._jobs_run_if_due(reply_stored=reply_stored)
                 reply_stored = not message.get("tool_calls")
-                context = _build(
-                    self.engine,
-                    self.session_id,
-                    conversation.system_prompt,
-                    turn_message_id,
-                    self.mode,
-                    self.compression,
-                    recall=recall,
-                )
+                context = self._build(turn_message_id, recall=recall)
                 yield {**self._record(context), "job_events": job_events}
             if message["role"] == "user":
                 self._unanswered_turn_end()
@@ -329,8 +298,8 @@ class ReplaySession:
                     name=message.get("name", ""),
                 )
                 turn_message_id = self._open_turn = stored.pk
-                recall = TurnRecall(
-                    session_id=self.session_id, user_message_id=stored.pk, orm=sync_to_async, deadline=False
+                recall = self.engine.recall(
+                    memory_key=self.memory_key, scope_key=self.scope_key, question=stored.content or ""
                 )
                 self.message_ids.append(stored.pk)
             else:
@@ -360,27 +329,10 @@ class ReplaySession:
         as a real next turn would)."""
         turn_ids = dict(zip(self.conversation.turn_ids, self.message_ids, strict=False))
         self._unanswered_turn_end()
-        job_events = self.jobs.run_if_due(self.memory_key, reply_stored=True)
+        job_events = self._jobs_run_if_due(reply_stored=True)
         for question in questions:
-            context = _build(
-                self.engine,
-                self.session_id,
-                self.conversation.system_prompt,
-                NO_TURN_YET,
-                self.mode,
-                self.compression,
-                recall=TurnRecall(
-                    session_id=self.session_id,
-                    user_message_id=None,
-                    query=question.text,
-                    scope_key=services.chat_session_scope_key(
-                        owner_id=self._session.owner_id, owner_session_key=self._session.owner_session_key
-                    ),
-                    orm=sync_to_async,
-                    deadline=False,
-                ),
-                question=question.text,
-            )
+            recall = self.engine.recall(memory_key=self.memory_key, scope_key=self.scope_key, question=question.text)
+            context = self._build(NO_TURN_YET, recall=recall, question=question.text)
             record = self._record(context)
             record["sources"] = _unstored(record["sources"])
             own = question.conversation == self.conversation.name
@@ -404,8 +356,58 @@ class ReplaySession:
             TurnLease.objects.filter(user_message_id=self._open_turn).delete()
             self._open_turn = None
 
+    def _build(
+        self, turn_message_id: int | None, *, recall: TurnRecall | None, question: str | None = None
+    ) -> MemoryContext:
+        """The context of the next model call, exactly as a live turn builds it."""
+        # Before the first user message (a LoCoMo conversation may open with speaker_b) every
+        # stored message belongs to no turn: the whole session is the increment.
+        last_id = turn_message_id if turn_message_id is not None else NO_TURN_YET
+        session_id = self.session_id
+
+        async def load_increment(boundary: int | None) -> list[dict[str, Any]]:
+            rows: list[dict[str, Any]] = await sync_to_async(selectors.message_list_for_context)(
+                session_id=session_id, boundary=boundary, turn_message_id=last_id
+            )
+            if question is not None:  # the question is the current turn; the engine counts its tokens
+                rows.append({"id": QUESTION_ID, "role": "user", "content": question, "token_count": None})
+            return rows
+
+        request = ContextRequest(
+            memory_key=self.memory_key,
+            system_prompt=self.conversation.system_prompt,
+            load_increment=load_increment,
+            load_recall=recall,
+            mode=self.mode,
+        )
+
+        async def build() -> MemoryContext:
+            if recall is not None:
+                recall.prefetch()  # as a live turn does when it opens
+            if self.mode == "agent":
+                return await self.engine.before_model(request)
+            return await self.engine.context(request)
+
+        context: MemoryContext = async_to_sync(build)()
+        return context
+
     def _record(self, context: MemoryContext) -> dict[str, Any]:
-        record = _record(self.conversation.name, self.calls, self.engine, context, self.session_id)
+        report = context.as_dict()
+        copied = ("context_window", "trigger_tokens", "target_tokens", "messages", "sources", "tokens")
+        record = {
+            "conversation": self.conversation.name,
+            "call": self.calls,
+            **{key: report[key] for key in copied},
+            "summary": {
+                "type": context.summary.summary_type,
+                "last_message_id": context.summary.last_message_id,
+                "compressed_count": context.summary.compressed_count,
+            },
+            "stored_message_ids": list(
+                Message.objects.filter(session_id=self.session_id).order_by("id").values_list("id", flat=True)
+            ),
+            **{key: report[key] for key in ("events", "overflow", "path", "facts", "recall")},
+        }
         self.calls += 1
         return record
 
@@ -422,83 +424,11 @@ def _unstored(sources: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return fixed
 
 
-def _build(
-    engine: MemoryEngine,
-    session_id: int,
-    system_prompt: str,
-    turn_message_id: int | None,
-    mode: Mode,
-    compression: Compression,
-    *,
-    recall: RecallLoader | None = None,
-    question: str | None = None,
-) -> MemoryContext:
-    # Before the first user message (a LoCoMo conversation may open with speaker_b) every stored
-    # message belongs to no turn: the whole session is the increment.
-    last_id = turn_message_id if turn_message_id is not None else NO_TURN_YET
-
-    async def load_increment(boundary: int | None) -> list[dict[str, Any]]:
-        rows = await sync_to_async(selectors.message_list_for_context)(
-            session_id=session_id, boundary=boundary, turn_message_id=last_id
-        )
-        if question is not None:  # the question is the current turn; the engine counts its tokens
-            rows.append({"id": QUESTION_ID, "role": "user", "content": question, "token_count": None})
-        return rows
-
-    memory_key = ChatSession.memory_key_for(session_id)
-
-    async def load_facts() -> list[KeyFact]:
-        return await sync_to_async(key_fact_list_active)(memory_key=memory_key)
-
-    request = ContextRequest(
-        memory_key=memory_key,
-        system_prompt=system_prompt,
-        load_increment=load_increment,
-        load_facts=load_facts,
-        load_recall=recall,
-        mode=mode,
-        compression=compression,
-    )
-
-    async def build() -> MemoryContext:
-        if isinstance(recall, TurnRecall):
-            recall.prefetch()  # as a live turn does when it opens (chatapp.conversation.runner)
-        if mode == "agent":
-            return await AgentMemoryMiddleware(engine).before_model(request)
-        return await engine.build_context(request)
-
-    return async_to_sync(build)()
-
-
-def _record(name: str, call: int, engine: MemoryEngine, context: MemoryContext, session_id: int) -> dict[str, Any]:
-    return {
-        "conversation": name,
-        "call": call,
-        "context_window": context.context_window,
-        "trigger_tokens": context.trigger_tokens,
-        "target_tokens": context.target_tokens,
-        "messages": context.messages,
-        "sources": context.sources,
-        "tokens": context.tokens,
-        "summary": {
-            "type": context.summary.summary_type,
-            "last_message_id": context.summary.last_message_id,
-            "compressed_count": context.summary.compressed_count,
-        },
-        "stored_message_ids": list(
-            Message.objects.filter(session_id=session_id).order_by("id").values_list("id", flat=True)
-        ),
-        "events": context.events,
-        "overflow": context.overflow,
-        "path": context.path,
-        "facts": context.facts,
-        "recall": context.recall,
-    }
-
-
-def replay_engine(context_window: int | None) -> MemoryEngine:
-    """The live app's memory engine, optionally at another context window (tokens)."""
+def replay_config(context_window: int | None) -> MemoryConfig:
+    """The live app's memory settings for a replay: optionally another context window (tokens),
+    no calibration (a replay calls no model), every extraction batch in one job, and recall
+    waiting for the question's embedding so that records do not depend on the machine's load."""
     endpoint = chat_endpoint()
     if context_window is not None:
         endpoint = replace(endpoint, context_window=context_window)
-    return memory_engine_build(endpoint)
+    return replace(memory_config(endpoint), calibrate=False, facts_max_batches=None, recall_deadline_seconds=None)

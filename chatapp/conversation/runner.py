@@ -26,22 +26,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import cast
 
 from chatapp.chats import selectors
-from chatapp.chats.services import chat_session_scope_key
+from chatapp.chats.memory import chat_session_scope_key, memory_engine
 from chatapp.conversation import leases, stopping
 from chatapp.conversation.agent import agent_turn_run
 from chatapp.conversation.leases import turn_lease_kept
-from chatapp.conversation.memory_jobs import memory_job_runner, memory_job_schedule
 from chatapp.conversation.quick_answer import quick_answer_run
 from chatapp.conversation.turn import Turn
-from chatapp.llm.calibration import token_factor_get
-from chatapp.llm.clients import chat_endpoint
 from chatapp.models import ChatSession, Message
 from chatapp.orm_threads import orm_async
 from chatapp.realtime.protocol import INTERNAL_ERROR, ChatTurnEvent
-from memory.api import Mode
+from memory.api import MemoryEngine
 
 logger = logging.getLogger(__name__)
 
@@ -95,24 +91,25 @@ async def chat_turn_run(
         stopping.turn_stop_listening(session_id=session_id, on_stop=_stop_here),
     ):
         # Never this process's own turns: one started a moment ago may not have its lease stored yet.
+        engine = memory_engine()
         try:
             session, in_flight_first_id, token_factor, question = await orm_async(_turn_open)(
                 session_id=session_id,
                 user_message_id=user_message_id,
                 exclude=leases.turns_leased_here(),
                 question=question,
+                engine=engine,
             )
         except ChatSession.DoesNotExist:
             raise _deleted(session_id, user_message_id) from None
-        mode = cast(Mode, session.mode)  # a ChatSession.Mode value, checked by the model's choices
+        engine.use_token_factor(token_factor)
         turn = Turn(
             session_id=session_id,
             user_message_id=user_message_id,
-            mode=mode,
+            mode=session.mode,
+            engine=engine,
             in_flight_first_id=in_flight_first_id,
-            jobs=memory_job_runner(),
-            token_factor=token_factor,
-            question=question,
+            question=question or "",
             scope_key=chat_session_scope_key(owner_id=session.owner_id, owner_session_key=session.owner_session_key),
         )
         _running[user_message_id] = turn
@@ -132,7 +129,7 @@ async def chat_turn_run(
             # request may cross the trigger (pre-compression, then key-fact extraction and
             # indexing of what is about to leave the retained window); otherwise batched: when
             # the chat goes idle, or every MEMORY_JOB_BATCH_TURNS replies.
-            memory_job_schedule(session_id=session_id, idle=not turn.precompression_may_help(reply))
+            engine.schedule(turn.memory_key, idle=not turn.precompression_may_help(reply))
             return reply
         except Exception:
             # A write of a deleted session's turn fails (a foreign key, a row gone): not a bug.
@@ -155,12 +152,11 @@ async def chat_turn_run(
 
 
 def _turn_open(
-    *, session_id: int, user_message_id: int, exclude: frozenset[int], question: str | None = None
+    *, session_id: int, user_message_id: int, exclude: frozenset[int], engine: MemoryEngine, question: str | None = None
 ) -> tuple[ChatSession, int | None, float, str | None]:
     """Close the session's interrupted turns but those in ``exclude``, then load the session; also
-    the first turn in flight (``leases.turn_in_flight_first_id``), the chat model's estimate
-    calibration (:func:`chatapp.llm.calibration.token_factor_get`, no query for the offline
-    engine) and the text of the turn's user message (``question`` when given, else read; None
+    the first turn in flight (``turns.turn_in_flight_first_id``), the chat model's estimate
+    calibration (no query for the offline engine) and the text of the turn's user message (``question`` when given, else read; None
     when it is gone). One trip to the database thread instead of five. Raises
     ``ChatSession.DoesNotExist``."""
     first = leases.turns_interrupted_close_first_in_flight(session_id=session_id, exclude=exclude)
@@ -170,7 +166,7 @@ def _turn_open(
             question = selectors.message_content_get(message_id=user_message_id)
         except Message.DoesNotExist:
             question = None
-    return session, first, token_factor_get(endpoint=chat_endpoint()), question
+    return session, first, engine.token_factor(), question
 
 
 class ChatSessionDeleted(Exception):

@@ -26,38 +26,6 @@ CALCULATOR_MAX_CHARS = 200
 CALCULATOR_MAX_INT_BITS = 4096
 CALCULATOR_MAX_EXPONENT = 10_000
 KB_SEARCH_LIMIT = 4
-# Tools whose results are not indexed for recall (docs/memory.md §12, "the index"): the knowledge
-# base is searched afresh whenever a turn needs it, so an old search's passages would be a copy
-# that may be stale, and a search that found nothing only repeats its question ("no passages
-# found for '…'"), which the gate would then admit for that question.
-UNINDEXED_TOOLS = frozenset({"kb_search"})
-
-TOOL_SCHEMAS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "kb_search",
-            "description": "Search the product knowledge base. Returns the most relevant passages and their titles.",
-            "parameters": {
-                "type": "object",
-                "properties": {"query": {"type": "string", "description": "Keywords or a question."}},
-                "required": ["query"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Evaluate an arithmetic expression with numbers, + - * / // % ** and parentheses.",
-            "parameters": {
-                "type": "object",
-                "properties": {"expression": {"type": "string", "description": "For example (12.5 * 4) / 3"}},
-                "required": ["expression"],
-            },
-        },
-    },
-]
 
 
 class CalculatorError(ValueError):

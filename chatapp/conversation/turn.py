@@ -14,18 +14,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from dataclasses import dataclass, field
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError
 
-from chatapp.chats import selectors, services
-from chatapp.conversation import leases
-from chatapp.conversation.recall import TurnRecall
-from chatapp.llm.calibration import calibration_applies, calibration_report, token_calibration_observe
-from chatapp.llm.clients import Endpoint, LLMError, chat_endpoint, chat_stream
-from chatapp.llm.summarizer import build_summarizer_chain
+from chatapp.chats import selectors, services, turns
+from chatapp.chats.memory import memory_key_of
+from chatapp.llm.calibration import calibration_report
+from chatapp.llm.clients import LLMError, chat_endpoint, chat_stream
+from chatapp.llm.prompts import PASSAGES_TARGET_SHARE
 from chatapp.models import ChatSession, Message
 from chatapp.orm_threads import orm_async
 from chatapp.realtime.broadcast import event_broadcast
@@ -39,20 +38,7 @@ from chatapp.realtime.protocol import (
     ServerEvent,
     llm_error_code,
 )
-from memory.api import (
-    Compression,
-    CompressionJobs,
-    ContextRequest,
-    KeyFact,
-    MemoryBudget,
-    MemoryContext,
-    MemoryEngine,
-    Mode,
-    OrmSummaryStore,
-    SummaryRole,
-    get_counter,
-    key_fact_list_active,
-)
+from memory.api import ContextRequest, MemoryContext, MemoryEngine
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +46,6 @@ logger = logging.getLogger(__name__)
 # each chat.delta costs every socket of the session a channel-layer message and a frame, and on a
 # busy worker the model's chunks arrive further apart than a shorter interval (bench/ws_load.py).
 DELTA_FLUSH_SECONDS = 0.1
-# Knowledge-base passages may take this share of the engine's target, so history keeps room.
-PASSAGES_TARGET_SHARE = 1 / 3
 # The stored reply of a turn stopped before the model sent any text (app-written, docs/memory.md F-37).
 STOPPED_PLACEHOLDER = "[stopped by the user]"
 
@@ -102,59 +86,22 @@ class ModelCallFailed(Exception):
         return f"{self.partial.text}\n\n{note}" if self.partial.text else note
 
 
-def memory_engine_build(
-    endpoint: Endpoint, *, jobs: CompressionJobs | None = None, token_factor: float = 1.0
-) -> MemoryEngine:
-    """The memory engine for the chat model at ``endpoint``, its budget from settings. ``jobs``:
-    where its requests in background mode hand their compression (this process's memory jobs,
-    :mod:`chatapp.conversation.memory_jobs`; None: they only read). ``token_factor``: the
-    model's estimate calibration (:func:`chatapp.llm.calibration.token_factor_get`, docs/memory.md
-    §5, "Calibration"), 1.0 for none."""
-    return MemoryEngine(
-        budget=MemoryBudget(
-            context_window=endpoint.context_window,
-            trigger_ratio=settings.MEMORY_TRIGGER_RATIO,
-            target_ratio=settings.MEMORY_TARGET_RATIO,
-            summary_max_tokens=settings.MEMORY_SUMMARY_MAX_TOKENS,
-            summary_role=cast(SummaryRole, settings.MEMORY_SUMMARY_ROLE),  # validated by settings
-            preserve_turns=settings.MEMORY_PRESERVE_TURNS,
-            summarizer_context_window=settings.LLM_SUMMARY_CONTEXT_WINDOW,
-            strict_alternation=settings.LLM_STRICT_ALTERNATION,
-            facts_share=settings.MEMORY_FACTS_SHARE,
-            facts_max_tokens=settings.MEMORY_FACTS_MAX_TOKENS,
-            facts_min_tokens=settings.MEMORY_FACTS_MIN_TOKENS,
-            recall_share=settings.MEMORY_RECALL_SHARE,
-            recall_fill=settings.MEMORY_RECALL_FILL,
-            token_factor=token_factor,
-        ),
-        chain=build_summarizer_chain(),
-        counter=get_counter(endpoint.model),
-        # Never recreates the memory state of a chat deleted mid-compression (docs/memory.md F-41).
-        store=OrmSummaryStore(alive=services.chat_session_memory_alive),
-        jobs=jobs,
-        sync_wait_seconds=settings.MEMORY_SYNC_WAIT_MS / 1000,
-    )
-
-
 class Turn:
     """One running turn: its session, the user message that opened it, the chat model and memory
-    engine it uses, and whether the user asked it to stop. ``token_factor``: the chat model's
-    estimate calibration when the turn opened (docs/memory.md §5, "Calibration"); each call that
-    moves it updates the engine's budget for the turn's next call. ``question`` and
-    ``scope_key``: the user message's text and the session owner's scope key, when the caller has
-    read them (None: read from the database when needed)."""
+    engine it uses, and whether the user asked it to stop. ``engine``: the memory engine (its
+    calibration read as the turn opened); ``question`` and ``scope_key``: the user message's text
+    and the owner's scope key (the turn's recall searches with them)."""
 
     def __init__(
         self,
         *,
         session_id: int,
         user_message_id: int,
-        mode: Mode,
+        mode: str,
+        engine: MemoryEngine,
+        question: str,
+        scope_key: str,
         in_flight_first_id: int | None = None,
-        jobs: CompressionJobs | None = None,
-        token_factor: float = 1.0,
-        question: str | None = None,
-        scope_key: str | None = None,
     ) -> None:
         self.session_id = session_id
         self.user_message_id = user_message_id
@@ -165,7 +112,8 @@ class Turn:
         # The first in-flight id read when the turn opened (a query saved for the first context).
         self._in_flight_first_id = in_flight_first_id
         self.endpoint = chat_endpoint()
-        self.engine = memory_engine_build(self.endpoint, jobs=jobs, token_factor=token_factor)
+        self.engine = engine
+        self.memory_key = memory_key_of(session_id)
         self._stop = asyncio.Event()
         self._stream_task: asyncio.Task[None] | None = None
         # The estimated size of this turn's last request (tokens), 0 before the first.
@@ -174,25 +122,21 @@ class Turn:
         # stored with it (:meth:`store`: the same transaction).
         self._usage: services.ModelCallUsage | None = None
         # Recall for this turn's question, searched once (docs/memory.md §12).
-        self.recall = TurnRecall(
-            session_id=session_id, user_message_id=user_message_id, query=question, scope_key=scope_key
-        )
+        self.recall = engine.recall(memory_key=self.memory_key, scope_key=scope_key, question=question)
 
     async def context_request(self, *, system_prompt: str, tools: list[dict[str, Any]] | None = None) -> ContextRequest:
         """The memory engine's request for this turn's next model call: this session's history
         up to this turn (:meth:`load_increment`), and the turns in flight as they are now
-        (:meth:`summarize_below`), so call it again before every model call. Its key facts come
-        from :meth:`load_facts`, recalled messages from :attr:`recall`."""
+        (:meth:`summarize_below`), so call it again before every model call; recalled messages
+        come from :attr:`recall`."""
         return ContextRequest(
-            memory_key=ChatSession.memory_key_for(self.session_id),
+            memory_key=self.memory_key,
             system_prompt=system_prompt,
             load_increment=self.load_increment,
-            load_facts=self.load_facts,
             load_recall=self.recall,
-            mode=self.mode,
+            mode="agent" if self.mode == ChatSession.Mode.AGENT else "quick-answer",
             tools=tools,
             summarize_below=await self.summarize_below(),
-            compression=cast(Compression, settings.MEMORY_COMPRESSION),  # validated by settings
         )
 
     def precompression_may_help(self, final_reply: Message) -> bool:
@@ -231,11 +175,6 @@ class Turn:
             session_id=self.session_id, boundary=boundary, turn_message_id=self.user_message_id
         )
 
-    async def load_facts(self) -> list[KeyFact]:
-        """The memory engine's facts loader: the session's active key facts
-        (:func:`memory.api.key_fact_list_active`, docs/memory.md §11)."""
-        return await orm_async(key_fact_list_active)(memory_key=ChatSession.memory_key_for(self.session_id))
-
     async def summarize_below(self) -> int | None:
         """The memory engine's ``summarize_below`` for the next context: the first user message
         of the session's turns in flight (this one included), so that no concurrent turn's
@@ -245,7 +184,7 @@ class Turn:
         if self._in_flight_first_id is not None:
             first, self._in_flight_first_id = self._in_flight_first_id, None
             return first
-        return await orm_async(leases.turn_in_flight_first_id)(session_id=self.session_id)
+        return await orm_async(turns.turn_in_flight_first_id)(session_id=self.session_id)
 
     async def emit(self, event: ServerEvent) -> None:
         """Broadcast a server event of this turn to every socket of the session, now."""
@@ -316,47 +255,22 @@ class Turn:
         return calibration_report(self.endpoint, token_factor=ctx.token_factor, window_tokens=ctx.window_tokens)
 
     async def calibrate(self, *, estimated_tokens: int, prompt_tokens: int | None) -> None:
-        """Count a finished call in the chat model's estimate calibration (docs/memory.md §5,
-        "Calibration"; nothing for the offline engine or with ``LLM_TOKEN_CALIBRATION`` off) and
-        budget this turn's next call with the factor it has now."""
-        if prompt_tokens is None or not calibration_applies(self.endpoint):  # no trip to the database thread
-            return
+        """Count a finished call in the chat model's estimate calibration (docs/memory.md §5);
+        the engine budgets this turn's next call with the new factor. A lost sample is logged."""
         try:
-            now = await orm_async(token_calibration_observe)(
-                endpoint=self.endpoint, estimated_tokens=estimated_tokens, prompt_tokens=prompt_tokens
-            )
+            await self.engine.calibrate(estimated_tokens=estimated_tokens, prompt_tokens=prompt_tokens)
         except DatabaseError:  # a lost sample is no reason to fail a reply that arrived
             logger.warning("token calibration of %s not stored", self.endpoint.model, exc_info=True)
-            return
-        if now is not None and now.factor != self.engine.budget.token_factor:
-            self.engine.budget = replace(self.engine.budget, token_factor=now.factor)
 
     async def context_emit(self, ctx: MemoryContext, *, step: int, model_call_id: int | None) -> None:
         """Emit ``memory.compression`` for each compression event of ``ctx``, then ``memory.context``
         (everything the engine reports except the message texts, which stay on the ModelCall)."""
         turn_id = self.user_message_id
         for event in ctx.events:
-            await self.emit(MemoryCompressionEvent(turn_id=turn_id, step=step, event=event))
+            await self.emit(MemoryCompressionEvent.from_record(event, turn_id=turn_id, step=step))
         await self.emit(
-            MemoryContextEvent(
-                turn_id=turn_id,
-                step=step,
-                model_call_id=model_call_id,
-                sources=ctx.sources,
-                tokens=ctx.tokens,
-                sections=ctx.sections,
-                context_window=ctx.context_window,
-                trigger_tokens=ctx.trigger_tokens,
-                target_tokens=ctx.target_tokens,
-                summary=ctx.summary.as_dict(),
-                elisions=ctx.elisions,
-                repairs=ctx.repairs,
-                overflow=ctx.overflow,
-                path=ctx.path,
-                waited_ms=ctx.waited_ms,
-                facts=ctx.facts or None,
-                recall=ctx.recall or None,
-                calibration=self.calibration(ctx),
+            MemoryContextEvent.from_context(
+                ctx, turn_id=turn_id, step=step, model_call_id=model_call_id, calibration=self.calibration(ctx)
             )
         )
 

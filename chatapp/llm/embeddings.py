@@ -223,3 +223,25 @@ def embedder_get() -> Embedder | None:
                     return None
             return _local
     return None
+
+
+class ConfiguredEmbedder:
+    """The embedder :func:`embedder_choice` selects, loaded on its first use (in a thread): the
+    memory engine learns its ``model`` without the model being loaded. Raises RuntimeError when
+    the model cannot be loaded."""
+
+    def __init__(self, choice: EmbedderChoice) -> None:
+        self.model = choice.model
+        self.dimension = LOCAL_DIMENSION if choice.backend == "local" else 0
+
+    async def embed(self, texts: list[str], *, kind: EmbedKind) -> np.ndarray:
+        embedder = await asyncio.to_thread(embedder_get)
+        if embedder is None:
+            raise RuntimeError(f"the embedding model {self.model} could not be loaded")
+        return await embedder.embed(texts, kind=kind)
+
+
+def embedder_configured() -> Embedder | None:
+    """The embedder for the memory engine (None: full-text search only)."""
+    choice = embedder_choice()
+    return None if choice.backend == "none" else ConfiguredEmbedder(choice)

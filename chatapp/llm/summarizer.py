@@ -23,7 +23,7 @@ from chatapp.llm.clients import (
     summary_endpoint,
     translated_errors,
 )
-from memory.api import METHOD_EXTRACTIVE, METHOD_LLM, SummarizerChain, SummaryReply, SummaryRequest
+from memory.api import SummaryReply, SummaryRequest
 
 
 @dataclass(kw_only=True)
@@ -35,7 +35,7 @@ class OpenAISummarizer:
     stream) instead of one chat completion. ``model`` (the endpoint's model) names it in the
     chain's attempt records, and ``method`` says how its summaries are written: ``extractive``
     when the endpoint is the offline engine (it copies sentences, no language model), else
-    ``llm`` (:data:`memory.api.METHOD_EXTRACTIVE`, :data:`memory.api.METHOD_LLM`).
+    ``llm``.
 
     ``response_format`` of a request (a key-facts extraction, docs/memory.md §11) is sent on the
     non-streamed path with a fallback within the same call: the format as given, then
@@ -56,7 +56,7 @@ class OpenAISummarizer:
 
     def __post_init__(self) -> None:
         self.model = self.endpoint.model
-        self.method = METHOD_EXTRACTIVE if self.endpoint.offline else METHOD_LLM
+        self.method = "extractive" if self.endpoint.offline else "llm"
 
     async def summarize(self, request: SummaryRequest) -> SummaryReply:
         """The reply to ``request.prompt``, capped at ``request.max_tokens`` tokens, with the
@@ -148,18 +148,19 @@ def _format_rejected(exc: LLMError) -> bool:
     return exc.kind == "status" and isinstance(cause, openai.APIStatusError) and cause.status_code in (400, 422)
 
 
-def build_summarizer_chain() -> SummarizerChain:
-    """Layers 1 and 2 of the degradation chain from settings.
+_summarizers: dict[tuple[Any, ...], tuple[OpenAISummarizer, OpenAISummarizer | None]] = {}
 
-    Primary: :func:`summary_endpoint`; failover: :func:`failover_endpoint` (None when unset).
-    ``MEMORY_SUMMARY_ATTEMPTS`` tries per layer, each limited to ``LLM_SUMMARY_TIMEOUT`` seconds;
-    both summarizers use ``LLM_SUMMARY_TEMPERATURE`` and stream when ``LLM_SUMMARY_STREAM`` is set.
-    """
+
+def summarizers_get() -> tuple[OpenAISummarizer, OpenAISummarizer | None]:
+    """The primary and failover summarizers of the settings (the failover None when unset), kept
+    while the settings stay the same: each remembers which ``response_format`` its endpoint
+    rejected, so later calls skip it."""
     temperature, stream = settings.LLM_SUMMARY_TEMPERATURE, settings.LLM_SUMMARY_STREAM
-    failover = failover_endpoint()
-    return SummarizerChain(
-        primary=OpenAISummarizer(endpoint=summary_endpoint(), temperature=temperature, stream=stream),
-        failover=OpenAISummarizer(endpoint=failover, temperature=temperature, stream=stream) if failover else None,
-        attempts=settings.MEMORY_SUMMARY_ATTEMPTS,
-        timeout=settings.LLM_SUMMARY_TIMEOUT,
-    )
+    primary, failover = summary_endpoint(), failover_endpoint()
+    key = (primary, failover, temperature, stream)
+    if key not in _summarizers:
+        _summarizers[key] = (
+            OpenAISummarizer(endpoint=primary, temperature=temperature, stream=stream),
+            OpenAISummarizer(endpoint=failover, temperature=temperature, stream=stream) if failover else None,
+        )
+    return _summarizers[key]

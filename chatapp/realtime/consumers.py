@@ -38,7 +38,7 @@ from django.conf import settings
 from django.http import Http404
 from django.utils import timezone
 
-from chatapp.chats import selectors
+from chatapp.chats import selectors, turns
 from chatapp.chats.access import asession_get_for_owner
 from chatapp.conversation import leases
 from chatapp.conversation.runner import chat_turn_start, chat_turn_stop, chat_turn_stop_everywhere
@@ -252,7 +252,7 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
         there is no such turn). Costs one query when no lease ran out. Closing tells every socket
         of the session (``chat.message`` and ``chat.done`` after the commit)."""
         while True:
-            expiry = await orm_async(leases.turn_lease_next_expiry)(
+            expiry = await orm_async(turns.turn_lease_next_expiry)(
                 session_id=session_id, exclude=leases.turns_leased_here()
             )
             if expiry is None:
@@ -304,7 +304,7 @@ class ChatJsonConsumer(ChatSocket):
         messages, more = await orm_async(selectors.message_list_after)(
             session_id=session.pk, after_id=event.after_message_id
         )
-        pending = await orm_async(leases.turn_in_flight_list)(session_id=session.pk)
+        pending = await orm_async(turns.turn_in_flight_list)(session_id=session.pk)
         await self.deliver(ChatHistoryEvent(messages=[m.as_dict() for m in messages], more=more, pending=pending))
 
 

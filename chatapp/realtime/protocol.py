@@ -36,9 +36,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Final, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Self
 
 from django.conf import settings
+
+if TYPE_CHECKING:
+    from memory.api import CompressionRecord, MemoryContext
 
 # --- limits ---------------------------------------------------------------------------------
 
@@ -473,6 +476,11 @@ class MemoryCompressionEvent(ServerEvent):
     the backoff slept before it, ``method`` ``llm`` or ``extractive``), ``duration_ms``,
     ``summary_content``, ``summary_version``, ``notes``, ``elisions``."""
 
+    @classmethod
+    def from_record(cls, record: CompressionRecord, *, turn_id: int | None, step: int) -> MemoryCompressionEvent:
+        """The event of one compression record."""
+        return cls(turn_id=turn_id, step=step, event=record.as_dict())
+
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryContextEvent(ServerEvent):
@@ -548,6 +556,24 @@ class MemoryContextEvent(ServerEvent):
     ``tokens``, ``trigger_tokens`` and ``target_tokens`` compare with), ``enabled``
     (``LLM_TOKEN_CALIBRATION``) and ``offline`` (the offline engine, which counts with the same
     tokenizer: nothing to compare)."""
+
+    @classmethod
+    def from_context(
+        cls,
+        ctx: MemoryContext,
+        *,
+        turn_id: int,
+        step: int,
+        model_call_id: int | None,
+        calibration: dict[str, Any] | None,
+    ) -> MemoryContextEvent:
+        """The event of one request's context: its report without the message texts."""
+        report = ctx.as_dict()
+        names = {f.name for f in fields(cls)} - {"turn_id", "step", "model_call_id", "calibration"}
+        values = {name: report[name] for name in names if name in report}
+        values["facts"] = report["facts"] or None
+        values["recall"] = report["recall"] or None
+        return cls(turn_id=turn_id, step=step, model_call_id=model_call_id, calibration=calibration, **values)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,11 +23,9 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from chatapp.conversation.memory_jobs import live_engine, next_request_of_mode
-from chatapp.llm.calibration import token_factor_get
+from chatapp.chats.memory import memory_engine, memory_key_of, next_request_of_mode
 from chatapp.llm.clients import chat_endpoint
 from chatapp.models import ChatSession, Message, ModelCall
-from memory.api import session_summary_get, summary_block
 
 # What the composer says about the message: nothing typed, fits, or too large to be sent.
 STATE_EMPTY = "empty"
@@ -81,23 +79,13 @@ def composer_count_get(*, session: ChatSession, text: str) -> ComposerCount:
     Reads the stored summary, whether the chat has messages and its newest model call (three
     queries, plus the stored calibration when it applies); never raises for any text."""
     endpoint = chat_endpoint()
-    engine = live_engine(token_factor_get(endpoint=endpoint))
+    engine = memory_engine()
+    engine.use_token_factor(engine.token_factor())
     budget, counter = engine.budget, engine.counter
-    system_prompt, tools, passages = next_request_of_mode(session.mode, engine)
+    system_prompt, tools, reserve_share = next_request_of_mode(session.mode)
+    passages = int(budget.target_tokens * reserve_share)
     fixed = counter.count_request([{"role": "system", "content": system_prompt}], tools) + passages
-    summary = session_summary_get(memory_key=ChatSession.memory_key_for(session.pk))
-    stored = (
-        counter.count_message(
-            summary_block(
-                content=summary.content,
-                summary_type=summary.summary_type,
-                compressed_count=summary.compressed_count,
-                role=budget.summary_role,
-            )
-        )
-        if summary.content
-        else 0
-    )
+    stored = engine.summary_block_tokens(engine.summary(memory_key_of(session.pk)))
     has_history = Message.objects.filter(session_id=session.pk).exists()
     summary_tokens = max(stored, budget.summary_reserve_tokens if has_history else 0)
     # Only the figure, not the whole snapshot (which holds every message the call sent).

@@ -20,22 +20,11 @@ from typing import Any
 from django.urls import reverse
 from django.utils import timezone
 
-from chatapp.conversation.memory_jobs import memory_job_local_status
+from chatapp.chats.memory import memory_engine, memory_key_of, session_of
 from chatapp.llm.embeddings import embedder_choice
 from chatapp.llm.offline.transport import OFFLINE_MODEL
-from chatapp.models import ChatSession, Message, ModelCall
-from memory.api import (
-    METHOD_EXTRACTIVE,
-    CompressionEvent,
-    KeyFact,
-    compression_event_list,
-    key_fact_list,
-    memory_index_status,
-    memory_job_state_get,
-    session_summary_get,
-    summarizer_health_get,
-    summary_kind,
-)
+from chatapp.models import Message, ModelCall
+from memory.api import CompressionRecord, KeyFact
 
 # How many compression events the timeline (and the summary's version history) shows.
 TIMELINE_MAX_EVENTS = 100
@@ -50,10 +39,10 @@ MESSAGE_SECTIONS: tuple[tuple[str, str, str], ...] = (
     ("current", "Current turn", "current"),
 )
 
-# How a summary was written (:func:`summary_kind`): the type stored (none / llm / raw), except that
-# an ``llm`` result every successful attempt of which came from an extractive summarizer (the
-# offline engine copies sentences; no language model wrote it) is ``extractive``.
-SUMMARY_KIND_EXTRACTIVE = METHOD_EXTRACTIVE
+# How a summary was written: the type stored (none / llm / raw), except that an ``llm`` result
+# every successful attempt of which came from an extractive summarizer (the offline engine copies
+# sentences; no language model wrote it) is ``extractive``.
+SUMMARY_KIND_EXTRACTIVE = "extractive"
 SUMMARY_TYPE_LABELS = {
     "none": "none yet",
     "llm": "LLM summary",
@@ -513,11 +502,7 @@ class TimelineEvent:
     attempts: list[dict[str, Any]]
     notes: list[str]
     origin: str = "request"
-
-    @property
-    def summary_kind(self) -> str:
-        """How its summary was written (:func:`summary_kind`)."""
-        return summary_kind(self.result_type, self.attempts)
+    summary_kind: str = ""
 
     @property
     def result_label(self) -> str:
@@ -680,8 +665,8 @@ def key_facts_build(*, session_id: int, facts: Iterable[KeyFact], request: dict[
 def key_facts_get(*, session_id: int, request: dict[str, Any] | None) -> KeyFacts:
     """The Key facts section of chat session ``session_id`` as stored, with the ``facts``
     snapshot ``request`` of its last request (no access check: callers authorize)."""
-    memory_key = ChatSession.memory_key_for(session_id)
-    return key_facts_build(session_id=session_id, facts=key_fact_list(memory_key=memory_key), request=request)
+    facts = memory_engine().facts(memory_key_of(session_id))
+    return key_facts_build(session_id=session_id, facts=facts, request=request)
 
 
 def key_facts_of_call(call: ModelCall | None) -> dict[str, Any] | None:
@@ -848,7 +833,7 @@ def recall_build(
 
 def _recall_entry(entry: dict[str, Any], *, session_id: int) -> RecallEntry:
     memory_key = str(entry.get("memory_key") or "")
-    chat_id = ChatSession.session_id_for(memory_key) if memory_key.isdigit() else None
+    chat_id = session_of(memory_key) if memory_key.isdigit() else None
     cosine = entry.get("cosine")
     return RecallEntry(
         item_id=int(entry["item_id"]),
@@ -885,7 +870,7 @@ def recall_get(*, session_id: int, request: dict[str, Any] | None) -> RecallSect
         session_id=session_id,
         request=request,
         embedder=embedder_choice().as_dict(),
-        index=memory_index_status(memory_key=ChatSession.memory_key_for(session_id)),
+        index=memory_engine().index_status(memory_key_of(session_id)),
     )
 
 
@@ -940,9 +925,10 @@ def inspector_state_get(*, session_id: int) -> InspectorState:
     recall (docs/memory.md §12) with the embedder and the index status; the timeline and the
     summary versions cover the newest ``TIMELINE_MAX_EVENTS`` compression events, newest first.
     """
-    memory_key = ChatSession.memory_key_for(session_id)
-    events = compression_event_list(memory_key=memory_key, limit=TIMELINE_MAX_EVENTS)[::-1]
-    stored = session_summary_get(memory_key=memory_key)
+    memory_key = memory_key_of(session_id)
+    engine = memory_engine()
+    events = engine.events(memory_key, limit=TIMELINE_MAX_EVENTS)[::-1]
+    stored = engine.summary(memory_key)
     versions = summary_versions_build(events)
     written = next((version for version in versions if version.version == stored.version), None)
     summary = CurrentSummary(
@@ -954,12 +940,12 @@ def inspector_state_get(*, session_id: int) -> InspectorState:
         versions=versions,
         summary_kind=written.summary_kind if written is not None and written.result_type == stored.summary_type else "",
     )
-    health = summarizer_health_get(memory_key=memory_key)
-    # The event summarizer_health_get reads: the newest compression or superseded one.
+    health = engine.health(memory_key)
+    # The event the health is read from: the newest compression or superseded one.
     health_event = next((event for event in events if event.kind in ("compression", "superseded")), None)
     last_call = ModelCall.objects.filter(session_id=session_id).order_by("-id").first()
-    job = memory_job_state_get(memory_key=memory_key)
-    job_status: str = memory_job_local_status(session_id=session_id) or job.status
+    job = engine.job_state(memory_key)
+    job_status: str = engine.job_activity(memory_key) or job.status
     last_error = job.last_error
     if job_status == "running" and job.lease_expires_at is not None and job.lease_expires_at < timezone.now():
         job_status, last_error = "failed", "the worker running it stopped before it finished (its lease ran out)"
@@ -983,7 +969,7 @@ def inspector_state_get(*, session_id: int) -> InspectorState:
             last_error=health["last_error"],
             attempts=list(health["attempts"]),
             at=datetime.fromisoformat(health["at"]) if health["at"] else None,
-            event_id=health_event.pk if health_event is not None else None,
+            event_id=health_event.id if health_event is not None else None,
         ),
         job=MemoryJob(
             status=job_status,
@@ -1108,10 +1094,10 @@ def _source_ids(sources: list[dict[str, Any]], kind: str) -> frozenset[int]:
     return frozenset(int(part["id"]) for part in parts if part.get("kind") == kind and part.get("id") is not None)
 
 
-def summary_versions_build(events: list[CompressionEvent]) -> list[SummaryVersion]:
+def summary_versions_build(events: list[CompressionRecord]) -> list[SummaryVersion]:
     """The summary's versions from compression events (newest first, as given), each with the
     size of the summary it replaced: the next older version's, 0 for version 1."""
-    writes = [event for event in events if event.kind == CompressionEvent.Kind.COMPRESSION]
+    writes = [event for event in events if event.kind == "compression"]
     versions: list[SummaryVersion] = []
     for index, event in enumerate(writes):
         older = writes[index + 1] if index + 1 < len(writes) else None
@@ -1123,10 +1109,10 @@ def summary_versions_build(events: list[CompressionEvent]) -> list[SummaryVersio
     return versions
 
 
-def _summary_version(event: CompressionEvent) -> SummaryVersion:
+def _summary_version(event: CompressionRecord) -> SummaryVersion:
     return SummaryVersion(
         version=event.summary_version,
-        created_at=event.created_at,
+        created_at=_datetime_or_none(event.created_at) or timezone.now(),
         result_type=event.result_type,
         degraded=event.degraded,
         messages_summarized=event.messages_summarized,
@@ -1135,15 +1121,15 @@ def _summary_version(event: CompressionEvent) -> SummaryVersion:
         tokens_before=event.tokens_before,
         tokens_after=event.tokens_after,
         content=event.summary_content,
-        summary_kind=summary_kind(event.result_type, event.attempts or []),
+        summary_kind=event.summary_kind,
     )
 
 
-def _timeline_event(event: CompressionEvent) -> TimelineEvent:
+def _timeline_event(event: CompressionRecord) -> TimelineEvent:
     return TimelineEvent(
-        id=event.pk,
+        id=event.id or 0,
         kind=event.kind,
-        created_at=event.created_at,
+        created_at=_datetime_or_none(event.created_at) or timezone.now(),
         tokens_before=event.tokens_before,
         tokens_after=event.tokens_after,
         trigger_tokens=event.trigger_tokens,
@@ -1158,6 +1144,7 @@ def _timeline_event(event: CompressionEvent) -> TimelineEvent:
         attempts=list(event.attempts or []),
         notes=[_note_text(note) for note in event.notes or []],
         origin=event.origin,
+        summary_kind=event.summary_kind,
     )
 
 

@@ -69,8 +69,7 @@ from typing import Any
 from django.template.loader import render_to_string
 from django.utils.html import format_html
 
-from chatapp.chats import selectors
-from chatapp.conversation import leases
+from chatapp.chats import selectors, turns
 from chatapp.llm.embeddings import embedder_choice
 from chatapp.models import ChatSession, Message
 from chatapp.realtime.protocol import (
@@ -104,7 +103,7 @@ from chatapp.ui.inspector import (
     key_facts_build,
     recall_build,
 )
-from memory.api import summary_kind
+from memory.api import CompressionRecord
 
 PAGE_TEMPLATE = "chat/session.html"
 
@@ -136,8 +135,8 @@ def chat_page_state_get(*, session: ChatSession) -> ChatPageState:
 
 
 def turns_running(session_id: int) -> list[int]:
-    """Ids of the session's turns still answering (see ``leases.turn_in_flight_list``)."""
-    return leases.turn_in_flight_list(session_id=session_id)
+    """Ids of the session's turns still answering (see ``turns.turn_in_flight_list``)."""
+    return turns.turn_in_flight_list(session_id=session_id)
 
 
 def partial_render(name: str, context: dict[str, Any]) -> str:
@@ -286,7 +285,7 @@ class PageFeed:
             titles = ", ".join(dict.fromkeys(p["title"] for p in event.passages)) or "nothing matched"
             return self._step(event.turn_id, f"Searched the knowledge base: {titles}")
         if isinstance(event, MemoryCompressionEvent):
-            text = compression_sentence(event.event)
+            text = compression_sentence(CompressionRecord.from_dict(event.event))
             step = self._step(event.turn_id, text) if event.turn_id is not None else ""
             return step + announce(text)
         if isinstance(event, MemoryContextEvent):
@@ -414,24 +413,23 @@ class PageFeed:
         return "".join(parts)
 
 
-def compression_sentence(event: dict[str, Any]) -> str:
-    """One sentence about a compression event (``CompressionEvent.as_dict()``) for people."""
-    kind = event.get("kind")
-    before, after = event.get("tokens_before", 0), event.get("tokens_after", 0)
-    if kind == "compression":
-        count = event.get("messages_summarized", 0)
-        if event.get("degraded"):
+def compression_sentence(event: CompressionRecord) -> str:
+    """One sentence about a compression event for people."""
+    before, after = event.tokens_before, event.tokens_after
+    if event.kind == "compression":
+        count = event.messages_summarized
+        if event.degraded:
             # Nothing was summarized: the messages went into the summary word for word.
             what = f"{count} messages archived verbatim (raw archive: the summarizer failed)"
         else:
-            written = summary_kind(str(event.get("result_type") or "llm"), event.get("attempts") or [])
+            written = event.summary_kind
             what = f"{count} messages folded into the summary ({SUMMARY_TYPE_LABELS.get(written, written)})"
         return f"Memory compressed: {what}; request {before:,} → {after:,} tokens."
-    if kind == "no_progress":
+    if event.kind == "no_progress":
         return f"Memory: nothing could be summarized (request {before:,} tokens)."
-    if kind == "overflow":
+    if event.kind == "overflow":
         return f"Memory: the current turn was cut to fit the context window ({after:,} tokens)."
-    return f"Memory: a concurrent request updated the summary first ({kind})."
+    return f"Memory: a concurrent request updated the summary first ({event.kind})."
 
 
 def key_facts_render(key_facts: KeyFacts) -> str:

@@ -39,6 +39,7 @@ from chatapp.chats.access import (
     session_queryset_for_owner,
 )
 from chatapp.chats.export import EXPORT_FORMATS, chat_export_filename, chat_export_stream
+from chatapp.chats.memory import memory_engine, memory_key_of
 from chatapp.chats.selectors import session_list_for_owner
 from chatapp.chats.services import (
     chat_session_create,
@@ -62,7 +63,7 @@ from chatapp.ui.forms import (
 )
 from chatapp.ui.inspector import inspector_state_get, key_facts_section_get, recall_section_get
 from chatapp.ui.page_feed import chat_page_state_get, compression_sentence
-from memory.api import KeyFact, KeyFactNotFound, key_fact_edit, key_fact_hide, key_fact_pin
+from memory.api import KeyFact, KeyFactNotFound
 
 SESSION_PAGE = "chat/session.html"
 MANAGE_PAGE = "chat/session_manage.html"
@@ -363,7 +364,7 @@ def session_fact_pin(request: HtmxHttpRequest, session_id: int, fact_id: int) ->
     if not form.is_valid():
         return _key_fact_answer(request, session, fact_id=fact_id, error=_form_error(form))
     with _fact_404():
-        fact = key_fact_pin(memory_key=_memory_key(session), fact_id=fact_id, pinned=form.cleaned_data["pinned"])
+        fact = memory_engine().fact_pin(memory_key_of(session.pk), fact_id, pinned=form.cleaned_data["pinned"])
     done = f"{'Always pinned' if fact.pinned_by_user else 'No longer always pinned'}: {_fact_name(fact)}."
     return _key_fact_answer(request, session, fact_id=fact_id, done=done)
 
@@ -377,7 +378,7 @@ def session_fact_hide(request: HtmxHttpRequest, session_id: int, fact_id: int) -
     if not form.is_valid():
         return _key_fact_answer(request, session, fact_id=fact_id, error=_form_error(form))
     with _fact_404():
-        fact = key_fact_hide(memory_key=_memory_key(session), fact_id=fact_id, hidden=form.cleaned_data["hidden"])
+        fact = memory_engine().fact_hide(memory_key_of(session.pk), fact_id, hidden=form.cleaned_data["hidden"])
     done = f"{'Hid' if fact.hidden_by_user else 'Restored'} {_fact_name(fact)}."
     return _key_fact_answer(request, session, fact_id=fact_id, done=done)
 
@@ -393,7 +394,7 @@ def session_fact_edit(request: HtmxHttpRequest, session_id: int, fact_id: int) -
         return _key_fact_answer(request, session, fact_id=fact_id, error=_form_error(form))
     try:
         with _fact_404():
-            fact = key_fact_edit(memory_key=_memory_key(session), fact_id=fact_id, value=form.cleaned_data["value"])
+            fact = memory_engine().fact_edit(memory_key_of(session.pk), fact_id, value=form.cleaned_data["value"])
     except ValueError as exc:
         return _key_fact_answer(request, session, fact_id=fact_id, error=str(exc))
     return _key_fact_answer(request, session, fact_id=fact.id, done=f"Changed {_fact_name(fact)}.")
@@ -415,10 +416,6 @@ def _fact_404() -> Iterator[None]:
         yield
     except KeyFactNotFound:
         raise Http404("No such key fact.") from None
-
-
-def _memory_key(session: ChatSession) -> str:
-    return ChatSession.memory_key_for(session.pk)
 
 
 def _fact_name(fact: KeyFact) -> str:

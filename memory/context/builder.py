@@ -76,7 +76,7 @@ class Outcome:
     degraded: bool
 
 
-class MemoryEngine:
+class ContextBuilder:
     """Managed short-term memory for one model configuration.
 
     ``budget``: the token budget; ``chain``: the summarizer degradation chain (layers 1-2; the
@@ -121,7 +121,7 @@ class MemoryEngine:
         """
         if request.compression == "background" and not request.force:
             return await self.read_context(request)
-        events: list[dict[str, Any]] = []
+        events: list[CompressionRecord] = []
         for _ in range(CAS_ROUNDS):
             before = await self.store.get(request.memory_key)
             plan = await self._plan(request, before)
@@ -513,7 +513,7 @@ class MemoryEngine:
         request: ContextRequest,
         plan: Plan,
         summary: Summary,
-        events: list[dict[str, Any]],
+        events: list[CompressionRecord],
         built: Request | None = None,
         *,
         degraded: bool = False,
@@ -547,7 +547,7 @@ class MemoryEngine:
         request: ContextRequest,
         plan: Plan,
         summary: Summary,
-        events: list[dict[str, Any]],
+        events: list[CompressionRecord],
         built: Request | None = None,
     ) -> MemoryContext:
         """The context of a compressing request, with an ``overflow`` event when its current
@@ -590,7 +590,7 @@ class MemoryEngine:
         notes: list[str] | None = None,
         elisions: list[dict[str, Any]] | None = None,
         attempts: list[dict[str, Any]] | None = None,
-    ) -> dict[str, Any]:
+    ) -> CompressionRecord:
         """Record one compression event; ``outcome`` is the summarization it reports (None for
         ``no_progress`` and ``overflow``), ``after`` the summary written (``compression`` only).
         ``attempts``: summarizer attempts to record when there is no ``outcome`` (the folding
@@ -643,7 +643,7 @@ class AgentMemoryMiddleware:
     instead of aborting the run (docs/memory.md §4).
     """
 
-    def __init__(self, engine: MemoryEngine) -> None:
+    def __init__(self, engine: ContextBuilder) -> None:
         self.engine = engine
 
     async def before_model(self, request: ContextRequest) -> MemoryContext:

@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Protocol
 
 from memory.context.budget import Mode
 from memory.facts.values import KeyFact
 from memory.messages import Message
 from memory.recall.values import RecallInput
-from memory.summary.store import Summary
+from memory.summary.store import CompressionRecord, Summary
 
 FactsLoader = Callable[[], Awaitable[list[KeyFact]]]
 """``await load_facts()``: the conversation's current key facts (not superseded, not hidden), in
@@ -68,7 +68,7 @@ class ContextRequest:
     size: every history message before the current turn is folded into the summary.
     ``compression``: ``sync`` compresses inside this call when over the trigger; ``background``
     only reads and leaves compressing to the conversation's memory job (docs/memory.md §10, see
-    :meth:`MemoryEngine.build_context`). ``origin``: who asks, recorded with every compression
+    :meth:`memory.context.builder.ContextBuilder.build_context`). ``origin``: who asks, recorded with every compression
     event: ``request`` (a model call, or "compress now") or ``job`` (pre-compression).
     The agent loop builds a new request per step (``dataclasses.replace``) rather than mutating one.
     """
@@ -80,7 +80,7 @@ class ContextRequest:
     tools: list[dict[str, Any]] | None = None
     summarize_below: int | None = None
     force: bool = False
-    compression: Compression = "sync"
+    compression: Compression | None = None
     origin: Origin = "request"
     load_facts: FactsLoader | None = None
     load_recall: RecallLoader | None = None
@@ -102,7 +102,7 @@ class MemoryContext:
     ``"folded": [ids]`` on a "steps so far" note (docs/memory.md I5); ``tokens``: estimated request size (tokens);
     ``sections``: tokens per section (``system``, ``facts``, ``summary``, ``retained``,
     ``current``, ``tools``); ``summary``: the summary the request was built with; ``events``: compression
-    events recorded by this call (their JSON form); ``elisions``: messages of the current turn
+    events recorded by this call; ``elisions``: messages of the current turn
     shortened in the model-facing copy; ``repairs``: what was dropped to keep tool calls paired,
     and why a degraded context was used; ``overflow``: still over the context window (the caller
     must not send it). ``path``: how memory met the request (docs/memory.md §10):
@@ -130,7 +130,7 @@ class MemoryContext:
     trigger_tokens: int
     target_tokens: int
     summary: Summary
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[CompressionRecord] = field(default_factory=list)
     elisions: list[dict[str, Any]] = field(default_factory=list)
     repairs: list[str] = field(default_factory=list)
     overflow: bool = False
@@ -152,7 +152,7 @@ class MemoryContext:
             "trigger_tokens": self.trigger_tokens,
             "target_tokens": self.target_tokens,
             "summary": self.summary.as_dict(),
-            "events": self.events,
+            "events": [event.as_dict() for event in self.events],
             "elisions": self.elisions,
             "repairs": self.repairs,
             "overflow": self.overflow,
@@ -163,3 +163,15 @@ class MemoryContext:
             "token_factor": self.token_factor,
             "window_tokens": self.window_tokens or self.context_window,
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MemoryContext:
+        """The context of :meth:`as_dict` (a stored snapshot; fields older snapshots lack take
+        their defaults)."""
+        names = {f.name for f in fields(cls)} - {"summary", "events"}
+        values = {key: value for key, value in data.items() if key in names}
+        return cls(
+            **values,
+            summary=Summary.from_dict(data.get("summary") or {}),
+            events=[CompressionRecord.from_dict(event) for event in data.get("events") or ()],
+        )

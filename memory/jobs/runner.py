@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -101,9 +102,14 @@ class MemoryJobRunner:
             self._idle.add(memory_key)
         else:
             self._idle.discard(memory_key)
-        self._tasks[memory_key] = asyncio.get_running_loop().create_task(
-            self._loop(memory_key, delay), name=f"memory-job:{memory_key}"
-        )
+        task = asyncio.get_running_loop().create_task(self._loop(memory_key, delay), name=f"memory-job:{memory_key}")
+        self._tasks[memory_key] = task
+        # A finished job keeps nothing: a worker serving many chats must not grow without bound.
+        task.add_done_callback(lambda done: self._forget_task(memory_key, done))
+
+    def _forget_task(self, memory_key: str, task: asyncio.Task[JobRun | None]) -> None:
+        if self._tasks.get(memory_key) is task:
+            del self._tasks[memory_key]
 
     async def run_now(self, memory_key: str) -> JobRun | None:
         """Run the conversation's job to completion now (the replay command's deterministic
@@ -185,7 +191,7 @@ class MemoryJobRunner:
         steps = [step for step in self.steps if await step.due(memory_key)]
         if not steps:
             run = JobRun(memory_key=memory_key, attempts=(), ok=True, idle=True)
-            self._done(run)
+            await self._done(run)
             return run
         state = await self._acquire(memory_key)
         if state is None:
@@ -209,13 +215,15 @@ class MemoryJobRunner:
         if not lost:
             await self.store.release(memory_key, owner=self.owner, status="failed" if failed else "idle", error=error)
         run = JobRun(memory_key=memory_key, attempts=tuple(attempts), ok=not failed and not lost, lost_lease=lost)
-        self._done(run)
+        await self._done(run)
         return run
 
-    def _done(self, run: JobRun) -> None:
+    async def _done(self, run: JobRun) -> None:
         if self.on_done is not None:
             try:
-                self.on_done(run)
+                told = self.on_done(run)
+                if inspect.isawaitable(told):
+                    await told
             except Exception:
                 logger.exception("memory job callback failed for %s", run.memory_key)
 

@@ -166,3 +166,16 @@ class TermRarity:
         if cached is None:
             cached = self._totals[terms] = sum(self.weight(term) for term in terms)
         return cached
+
+
+@dataclass(frozen=True, kw_only=True)
+class LexicalHits:
+    """The full-text side of one recall search (:meth:`memory.recall.index.RecallIndex.lexical`): ``lexical``, item
+    ids matching any query term, best first; ``exact``, item ids holding an identifier of the
+    query; ``identifiers``, those identifiers (ids, emails, phones, verbatim); ``items``, the
+    rows of those hits by id (empty: read with the candidates)."""
+
+    lexical: list[int]
+    exact: list[int]
+    identifiers: list[str]
+    items: dict[int, RecallItem] = field(default_factory=dict)

@@ -4,10 +4,11 @@ nothing is deleted."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import IntegrityError, connection, transaction
 from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
@@ -15,7 +16,7 @@ from django.utils import timezone
 from memory.facts import rules as fact_rules
 from memory.facts import values as fact_values
 from memory.models import KeyFact
-from memory.ports import ConversationAlive
+from memory.ports import ConversationAlive, RunSync
 
 logger = logging.getLogger(__name__)
 
@@ -363,3 +364,37 @@ def key_fact_edit(*, memory_key: str, fact_id: int, value: str) -> fact_values.K
 
     (edited,) = _fact_write_retried(write, memory_key=memory_key, give_up_quietly=False)
     return _fact_get(memory_key=memory_key, fact_id=edited.id)
+
+
+class OrmFactStore:
+    """The engine's :class:`memory.facts.store.FactStore` over the database; ``run_sync`` runs
+    each call on a database thread, ``alive`` guards writes (docs/memory.md F-41)."""
+
+    def __init__(self, *, run_sync: RunSync = sync_to_async, alive: ConversationAlive | None = None) -> None:
+        self.run_sync = run_sync
+        self.alive = alive
+
+    async def active(self, memory_key: str) -> list[fact_values.KeyFact]:
+        facts: list[fact_values.KeyFact] = await self.run_sync(key_fact_list_active)(memory_key=memory_key)
+        return facts
+
+    async def every(self, memory_key: str) -> list[fact_values.KeyFact]:
+        facts: list[fact_values.KeyFact] = await self.run_sync(key_fact_list)(memory_key=memory_key)
+        return facts
+
+    async def apply(
+        self,
+        memory_key: str,
+        *,
+        scope_key: str,
+        candidates: Sequence[fact_values.FactCandidate],
+        valid_from: Mapping[int, datetime],
+    ) -> list[fact_values.KeyFact]:
+        created: list[fact_values.KeyFact] = await self.run_sync(key_facts_apply)(
+            memory_key=memory_key,
+            scope_key=scope_key,
+            candidates=list(candidates),
+            valid_from=dict(valid_from),
+            alive=self.alive,
+        )
+        return created

@@ -5,47 +5,30 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from datetime import datetime
+from typing import Any
 
 import numpy as np
-from django.db import connection, transaction
-from django.db.models import Q
+from asgiref.sync import sync_to_async
+from django.db import transaction
 
-from memory.facts import rules as fact_rules
 from memory.models import MemoryItem
-from memory.ports import ConversationAlive
-from memory.recall.gate import content_terms
+from memory.ports import ConversationAlive, RunSync
+from memory.recall.index import Found, Scope
 from memory.recall.pieces import IndexPiece
-from memory.recall.values import RecallCandidate, RecallItem, TermRarity
-from memory.recall.vectors import VectorCache, VectorRow, vector_bytes
-from memory.text.fulltext import fts5_match, query_terms
+from memory.recall.rank import recall_anchors, recall_scored
+from memory.recall.values import LexicalHits, TermRarity
+from memory.recall.vectors import vector_bytes
+from memory.storage.search import (
+    recall_candidates,
+    recall_lexical_hits,
+    recall_neighbors,
+    recall_term_rarity,
+    vector_cache,
+)
 
 # Items embedded per batch by the memory job and by memory_reindex.
 EMBED_BATCH = 16
-
-
-# The full-text expression that migration 0005_memoryitem indexes (PostgreSQL: the GIN index is
-# used only when a query repeats it exactly).
-_PG_BODY = "to_tsvector('english', CASE WHEN i.search_text = '' THEN i.text ELSE i.search_text END)"
-
-
-# Candidates of one recall search from each side (full-text hits, nearest by cosine): a wide
-# pool, since the gate and not the search decides (docs/memory.md §12; 200 found the evidence of
-# 83 % of the LoCoMo questions, 50 of 73 %).
-RECALL_POOL = 200
-
-
-# The nearest items by cosine taken into one search (the dense side's thresholds were calibrated
-# on 50, bench/recall_calibrate.py).
-RECALL_DENSE_POOL = 50
-
-
-# Identifier kinds of memory.facts.rule_facts that make an exact identifier match.
-IDENTIFIER_KINDS = frozenset({"id", "email", "phone"})
-
-
-_vectors = VectorCache()
 
 
 def memory_items_write(
@@ -196,337 +179,116 @@ def memory_index_status(*, memory_key: str) -> dict[str, Any]:
     }
 
 
-def _scope_sql(alias: str) -> str:
-    """The owner-scope condition of a recall query (see :func:`recall_candidates`); its
-    parameters are those of :func:`_scope_params`."""
-    return (
-        f"{alias}.scope_key = %s AND (({alias}.memory_key = %s AND {alias}.last_message_id <= %s) "
-        f"OR (%s AND {alias}.memory_key <> %s))"
-    )
-
-
-def _scope_params(scope_key: str, memory_key: str, boundary: int | None, scope: str) -> list[Any]:
-    # No boundary: nothing of this chat is in its summary yet (-1 is below every message id).
-    return [scope_key, memory_key, boundary if boundary is not None else -1, scope == "owner", memory_key]
-
-
-def _lexical_ids(terms: list[str], scope_params: list[Any], limit: int) -> list[int]:
-    """Item ids matching any of ``terms`` within the scope, best first (``bm25`` on SQLite,
-    ``ts_rank_cd`` on PostgreSQL), at most ``limit``; ``[]`` on other databases."""
-    if not terms:
-        return []
-    if connection.vendor == "sqlite":
-        match = fts5_match(terms)
-        if not match:
-            return []
-        sql = (
-            "SELECT i.id FROM memory_memoryitem_fts JOIN memory_memoryitem i ON i.id = memory_memoryitem_fts.rowid "
-            f"WHERE memory_memoryitem_fts MATCH %s AND {_scope_sql('i')} "
-            "ORDER BY bm25(memory_memoryitem_fts), i.id LIMIT %s"
-        )
-        params: list[Any] = [match, *scope_params, limit]
-    elif connection.vendor == "postgresql":
-        any_term = " || ".join(["phraseto_tsquery('english', %s)"] * len(terms))
-        sql = (
-            f"SELECT i.id FROM memory_memoryitem i, (SELECT {any_term} AS query) q "
-            f"WHERE {_PG_BODY} @@ q.query AND {_scope_sql('i')} "
-            f"ORDER BY ts_rank_cd({_PG_BODY}, q.query) DESC, i.id LIMIT %s"
-        )
-        params = [*terms, *scope_params, limit]
-    else:
-        return []
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return [row[0] for row in cursor.fetchall()]
-
-
-def recall_term_rarity(*, scope_key: str, query: str) -> TermRarity:
-    """How rare the terms of ``query`` are among the items of owner ``scope_key``
-    (docs/memory.md §12, "gate"): the number of the owner's items, and for each content term of
-    the query (:func:`memory.recall.content_terms` of each search term of
-    :func:`memory.fulltext.query_terms`) the number of those items the full-text search finds
-    for it (SQLite FTS5, PostgreSQL ``to_tsvector``; the same stemming as the search itself). One
-    statement. On another database, no frequencies (every term then counts as held by every
-    item and weighs next to nothing: only identifiers and cosines admit). Storage errors
-    propagate."""
-    terms = query_terms(query)
-    # Each search term, and the content terms of the query it stands for ("东 京" for "东京").
-    stands_for = {term: content_terms(term.replace(" ", "") if " " in term else term) for term in terms}
-    searched = [term for term in terms if stands_for[term]]
-    if connection.vendor == "sqlite":
-        matches = [fts5_match([term]) for term in searched]
-        searched = [term for term, match in zip(searched, matches, strict=True) if match]
-        # The full-text match first (a join lets SQLite test MATCH row by row: 100 times slower).
-        counts = [
-            "(SELECT count(*) FROM memory_memoryitem i WHERE i.scope_key = %s AND i.id IN "
-            "(SELECT rowid FROM memory_memoryitem_fts WHERE memory_memoryitem_fts MATCH %s))"
-        ] * len(searched)
-        params: list[Any] = [value for match in matches if match for value in (scope_key, match)]
-    elif connection.vendor == "postgresql":
-        counts = [
-            "(SELECT count(*) FROM memory_memoryitem i "
-            f"WHERE {_PG_BODY} @@ phraseto_tsquery('english', %s) AND i.scope_key = %s)"
-        ] * len(searched)
-        params = [value for term in searched for value in (term, scope_key)]
-    else:
-        searched, counts, params = [], [], []
-    sql = "SELECT " + ", ".join(["(SELECT count(*) FROM memory_memoryitem WHERE scope_key = %s)", *counts])
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [scope_key, *params])
-        row = cursor.fetchone()
-    frequencies: dict[str, int] = {}
-    for term, count in zip(searched, row[1:], strict=True):
-        for content in stands_for[term]:
-            frequencies[content] = max(frequencies.get(content, 0), int(count))
-    return TermRarity(documents=int(row[0]), frequencies=frequencies)
-
-
-def _vector_reader(scope_key: str) -> Callable[[int, Sequence[int]], Iterable[VectorRow]]:
-    def read(after: int, ids: Sequence[int]) -> Iterable[VectorRow]:
-        rows = MemoryItem.objects.filter(Q(id__gt=after) | Q(id__in=list(ids)), scope_key=scope_key)
-        return rows.values_list(
-            "id", "memory_key", "last_message_id", "embedding", "embedding_model", "embedding_dim"
-        ).iterator(chunk_size=2000)
-
-    return read
-
-
-@dataclass(frozen=True, kw_only=True)
-class LexicalHits:
-    """The full-text side of one recall search (:func:`recall_lexical_hits`): ``lexical``, item
-    ids matching any query term, best first; ``exact``, item ids holding an identifier of the
-    query; ``identifiers``, those identifiers (ids, emails, phones, verbatim); ``items``, the
-    rows of those hits by id (empty: read with the candidates)."""
-
-    lexical: list[int]
-    exact: list[int]
-    identifiers: list[str]
-    items: dict[int, RecallItem] = field(default_factory=dict)
-
-
-def recall_lexical_hits(
-    *,
-    scope_key: str,
-    memory_key: str,
-    boundary: int | None,
-    scope: Literal["chat", "owner"],
-    query: str,
-    limit: int = RECALL_POOL,
-    titles: Callable[[set[str]], Mapping[str, str]] | None = None,
-) -> LexicalHits:
-    """The full-text part of :func:`recall_candidates` on its own, so that a caller can run it
-    while the query is being embedded (docs/memory.md §12): the ``limit`` best full-text hits and
-    the items holding an identifier of ``query``, in the same scope, with their rows (chat titles
-    by ``titles``, as for :func:`recall_candidates`). Storage errors propagate."""
-    scope_params = _scope_params(scope_key, memory_key, boundary, scope)
-    identifiers = [
-        candidate.value
-        for candidate in fact_rules.rule_facts(query, message_id=0)
-        if candidate.kind in IDENTIFIER_KINDS and candidate.value
-    ]
-    exact: list[int] = []
-    for value in identifiers:
-        exact.extend(_lexical_ids(query_terms(value), scope_params, limit))
-    lexical = _lexical_ids(query_terms(query), scope_params, limit)
-    found = list(dict.fromkeys([*lexical, *exact]))
-    items = _scoped_items(found, scope_key, memory_key, boundary, scope, titles) if found else {}
-    return LexicalHits(lexical=lexical, exact=exact, identifiers=identifiers, items=items)
-
-
-def _scoped_items(
-    ids: Sequence[int],
-    scope_key: str,
-    memory_key: str,
-    boundary: int | None,
-    scope: Literal["chat", "owner"],
-    titles: Callable[[set[str]], Mapping[str, str]] | None,
-) -> dict[int, RecallItem]:
-    """The items ``ids`` that are in the scope of :func:`recall_candidates`, by id, their chat
-    titles filled by ``titles`` (``""`` without it). One query, two with titles."""
-    rows = MemoryItem.objects.filter(pk__in=list(ids), scope_key=scope_key).filter(
-        (Q(memory_key=memory_key, last_message_id__lte=boundary) if boundary is not None else Q(pk__in=[]))
-        | (~Q(memory_key=memory_key) if scope == "owner" else Q(pk__in=[]))
-    )
-    found = list(rows.values_list(*_ITEM_COLUMNS))
-    named = titles({row[1] for row in found}) if titles is not None and found else {}
-    return {row[0]: _item(row, title=named.get(row[1], "")) for row in found}
-
-
-def recall_candidates(
-    *,
-    scope_key: str,
-    memory_key: str,
-    boundary: int | None,
-    scope: Literal["chat", "owner"],
-    query: str,
-    query_vector: np.ndarray | None,
-    limit: int = RECALL_POOL,
-    embedding_model: str | None = None,
-    dense_limit: int | None = None,
-    hits: LexicalHits | None = None,
-    titles: Callable[[set[str]], Mapping[str, str]] | None = None,
-) -> list[RecallCandidate]:
-    """The items that may be recalled for ``query`` in conversation ``memory_key`` of owner
-    ``scope_key`` (docs/memory.md §12, "scope"), unranked: the caller's admission gate decides.
-
-    Eligible items belong to ``scope_key`` (never another owner's: the condition is part of
-    every query) and are either of this conversation with every message id ≤ ``boundary`` (its
-    summary's boundary; None: none of them), or, with ``scope`` ``owner``, of the owner's other
-    conversations. Candidates: the ``limit`` best full-text hits (``lexical_rank`` 1, 2, …; any
-    term of :func:`memory.fulltext.query_terms` matching), the ``dense_limit`` (default: ``limit``, at most
-    :data:`RECALL_DENSE_POOL`) items whose embedding is
-    most similar to ``query_vector`` (an L2-normalised vector, None for lexical-only; compared
-    only with embeddings of ``embedding_model`` when given, else of the same dimension) through
-    the per-owner :class:`memory.index.VectorCache`, and the items holding an identifier of the
-    query verbatim (an id, email or phone of :func:`memory.facts.rule_facts`, compared without
-    case). ``cosine`` is filled for every candidate with a cached embedding. ``chat_title`` is
-    ``""`` (the owning app fills it). Order: lexical hits by rank, then the others by cosine.
-    ``hits``: the full-text side already searched (:func:`recall_lexical_hits` with the same
-    scope, query and titles; its rows are used as they are), else it is searched here.
-    ``titles``: the owning app's titles of the conversations found (memory key → title, called
-    with the set of their keys, once per read of rows); without it, or for a key it leaves out,
-    ``chat_title`` is ``""``. Storage errors propagate.
-    """
-    if hits is None:
-        hits = recall_lexical_hits(
-            scope_key=scope_key,
-            memory_key=memory_key,
-            boundary=boundary,
-            scope=scope,
-            query=query,
-            limit=limit,
-            titles=titles,
-        )
-    lexical, exact, identifiers = hits.lexical, hits.exact, hits.identifiers
-    cosines: dict[int, float] = {}
-    dense: list[int] = []
-    if query_vector is not None and query_vector.size:
-        vector = np.asarray(query_vector, dtype=np.float32).reshape(-1)
-
-        def eligible(chats: np.ndarray, last_ids: np.ndarray) -> np.ndarray:
-            here = (chats == memory_key) & (last_ids <= (boundary if boundary is not None else -1))
-            return here | (chats != memory_key) if scope == "owner" else here
-
-        nearest, extra = _vectors.search(
-            scope_key,
-            model=embedding_model,
-            query=vector,
-            read=_vector_reader(scope_key),
-            eligible=eligible,
-            limit=dense_limit if dense_limit is not None else min(limit, RECALL_DENSE_POOL),
-            also=[*lexical, *exact],
-        )
-        dense = [hit.id for hit in nearest]
-        cosines = {**extra, **{hit.id: hit.cosine for hit in nearest}}
-    wanted = list(dict.fromkeys([*lexical, *exact, *dense]))
-    if not wanted:
-        return []
-    # The full-text side's rows were read with its hits (while the query was being embedded).
-    found = {item_id: hits.items[item_id] for item_id in wanted if item_id in hits.items}
-    missing = [item_id for item_id in wanted if item_id not in hits.items]
-    if missing:
-        found.update(_scoped_items(missing, scope_key, memory_key, boundary, scope, titles))
-    gone = [item_id for item_id in dense if item_id not in found]
-    if gone:
-        _vectors.forget(scope_key, gone)
-    ranks = {item_id: rank for rank, item_id in enumerate(lexical, start=1)}
-    folded = [value.casefold() for value in identifiers]
-    dense_ids = set(dense)
-    candidates = []
-    for item_id in wanted:
-        item = found.get(item_id)
-        if item is None:
-            continue
-        lowered = item.text.casefold()
-        identifier_match = any(value in lowered for value in folded)
-        if item_id not in ranks and item_id not in dense_ids and not identifier_match:
-            continue  # found only by an identifier's phrase, without the identifier verbatim
-        candidates.append(
-            RecallCandidate(
-                item=item,
-                lexical_rank=ranks.get(item_id),
-                cosine=cosines.get(item_id),
-                identifier_match=identifier_match,
-            )
-        )
-    candidates.sort(
-        key=lambda c: (
-            c.lexical_rank is None,
-            c.lexical_rank or 0,
-            -(c.cosine if c.cosine is not None else -2.0),
-        )
-    )
-    return candidates
-
-
-_ITEM_COLUMNS = ("id", "memory_key", "message_ids", "role", "text", "token_count", "created_at")
-
-
-def _item(row: Sequence[Any], *, title: str) -> RecallItem:
-    """A :class:`RecallItem` of a row of :data:`_ITEM_COLUMNS`."""
-    item_id, chat, message_ids, role, text, tokens, created_at = row
-    return RecallItem(
-        id=item_id,
-        memory_key=chat,
-        chat_title=title,
-        message_ids=tuple(int(message_id) for message_id in message_ids),
-        role=role,
-        text=text,
-        tokens=tokens,
-        created_at=created_at,
-    )
-
-
-def recall_neighbors(
-    *,
-    scope_key: str,
-    memory_key: str,
-    boundary: int | None,
-    scope: Literal["chat", "owner"],
-    anchors: Sequence[RecallItem],
-) -> dict[int, tuple[RecallItem, ...]]:
-    """The items next to each of ``anchors`` in its chat (docs/memory.md §12, "context"): anchor
-    id → (the next item, the one before), in the chat's order (message id, then piece), each
-    only when it exists and is in the same scope as :func:`recall_candidates` (never another
-    owner's, never in this chat's retained window: at most ``boundary``). An anchor's chat title
-    is its neighbours'. One statement for all anchors (two lookups each on the unique index of
-    ``memory_key, last_message_id, piece``), one more for the rows. Storage errors propagate."""
-    if not anchors:
-        return {}
-    scope_params = _scope_params(scope_key, memory_key, boundary, scope)
-    # The first comparison lets the index seek; the second orders pieces of the same message.
-    after = (
-        "m.last_message_id >= a.last_message_id AND (m.last_message_id > a.last_message_id "
-        "OR (m.last_message_id = a.last_message_id AND m.piece > a.piece))"
-    )
-    before = (
-        "m.last_message_id <= a.last_message_id AND (m.last_message_id < a.last_message_id "
-        "OR (m.last_message_id = a.last_message_id AND m.piece < a.piece))"
-    )
-    branches, params = [], []
-    for anchor in anchors:
-        for step, (condition, order) in enumerate(((after, ""), (before, " DESC"))):
-            branches.append(
-                f"SELECT {int(anchor.id)}, {step}, (SELECT m.id FROM memory_memoryitem m, memory_memoryitem a "
-                f"WHERE a.id = {int(anchor.id)} AND m.memory_key = a.memory_key AND ({condition}) "
-                f"AND {_scope_sql('m')} ORDER BY m.last_message_id{order}, m.piece{order} LIMIT 1)"
-            )
-            params.extend(scope_params)
-    with connection.cursor() as cursor:
-        cursor.execute(" UNION ALL ".join(branches), params)
-        found = [(int(anchor_id), int(step), item_id) for anchor_id, step, item_id in cursor.fetchall() if item_id]
-    rows = {row[0]: row for row in MemoryItem.objects.filter(pk__in=[f[2] for f in found]).values_list(*_ITEM_COLUMNS)}
-    titles = {anchor.id: anchor.chat_title for anchor in anchors}
-    neighbors: dict[int, list[RecallItem]] = {}
-    for anchor_id, _, item_id in sorted(found, key=lambda f: (f[0], f[1])):
-        if item_id in rows:
-            neighbors.setdefault(anchor_id, []).append(_item(rows[item_id], title=titles[anchor_id]))
-    return {anchor_id: tuple(items) for anchor_id, items in neighbors.items()}
-
-
 def recall_cache_clear() -> None:
     """Forget this process's cached vectors and which owners have embeddings (tests; after
     switching the embedding model)."""
-    _vectors.clear()
+    vector_cache.clear()
     _embedded_owners.clear()
     _unembedded_until.clear()
+
+
+class OrmRecallIndex:
+    """The engine's :class:`memory.recall.index.RecallIndex` over the database. ``run_sync`` runs
+    each read or write on a database thread; ``titles`` names conversations for provenance and
+    ``alive`` guards every write (docs/memory.md F-41)."""
+
+    def __init__(
+        self,
+        *,
+        run_sync: RunSync = sync_to_async,
+        titles: Callable[[set[str]], Mapping[str, str]] | None = None,
+        alive: ConversationAlive | None = None,
+    ) -> None:
+        self.run_sync = run_sync
+        self.titles = titles
+        self.alive = alive
+
+    def embeddings_known(self, *, scope_key: str, model: str) -> bool | None:
+        return memory_item_embeddings_known(scope_key=scope_key, model=model)
+
+    async def embeddings_exist(self, *, scope_key: str, model: str) -> bool:
+        return bool(await self.run_sync(memory_item_embeddings_exist)(scope_key=scope_key, model=model))
+
+    async def lexical(
+        self, *, scope_key: str, memory_key: str, boundary: int | None, scope: Scope, query: str
+    ) -> tuple[LexicalHits, TermRarity | None]:
+        def read() -> tuple[LexicalHits, TermRarity | None]:
+            hits = recall_lexical_hits(
+                scope_key=scope_key,
+                memory_key=memory_key,
+                boundary=boundary,
+                scope=scope,
+                query=query,
+                titles=self.titles,
+            )
+            rarity = recall_term_rarity(scope_key=scope_key, query=query) if hits.lexical or hits.exact else None
+            return hits, rarity
+
+        found: tuple[LexicalHits, TermRarity | None] = await self.run_sync(read)()
+        return found
+
+    async def candidates(
+        self,
+        *,
+        scope_key: str,
+        memory_key: str,
+        boundary: int | None,
+        scope: Scope,
+        query: str,
+        vector: np.ndarray | None,
+        model: str | None,
+        hits: LexicalHits,
+        rarity: TermRarity | None,
+        now: datetime,
+    ) -> Found:
+        def read() -> Found:
+            found = recall_candidates(
+                scope_key=scope_key,
+                memory_key=memory_key,
+                boundary=boundary,
+                scope=scope,
+                query=query,
+                query_vector=vector,
+                embedding_model=model,
+                hits=hits,
+                titles=self.titles,
+            )
+            if not found:
+                return found, None, None, {}
+            known = rarity if rarity is not None else recall_term_rarity(scope_key=scope_key, query=query)
+            scored = recall_scored(found, query=query, now=now, model=model, rarity=known)
+            neighbors = recall_neighbors(
+                scope_key=scope_key,
+                memory_key=memory_key,
+                boundary=boundary,
+                scope=scope,
+                anchors=recall_anchors(scored, memory_key=memory_key),
+            )
+            return found, known, scored, neighbors
+
+        result: Found = await self.run_sync(read)()
+        return result
+
+    async def write(
+        self, *, memory_key: str, scope_key: str, message_ids: Sequence[int], pieces: Sequence[IndexPiece]
+    ) -> tuple[int, int]:
+        written: tuple[int, int] = await self.run_sync(memory_items_write)(
+            memory_key=memory_key, scope_key=scope_key, message_ids=message_ids, pieces=pieces, alive=self.alive
+        )
+        return written
+
+    async def unembedded(self, *, memory_key: str, model: str) -> list[tuple[int, str, int]]:
+        items: list[tuple[int, str, int]] = await self.run_sync(memory_items_unembedded)(
+            memory_key=memory_key, model=model
+        )
+        return items
+
+    async def unembedded_exist(self, *, memory_key: str, model: str) -> bool:
+        return bool(await self.run_sync(memory_items_unembedded_exist)(memory_key=memory_key, model=model))
+
+    async def save_embeddings(self, *, vectors: dict[int, np.ndarray], model: str) -> int:
+        return int(await self.run_sync(memory_item_embeddings_save)(vectors=vectors, model=model))
+
+    async def status(self, *, memory_key: str) -> dict[str, Any]:
+        status: dict[str, Any] = await self.run_sync(memory_index_status)(memory_key=memory_key)
+        return status

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from memory.jobs.state import JobState, JobStatus, StepAttempt
 from memory.models import MemoryJobState
+from memory.ports import RunSync
 
 
 def memory_job_state_get(*, memory_key: str) -> JobState:
@@ -74,19 +75,23 @@ def memory_job_release(*, memory_key: str, owner: str, status: JobStatus, error:
 
 
 class OrmJobStore:
-    """The memory jobs' shared state (:class:`memory.jobs.JobStore`) in the database."""
+    """The memory jobs' shared state (:class:`memory.jobs.state.JobStore`) in the database;
+    ``run_sync`` runs each call on a database thread."""
+
+    def __init__(self, *, run_sync: RunSync = sync_to_async) -> None:
+        self.run_sync = run_sync
 
     async def get(self, memory_key: str) -> JobState:
-        return await sync_to_async(memory_job_state_get)(memory_key=memory_key)
+        return await self.run_sync(memory_job_state_get)(memory_key=memory_key)
 
     async def acquire(self, memory_key: str, *, owner: str, lease_seconds: float) -> JobState | None:
-        return await sync_to_async(memory_job_acquire)(memory_key=memory_key, owner=owner, lease_seconds=lease_seconds)
+        return await self.run_sync(memory_job_acquire)(memory_key=memory_key, owner=owner, lease_seconds=lease_seconds)
 
     async def renew(self, memory_key: str, *, owner: str, lease_seconds: float) -> bool:
-        return await sync_to_async(memory_job_renew)(memory_key=memory_key, owner=owner, lease_seconds=lease_seconds)
+        return await self.run_sync(memory_job_renew)(memory_key=memory_key, owner=owner, lease_seconds=lease_seconds)
 
     async def step_done(self, memory_key: str, *, owner: str, attempt: StepAttempt) -> bool:
-        return await sync_to_async(memory_job_step_done)(memory_key=memory_key, owner=owner, attempt=attempt)
+        return await self.run_sync(memory_job_step_done)(memory_key=memory_key, owner=owner, attempt=attempt)
 
     async def release(self, memory_key: str, *, owner: str, status: JobStatus, error: str) -> None:
-        await sync_to_async(memory_job_release)(memory_key=memory_key, owner=owner, status=status, error=error)
+        await self.run_sync(memory_job_release)(memory_key=memory_key, owner=owner, status=status, error=error)

@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from memory.models import CompressionEvent, KeyFact, MemoryItem, MemoryJobState, SessionSummary
-from memory.ports import ConversationAlive
+from memory.ports import ConversationAlive, RunSync
 from memory.summary import chain as summarizer
 from memory.summary.store import CompressionRecord, Summary
 
@@ -177,16 +177,17 @@ class OrmSummaryStore:
     left to compress) and its events are not stored (returned with ``id`` None).
     """
 
-    def __init__(self, *, alive: ConversationAlive | None = None) -> None:
+    def __init__(self, *, alive: ConversationAlive | None = None, run_sync: RunSync = sync_to_async) -> None:
         self.alive = alive
+        self.run_sync = run_sync
 
     async def get(self, memory_key: str) -> Summary:
-        return await sync_to_async(session_summary_get)(memory_key=memory_key)
+        return await self.run_sync(session_summary_get)(memory_key=memory_key)
 
     async def compare_and_set(
         self, memory_key: str, *, expected_version: int, new: Summary, token_count: int, same_boundary: bool = False
     ) -> bool:
-        return await sync_to_async(session_summary_save)(
+        return await self.run_sync(session_summary_save)(
             memory_key=memory_key,
             expected_version=expected_version,
             new=new,
@@ -195,8 +196,6 @@ class OrmSummaryStore:
             alive=self.alive,
         )
 
-    async def record(self, memory_key: str, record: CompressionRecord) -> dict[str, Any]:
-        event = await sync_to_async(compression_event_create)(memory_key=memory_key, record=record, alive=self.alive)
-        if event is None:
-            return {"id": None, "created_at": None, **record.fields()}
-        return event.as_dict()
+    async def record(self, memory_key: str, record: CompressionRecord) -> CompressionRecord:
+        event = await self.run_sync(compression_event_create)(memory_key=memory_key, record=record, alive=self.alive)
+        return record if event is None else event.as_record()

@@ -314,6 +314,18 @@ class ExtractiveSummarizer:
     def __init__(self, counter: TokenCounter | None = None) -> None:
         self.counter = counter
 
+    @staticmethod
+    def is_prompt(content: str) -> bool:
+        """Whether ``content`` (a user message's text) is a summarizer prompt."""
+        return split_summary_prompt(content) is not None
+
+    @staticmethod
+    def reply(content: str, *, max_tokens: int) -> str | None:
+        """The extractive summary a summarizer prompt's user ``content`` asks for, or None when
+        ``content`` is not a summarizer prompt (how the offline engine answers one)."""
+        parsed = split_summary_prompt(content)
+        return None if parsed is None else extractive_summary(*parsed, max_tokens=max_tokens)
+
     async def summarize(self, request: SummaryRequest) -> str:
         parsed = split_summary_prompt(request.prompt[-1]["content"])
         previous, transcript = parsed if parsed else (request.previous_summary, "")

@@ -12,9 +12,12 @@ ORM object ever reaches the engine.
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
+
+from memory.summary.chain import summary_kind
 
 SummaryType = Literal["none", "llm", "raw"]
 EventKind = Literal["compression", "superseded", "no_progress", "overflow"]
@@ -47,6 +50,17 @@ class Summary:
             "compressed_count": self.compressed_count,
             "version": self.version,
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Summary:
+        """The summary of :meth:`as_dict` (missing keys take their defaults)."""
+        return cls(
+            content=data.get("content") or "",
+            summary_type=data.get("type") or "none",
+            last_message_id=data.get("last_message_id"),
+            compressed_count=data.get("compressed_count") or 0,
+            version=data.get("version") or 0,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,10 +98,31 @@ class CompressionRecord:
     notes: list[str] = field(default_factory=list)
     elisions: list[dict[str, Any]] = field(default_factory=list)
     origin: str = "request"
+    id: int | None = None
+    created_at: str | None = None
 
     def fields(self) -> dict[str, Any]:
-        """The record's fields as a dict (the columns of :class:`memory.models.CompressionEvent`)."""
-        return asdict(self)
+        """The stored columns (:class:`memory.models.CompressionEvent`): every field but ``id``
+        and ``created_at``."""
+        fields = asdict(self)
+        del fields["id"], fields["created_at"]
+        return fields
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form: every field, ``created_at`` as ISO 8601."""
+        return {"id": self.id, "created_at": self.created_at, **self.fields()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CompressionRecord:
+        """The record of :meth:`as_dict` (keys it does not know are ignored; older snapshots lack
+        ``origin``)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in names})
+
+    @property
+    def summary_kind(self) -> str:
+        """Who wrote the summary this event produced (:func:`memory.summary.chain.summary_kind`)."""
+        return summary_kind(self.result_type, self.attempts)
 
 
 class SummaryStore(Protocol):
@@ -96,8 +131,8 @@ class SummaryStore(Protocol):
     ``compare_and_set`` writes ``new`` only if the stored version still equals
     ``expected_version`` and the boundary moves strictly forward (docs/memory.md §3 step 6);
     with ``same_boundary`` it may also stay where it is (a summary over the cap rewritten in
-    place, docs/memory.md F-40), never move back. It returns whether it wrote. ``record`` stores a compression event and returns its JSON form
-    (the record's fields plus ``id`` and ``created_at``, ISO 8601). Storage errors propagate.
+    place, docs/memory.md F-40), never move back. It returns whether it wrote. ``record`` stores a
+    compression event and returns it with its ``id`` and ``created_at``. Storage errors propagate.
     """
 
     async def get(self, memory_key: str) -> Summary: ...
@@ -106,19 +141,19 @@ class SummaryStore(Protocol):
         self, memory_key: str, *, expected_version: int, new: Summary, token_count: int, same_boundary: bool = False
     ) -> bool: ...
 
-    async def record(self, memory_key: str, record: CompressionRecord) -> dict[str, Any]: ...
+    async def record(self, memory_key: str, record: CompressionRecord) -> CompressionRecord: ...
 
 
 class InMemorySummaryStore:
     """:class:`SummaryStore` in a dict, with the same compare-and-set rule as the database.
 
-    ``summaries`` maps a memory key to its stored :class:`Summary`; ``events`` to the JSON forms
-    of its recorded compression events, oldest first. Not shared between processes.
+    ``summaries`` maps a memory key to its stored :class:`Summary`; ``events`` to its recorded
+    compression events, oldest first. Not shared between processes.
     """
 
     def __init__(self) -> None:
         self.summaries: dict[str, Summary] = {}
-        self.events: dict[str, list[dict[str, Any]]] = {}
+        self.events: dict[str, list[CompressionRecord]] = {}
         self._ids = itertools.count(1)
 
     async def get(self, memory_key: str) -> Summary:
@@ -141,7 +176,7 @@ class InMemorySummaryStore:
         self.summaries[memory_key] = replace(new, version=expected_version + 1)
         return True
 
-    async def record(self, memory_key: str, record: CompressionRecord) -> dict[str, Any]:
-        event = {"id": next(self._ids), **record.fields(), "created_at": datetime.now(UTC).isoformat()}
+    async def record(self, memory_key: str, record: CompressionRecord) -> CompressionRecord:
+        event = replace(record, id=next(self._ids), created_at=datetime.now(UTC).isoformat())
         self.events.setdefault(memory_key, []).append(event)
         return event

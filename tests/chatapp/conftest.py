@@ -25,12 +25,12 @@ from django.utils import timezone
 from chatapp.asgi import application
 from chatapp.chats.access import Owner
 from chatapp.chats.services import message_token_count
-from chatapp.conversation.memory_jobs import memory_jobs_close
 from chatapp.conversation.runner import chat_turns_wait
 from chatapp.kb.documents import DEMO_KB_DIR, document_load_directory
 from chatapp.llm.offline.transport import OFFLINE_MODEL
 from chatapp.models import ChatSession, Message, TurnLease
 from chatapp.orm_threads import orm_connections_close
+from memory.api import MemoryEngine
 
 ORIGIN = "http://127.0.0.1:8000"
 TIMEOUT = 5.0
@@ -166,7 +166,7 @@ async def db_connections_closed() -> AsyncIterator[None]:
     database can be dropped (PostgreSQL refuses while a session is open)."""
     yield
     async with asyncio.timeout(30):
-        await memory_jobs_close()
+        await MemoryEngine.close_jobs()
     await sync_to_async(connections.close_all)()
     await sync_to_async(orm_connections_close)()
 

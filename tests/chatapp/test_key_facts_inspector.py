@@ -16,6 +16,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from chatapp.chats.memory import memory_key_of
 from chatapp.models import ChatSession, Message, ModelCall
 from chatapp.realtime.broadcast import event_broadcast
 from chatapp.realtime.protocol import MemoryFactsEvent
@@ -28,7 +29,8 @@ from chatapp.ui.inspector import (
     key_facts_build,
 )
 from chatapp.ui.page_feed import PageFeed
-from memory.api import FactCandidate, KeyFact, key_fact_list, key_facts_apply, key_facts_store_rule
+from memory.api import FactCandidate, KeyFact
+from memory.storage.facts import key_fact_list, key_facts_apply, key_facts_store_rule
 from tests.chatapp.conftest import TIMEOUT, Socket, Visitor, chat_session_make, message_make
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("offline_engine")]
@@ -37,7 +39,7 @@ HTMX = {"HX-Request": "true"}
 
 
 def memory_key(session: ChatSession) -> str:
-    return ChatSession.memory_key_for(session.pk)
+    return memory_key_of(session.pk)
 
 
 def said(session: ChatSession, text: str) -> tuple[Message, list[KeyFact]]:

@@ -17,7 +17,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from chatapp.conversation.memory_jobs import memory_job_run_now
+from chatapp.chats.memory import memory_engine, memory_key_of
 from chatapp.conversation.runner import chat_turn_run
 from chatapp.models import ChatSession, Message, ModelCall
 from chatapp.realtime.protocol import MemoryContextEvent
@@ -334,7 +334,7 @@ async def test_an_owner_recalls_only_their_own_messages():
     said_mine = await sync_to_async(message_make)(mine, "user", "Note: the blue umbrella at locker 12 is mine.")
     said_theirs = await sync_to_async(message_make)(theirs, "user", "Note: the blue umbrella at locker 12 is Bob's.")
     for session in (mine, theirs):
-        await memory_job_run_now(session_id=session.pk)
+        await memory_engine().run_jobs(memory_key_of(session.pk))
 
     new = await sync_to_async(chat_session_make)(alice.owner)
     call = await ask(new, "Where is the blue umbrella at locker 12?")
@@ -362,7 +362,7 @@ async def test_in_the_same_chat_only_a_message_its_summary_covers_is_recalled(se
     session = await sync_to_async(chat_session_make)(alice.owner)
     said = await sync_to_async(message_make)(session, "user", "Note: the blue umbrella at locker 12 is mine.")
     reply = await sync_to_async(message_make)(session, "assistant", "Noted.", reply_to=said)
-    await memory_job_run_now(session_id=session.pk)
+    await memory_engine().run_jobs(memory_key_of(session.pk))
 
     # In the window (no summary yet): indexed, but never recalled.
     call = await ask(session, "Where is the blue umbrella at locker 12?")
@@ -370,7 +370,7 @@ async def test_in_the_same_chat_only_a_message_its_summary_covers_is_recalled(se
     assert not any(s["kind"] == "recall" for s in call.context["sources"])
 
     # Once the summary covers it, it is recalled verbatim.
-    memory_key = ChatSession.memory_key_for(session.pk)
+    memory_key = memory_key_of(session.pk)
     await sync_to_async(session_summary_save)(
         memory_key=memory_key,
         expected_version=0,
@@ -379,7 +379,7 @@ async def test_in_the_same_chat_only_a_message_its_summary_covers_is_recalled(se
         ),
         token_count=6,
     )
-    await memory_job_run_now(session_id=session.pk)  # indexes the first question and its answer
+    await memory_engine().run_jobs(memory_key_of(session.pk))  # indexes the first question and its answer
     call = await ask(session, "Where is the blue umbrella at locker 12 again?")
     # The reply comes as the item's context; the messages after it (the first question and its
     # answer, indexed by now) are in the window and never do.

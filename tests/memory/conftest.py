@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 from memory.context.budget import MemoryBudget
-from memory.context.builder import MemoryEngine
+from memory.context.builder import ContextBuilder
 from memory.storage.summaries import OrmSummaryStore
 from memory.summary.chain import SummarizerChain
 from memory.summary.store import SummaryStore
@@ -28,7 +28,7 @@ def make_engine(
     timeout: float = 5.0,
     store: SummaryStore | None = None,
     **budget,
-) -> MemoryEngine:
+) -> ContextBuilder:
     """An engine with scripted summarizers and no retry backoff, over ``store`` (default: the
     test database)."""
     chain = SummarizerChain(
@@ -38,7 +38,7 @@ def make_engine(
         timeout=timeout,
         backoff=0,
     )
-    return MemoryEngine(
+    return ContextBuilder(
         budget=MemoryBudget(context_window=window, **budget),
         chain=chain,
         counter=COUNTER,

@@ -131,7 +131,7 @@ def check_context(
     # the estimate is the one of what is sent
     assert context.tokens == counter.count_request(messages, tools)
     # I5
-    if any(event["kind"] == "compression" for event in context.events):
+    if any(event.kind == "compression" for event in context.events):
         assert context.tokens <= context.target_tokens or context.sections["retained"] == 0
     assert context.tokens <= context.trigger_tokens or context.sections["retained"] == 0
     assert context.tokens <= context.context_window or context.overflow

@@ -180,10 +180,10 @@ def test_f16_giant_current_message_does_not_loop(memory_key):
     first_requests = len(summarizer.requests)
     context = build(engine, store, memory_key)
     assert len(summarizer.requests) == first_requests, "the same prefix was summarized again"
-    kinds = [event["kind"] for event in context.events]
+    kinds = [event.kind for event in context.events]
     assert "no_progress" in kinds and "overflow" in kinds and context.overflow
-    no_progress = next(e for e in context.events if e["kind"] == "no_progress")
-    assert any("nothing left to summarize" in note for note in no_progress["notes"] if isinstance(note, str))
+    no_progress = next(e for e in context.events if e.kind == "no_progress")
+    assert any("nothing left to summarize" in note for note in no_progress.notes if isinstance(note, str))
     assert context.messages[-1]["content"] == "giant " * 3000
 
 
@@ -208,8 +208,8 @@ def test_f07_oversized_tool_result_in_the_current_turn_is_elided(memory_key):
     assert "tokens elided to fit the context window" in context.messages[-1]["content"]
     # Elided to the window minus the reply reserve (16,000 - 2,000), not down to the target.
     assert 14_000 - 10 <= context.tokens <= 14_000
-    assert [e["kind"] for e in context.events] == ["no_progress", "overflow"] or "overflow" in [
-        e["kind"] for e in context.events
+    assert [e.kind for e in context.events] == ["no_progress", "overflow"] or "overflow" in [
+        e.kind for e in context.events
     ]
     assert store.rows == stored_before
 
@@ -229,8 +229,8 @@ def test_f23_failing_summarizer_keeps_old_summary_and_records_attempts(memory_ke
         row = SessionSummary.objects.get(memory_key=memory_key)
         assert row.summary_type == "raw" and row.content.startswith("OLD SUMMARY: user likes tea.")
         assert "HTTP 500" not in row.content and "late summary" not in row.content
-        event = next(e for e in context.events if e["kind"] == "compression")
-        assert event["degraded"] and [(a["phase"], a["number"]) for a in event["attempts"]] == [
+        event = next(e for e in context.events if e.kind == "compression")
+        assert event.degraded and [(a["phase"], a["number"]) for a in event.attempts] == [
             ("primary", 1),
             ("primary", 2),
             ("primary", 3),
@@ -238,7 +238,7 @@ def test_f23_failing_summarizer_keeps_old_summary_and_records_attempts(memory_ke
             ("failover", 2),
             ("failover", 3),
         ]
-        assert all(not a["ok"] and a["error"] for a in event["attempts"])
+        assert all(not a["ok"] and a["error"] for a in event.attempts)
         chat(store, 12, start=200 + 20 * index)
         store.add(user("next"))
 
@@ -251,13 +251,13 @@ def test_primary_fails_three_times_then_failover_succeeds(memory_key):
     failover = ScriptedSummarizer(default="from the failover", model="failover-model")
     context = build(make_engine(primary=primary, failover=failover), store, memory_key)
     event = context.events[0]
-    assert [(a["model"], a["ok"]) for a in event["attempts"]] == [
+    assert [(a["model"], a["ok"]) for a in event.attempts] == [
         ("primary-model", False),
         ("primary-model", False),
         ("primary-model", False),
         ("failover-model", True),
     ]
-    assert not event["degraded"] and event["result_type"] == "llm"
+    assert not event.degraded and event.result_type == "llm"
     assert SessionSummary.objects.get(memory_key=memory_key).content == "from the failover"
 
 
@@ -290,7 +290,7 @@ def test_timeout_really_fires(memory_key):
     store.add(user("q"))
     engine = make_engine(primary=ScriptedSummarizer(default="sleep:30"), attempts=1, timeout=0.1)
     context = build(engine, store, memory_key)
-    attempt = context.events[0]["attempts"][0]
+    attempt = context.events[0].attempts[0]
     assert attempt["error"].startswith("TimeoutError") and 80 <= attempt["latency_ms"] < 5000
 
 
@@ -342,7 +342,7 @@ def test_agent_mode_notes_when_the_budget_beats_preserve_turns(memory_key):
     chat(store, 12)
     store.add(user("q"))
     context = build(make_engine(primary=ScriptedSummarizer(default="facts")), store, memory_key, mode="agent")
-    notes = context.events[0]["notes"]
+    notes = context.events[0].notes
     assert any("preserve_turns=5" in note for note in notes)
 
 
@@ -441,7 +441,7 @@ def test_compress_now_folds_all_history_before_the_current_turn(memory_key):
         "summary",
         "current",
     ]
-    assert any("requested by the user" in note for note in context.events[0]["notes"])
+    assert any("requested by the user" in note for note in context.events[0].notes)
 
 
 @pytest.mark.parametrize(
@@ -473,7 +473,7 @@ def test_losing_every_compare_and_set_round_degrades_without_writing(memory_key,
     store.add(user("q"))
     monkeypatch.setattr(services, "session_summary_save", lambda **kwargs: False)
     context = build(make_engine(primary=ScriptedSummarizer(default="facts")), store, memory_key)
-    assert [e["kind"] for e in context.events] == ["superseded"] * 3
+    assert [e.kind for e in context.events] == ["superseded"] * 3
     assert context.summary.summary_type == "raw" and context.tokens <= context.target_tokens
     assert any("won the race" in note for note in context.repairs)
     assert not SessionSummary.objects.filter(memory_key=memory_key).exists()
@@ -511,7 +511,7 @@ def test_a_pin_that_would_overflow_the_window_yields(memory_key):
     )
     check_context(context, stored=store.rows, system_prompt=SYSTEM, counter=COUNTER)
     assert context.tokens <= context.target_tokens and not context.overflow
-    assert any("would overflow the context window" in note for note in context.events[0]["notes"])
+    assert any("would overflow the context window" in note for note in context.events[0].notes)
 
 
 def test_compress_now_with_nothing_left_says_so_plainly(memory_key):
@@ -522,7 +522,7 @@ def test_compress_now_with_nothing_left_says_so_plainly(memory_key):
             memory_key=memory_key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent", force=True
         )
     )
-    notes = context.events[0]["notes"]
-    assert context.events[0]["kind"] == "no_progress"
+    notes = context.events[0].notes
+    assert context.events[0].kind == "no_progress"
     assert any("nothing to compress" in note for note in notes)
     assert not any("over the trigger" in note or "preserve_turns" in note for note in notes)

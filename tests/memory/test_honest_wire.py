@@ -97,7 +97,7 @@ def test_f38_a_boundary_stored_inside_a_turn_is_moved_to_the_next_turn_start():
     )
     context = build(engine, store)
     assert roles(context) == ["system", "system", "user"]
-    assert context.summary.last_message_id == 4 and context.events[0]["kind"] == "compression"
+    assert context.summary.last_message_id == 4 and context.events[0].kind == "compression"
     again = build(engine, store)
     assert again.events == [], "once snapped, a request under the trigger compresses nothing"
 
@@ -177,13 +177,13 @@ def test_f40_an_oversized_stored_summary_is_shrunk_on_the_next_compression(healt
     port.summaries["k"] = oversized_summary()
     assert COUNTER.count_text(oversized_summary().content) > 10 * engine.summary_cap
     context = build(engine, store)
-    kinds = [event["kind"] for event in context.events]
+    kinds = [event.kind for event in context.events]
     assert kinds[0] == "compression", kinds
     stored = port.summaries["k"]
     assert COUNTER.count_text(stored.content) <= engine.summary_cap
     assert stored.content.startswith("- User: fact 0: booking REF0000"), "the earliest facts stay (I7)"
     assert stored.last_message_id == 2 and stored.compressed_count == 2 and stored.version == 2
-    assert context.events[0]["degraded"] is (not healthy)
+    assert context.events[0].degraded is (not healthy)
     if not healthy:
         assert stored.content.endswith(SUMMARY_TRIMMED)
     again = build(engine, store)
@@ -258,8 +258,8 @@ def test_older_steps_of_the_current_turn_are_folded_instead_of_refused():
     # The newest step is sent whole: its call and its result, paired.
     assert context.messages[-2]["tool_calls"][0]["id"] == "c13" and context.messages[-1]["tool_call_id"] == "c13"
     assert context.messages[-1]["content"] == store.rows[-1]["content"]
-    overflow = next(event for event in context.events if event["kind"] == "overflow")
-    assert any("folded 26 earlier message(s)" in n for n in overflow["notes"]) and overflow["attempts"][0]["ok"]
+    overflow = next(event for event in context.events if event.kind == "overflow")
+    assert any("folded 26 earlier message(s)" in n for n in overflow.notes) and overflow.attempts[0]["ok"]
     # The next model call of the same turn folds only the step added since (incremental).
     store.add(asst(None, tc=["c14"], tool="get_reservation_details"), tool("c14", '{"reservation_id": "R00014"}'))
     build(engine, store, system=LONG_SYSTEM)

@@ -14,10 +14,10 @@ from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from chatapp.chats import services as chat_services
+from chatapp.chats.memory import ChatConversations, memory_engine, memory_key_of
 from chatapp.conversation import leases
-from chatapp.conversation.memory_jobs import PreCompression
 from chatapp.conversation.turn import Turn
-from chatapp.models import ChatSession, Message
+from chatapp.models import Message
 from memory.facts.values import FactCandidate
 from memory.models import KeyFact
 from memory.storage.facts import (
@@ -414,7 +414,7 @@ def test_deleting_a_chat_deletes_its_facts():
     owner = visitor_make().owner
     session = chat_session_make(owner)
     leases.user_message_submit(session=session, client_message_id="m1", text="My order is #W2378156")
-    memory_key = ChatSession.memory_key_for(session.pk)
+    memory_key = memory_key_of(session.pk)
     assert KeyFact.objects.filter(memory_key=memory_key).exists()
 
     chat_services.chat_session_delete(session=session)
@@ -435,7 +435,7 @@ def test_a_user_message_stored_through_the_chat_path_stores_its_facts(anonymous)
     )
 
     assert created
-    rows = KeyFact.objects.filter(memory_key=ChatSession.memory_key_for(session.pk))
+    rows = KeyFact.objects.filter(memory_key=memory_key_of(session.pk))
     assert [(row.key, row.value) for row in rows] == [("order_id", "#W2378156"), ("payment_card", "4421")]
     scope = f"user:{owner.user_id}" if not anonymous else f"anon:{owner.session_key}"
     for row in rows:
@@ -484,7 +484,7 @@ def test_an_assistant_tool_call_stores_its_arguments_facts_but_an_app_note_does_
         origin=Message.Origin.APP,
     )
 
-    rows = KeyFact.objects.filter(memory_key=ChatSession.memory_key_for(session.pk))
+    rows = KeyFact.objects.filter(memory_key=memory_key_of(session.pk))
     assert [(row.key, row.value, row.source_message_id, row.scope_key) for row in rows] == [
         ("order_id", "#W2378156", reply.pk, f"user:{session.owner_id}")
     ]
@@ -498,18 +498,21 @@ async def test_every_request_the_chat_app_builds_loads_the_active_facts(settings
     message, _ = await sync_to_async(leases.user_message_submit)(
         session=session, client_message_id="m1", text="My order is #W2378156"
     )
-    memory_key = ChatSession.memory_key_for(session.pk)
+    memory_key = memory_key_of(session.pk)
     expected = await sync_to_async(key_fact_list_active)(memory_key=memory_key)
     assert [f.value for f in expected] == ["#W2378156"]
 
-    turn = Turn(session_id=session.pk, user_message_id=message.pk, mode="agent")
-    request = await turn.context_request(system_prompt="You help.")
-    assert request.load_facts is not None
-    assert await request.load_facts() == expected
+    engine = memory_engine()
+    turn = Turn(
+        session_id=session.pk, user_message_id=message.pk, mode="agent", engine=engine, question="", scope_key="x"
+    )
+    ctx = await engine.context(await turn.context_request(system_prompt="You help."))
+    assert ctx.facts["in_window"] == [fact.id for fact in expected]
 
-    planned = await PreCompression(orm=sync_to_async)._next_request(memory_key)
-    assert planned is not None and planned[1].load_facts is not None
-    assert await planned[1].load_facts() == expected
+    planned = await ChatConversations().next_request(memory_key)
+    assert planned is not None
+    ctx = await engine.context(planned.request)
+    assert ctx.facts["in_window"] == [fact.id for fact in expected]
 
 
 def test_the_active_list_written_in_sql_matches_the_orm_query_field_for_field(memory_key):

@@ -159,7 +159,7 @@ def test_invariants_hold_before_every_model_call(messages, window, mode, summary
             boundary = new_boundary
             assert len(context.events) <= CAS_ROUNDS + 2, "I9: runaway compression"
             for compression in context.events:
-                event(f"{compression['kind']} {compression['result_type']}")
+                event(f"{compression.kind} {compression.result_type}")
             if context.summary.summary_type != "none":
                 assert context.summary.content.strip(), "I8: an empty summary was stored"
         store.add(copy.deepcopy(message))
@@ -185,7 +185,7 @@ def test_i9_a_second_build_without_new_messages_summarizes_nothing(messages, win
     again = async_to_sync(engine.build_context)(
         ContextRequest(memory_key=key, system_prompt=SYSTEM, load_increment=store.load_increment, mode="agent")
     )
-    assert all(event["kind"] in ("no_progress", "overflow") for event in again.events)
+    assert all(event.kind in ("no_progress", "overflow") for event in again.events)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -267,7 +267,7 @@ def test_pre_compression_and_read_only_requests_keep_the_invariants(messages, wi
             )
             assert store.rows == snapshot, "I6: memory management modified stored rows"
             assert async_to_sync(store_port.get)(key).version == version, "a background request wrote a summary"
-            assert not any(e["kind"] == "compression" for e in context.events)
+            assert not any(e.kind == "compression" for e in context.events)
             check_context(
                 context,
                 stored=store.rows,
@@ -295,4 +295,4 @@ def test_pre_compression_and_read_only_requests_keep_the_invariants(messages, wi
             if stored.summary_type != "none":
                 assert stored.content.strip(), "I8: an empty summary was stored"
             if planned is not None:
-                assert all(e["origin"] == "job" for e in planned.events)
+                assert all(e.origin == "job" for e in planned.events)

@@ -20,15 +20,8 @@ from memory.models import MemoryItem
 from memory.recall.pieces import message_pieces, split_for_index
 from memory.recall.values import RecallItem
 from memory.recall.vectors import VectorCache, vector_bytes
-from memory.storage.index import (
-    memory_item_embeddings_save,
-    memory_items_write,
-    recall_cache_clear,
-    recall_candidates,
-    recall_lexical_hits,
-    recall_neighbors,
-    recall_term_rarity,
-)
+from memory.storage.index import memory_item_embeddings_save, memory_items_write, recall_cache_clear
+from memory.storage.search import recall_candidates, recall_lexical_hits, recall_neighbors, recall_term_rarity
 from memory.storage.summaries import session_memory_delete
 from memory.text.fulltext import fts5_match, query_terms, search_text
 from memory.tokens.counter import get_counter

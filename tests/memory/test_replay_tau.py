@@ -78,7 +78,7 @@ def test_all_tau_bench_transcripts_keep_the_invariants(trajectories, window, sum
                 assert context.tokens <= window or context.overflow
                 refused += context.overflow
                 calls += 1
-                compressions += sum(event["kind"] == "compression" for event in context.events)
+                compressions += sum(event.kind == "compression" for event in context.events)
             store.add({key: message[key] for key in WIRE if key in message})
     assert calls > 1000
     assert refused == 0

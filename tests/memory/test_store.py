@@ -52,5 +52,5 @@ def test_a_recorded_event_comes_back_with_its_fields_and_an_id(store):
         elisions=[{"id": 7, "role": "tool", "tokens_before": 1500, "tokens_after": 500}],
     )
     event = async_to_sync(store.record)("k", record)
-    assert event["id"] and event["created_at"]
-    assert {key: event[key] for key in record.fields()} == record.fields()
+    assert event.id and event.created_at
+    assert event.fields() == record.fields()

@@ -5,13 +5,13 @@ An extraction request (:func:`memory.api.extraction_prompt`) is recognised by
 ``{"facts": [...]}`` in the shape of :data:`memory.api.EXTRACTION_SCHEMA`, made from the prompt
 alone, so the whole extraction path (job, validation, supersession) runs with no API key:
 
-- on user lines, the rule facts (:func:`memory.api.rule_facts`) and simple English and Chinese
+- on user lines, the rule facts (:func:`memory.api.message_rule_facts`) and simple English and Chinese
   patterns for facts without digits: names ("my name is X", "I'm X", "call me X", "我叫X",
   "我的名字是X"), places ("I live in/at X", "I moved to X", "my (new) address is X", "我住在X",
   "我搬到X"), allergies ("I'm allergic to X", "我对X过敏"), pets ("my dog is called X",
   "my cat's name is X", "我的狗叫X") and preferences ("I love/like/prefer X", "I hate/don't
   like X");
-- on assistant lines, the facts of their tool calls' arguments (:func:`memory.api.tool_call_facts`).
+- on assistant lines, the facts of their tool calls' arguments (the same function).
 
 Values are copied verbatim from the line and cut at clause punctuation. Facts already in the
 ``<existing_facts>`` list with the same slot and value are not repeated. In a **single-valued
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chatapp.llm.offline.evidence import plain_text
-from memory.api import EXTRACTION_MARKER, FactCandidate, rule_facts, tool_call_facts
+from memory.api import EXTRACTION_MARKER, FactCandidate, message_rule_facts
 
 Message = dict[str, Any]
 
@@ -181,11 +181,15 @@ def extraction_reply(messages: list[Message]) -> str:
     for number, role, body in _new_lines(material):
         correcting = role == "user" and _CORRECTION.search(body) is not None
         if role == "user":
-            candidates = [_rule_item(candidate, number) for candidate in rule_facts(body, message_id=number)]
+            candidates = [
+                _rule_item(candidate, number)
+                for candidate in message_rule_facts({"id": number, "role": "user", "content": body})
+            ]
             candidates += list(_pattern_items(body, number))
         elif role == "assistant":
             candidates = [
-                _rule_item(candidate, number) for candidate in tool_call_facts(_calls(body), message_id=number)
+                _rule_item(candidate, number)
+                for candidate in message_rule_facts({"id": number, "role": "assistant", "tool_calls": _calls(body)})
             ]
         else:
             continue

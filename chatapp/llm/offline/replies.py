@@ -56,7 +56,7 @@ from chatapp.llm.offline.intents import (
     tool_call_for,
     tool_names,
 )
-from memory.api import extractive_summary, split_sentences, split_summary_prompt
+from memory.api import ExtractiveSummarizer, split_sentences
 
 Message = dict[str, Any]
 
@@ -89,18 +89,19 @@ class OfflineReply:
         return "tool_calls" if self.tool_calls else "stop"
 
 
-def summary_prompt_parts(messages: list[Message]) -> tuple[str, str] | None:
-    """``(previous summary, transcript)`` when the last message is a summarizer prompt."""
+def summary_prompt(messages: list[Message]) -> str | None:
+    """The last message's text when it is a summarizer prompt."""
     if not messages or messages[-1].get("role") != "user":
         return None
-    return split_summary_prompt(plain_text(messages[-1].get("content")))
+    content = plain_text(messages[-1].get("content"))
+    return content if ExtractiveSummarizer.is_prompt(content) else None
 
 
 def is_summarizer_request(messages: list[Message]) -> bool:
     """Whether a request is for the summarizer model: a summary prompt or a key-facts
     extraction prompt (the environment variables ``OFFLINE_FAIL_SUMMARY`` and
     ``OFFLINE_SUMMARY_DELAY`` apply to it)."""
-    return summary_prompt_parts(messages) is not None or is_extraction_request(messages)
+    return summary_prompt(messages) is not None or is_extraction_request(messages)
 
 
 def offline_reply(
@@ -114,10 +115,9 @@ def offline_reply(
     """
     if is_extraction_request(messages):
         return OfflineReply(text=extraction_reply(messages))
-    summary_parts = summary_prompt_parts(messages)
-    if summary_parts is not None:
-        previous, transcript = summary_parts
-        return OfflineReply(text=extractive_summary(previous, transcript, max_tokens=summary_max_tokens))
+    prompt = summary_prompt(messages)
+    if prompt is not None:
+        return OfflineReply(text=ExtractiveSummarizer.reply(prompt, max_tokens=summary_max_tokens) or "")
     if not messages:
         return OfflineReply(text=NOTHING_TO_ANSWER)
     last = messages[-1]

@@ -7,11 +7,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from asgiref.sync import async_to_sync, sync_to_async
 from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper
 
-from chatapp.conversation.memory_jobs import memory_index_rebuild
+from chatapp.chats.memory import memory_engine, memory_key_of
 from chatapp.llm.embeddings import embedder_choice, embedder_get
-from chatapp.models import ChatSession
+from chatapp.models import ChatSession, Message
 
 BAR_WIDTH = 30
 
@@ -42,9 +43,11 @@ class Command(BaseCommand):
         )
         totals = {"chats": 0, "messages": 0, "inserted": 0, "deleted": 0, "embedded": 0}
         started = time.monotonic()
+        engine = memory_engine(run_sync=sync_to_async, embedder=embedder)
         for session_id in list(sessions.values_list("id", flat=True)):
-            counts = memory_index_rebuild(
-                session_id=session_id, embedder=embedder, progress=_bar(self.stderr, session_id, started)
+            total = Message.objects.filter(session_id=session_id).exclude(origin=Message.Origin.APP).count()
+            counts = async_to_sync(engine.reindex)(
+                memory_key_of(session_id), progress=_bar(self.stderr, session_id, started, total)
             )
             self.stderr.write("")
             totals["chats"] += 1
@@ -57,10 +60,12 @@ class Command(BaseCommand):
         )
 
 
-def _bar(stream: OutputWrapper, session_id: int, started: float) -> Callable[[str, int, int], None]:
-    """A progress callback drawing ``chat N index [#####.....] done/total`` on one line."""
+def _bar(stream: OutputWrapper, session_id: int, started: float, messages: int) -> Callable[[str, int, int], None]:
+    """A progress callback drawing ``chat N index [#####.....] done/total`` on one line;
+    ``messages``: how many the index phase goes through."""
 
     def progress(phase: str, done: int, total: int) -> None:
+        total = total or messages
         filled = BAR_WIDTH if total <= 0 else min(BAR_WIDTH, BAR_WIDTH * done // total)
         line = (
             f"\rchat {session_id} {phase:<5} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] "

@@ -19,7 +19,7 @@ from chatapp.conversation.replay import (
     ReplayInputError,
     ReplaySession,
     conversations_read,
-    replay_engine,
+    replay_config,
 )
 
 
@@ -70,7 +70,7 @@ class Command(BaseCommand):
             raise CommandError("--questions needs --format locomo (only LoCoMo annotates questions)")
         if questions_from is not None and not questions:
             raise CommandError("--questions-from needs --questions")
-        engine = replay_engine(context_window)
+        config = replay_config(context_window)
         started = time.perf_counter()
         calls = compressions = largest = conversations = asked = 0
         try:
@@ -82,7 +82,7 @@ class Command(BaseCommand):
                     if limit is not None and conversations >= limit:
                         break
                     conversations += 1
-                    session = ReplaySession(conversation, engine=engine, mode=mode)  # type: ignore[arg-type]
+                    session = ReplaySession(conversation, config=config, mode=mode)  # type: ignore[arg-type]
                     records = session.records()
                     if questions:
                         asked_here = foreign if foreign is not None else conversation.questions
@@ -110,6 +110,6 @@ class Command(BaseCommand):
             f"replayed {conversations} conversations: {calls} model calls, "
             + (f"{asked} questions, " if questions else "")
             + f"{compressions} compressions, "
-            f"largest request {largest} tokens (window {engine.budget.context_window}), {seconds:.1f} s",
+            f"largest request {largest} tokens (window {config.context_window}), {seconds:.1f} s",
             file=sys.stderr,
         )

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 
+from chatapp.chats.memory import memory_engine
 from chatapp.conversation import agent
 from chatapp.conversation.runner import chat_turn_run, chat_turn_stop
 from chatapp.conversation.tools import tool_call_execute
@@ -200,8 +201,10 @@ async def test_stop_during_tool_execution_keeps_the_tool_group_complete(alice, m
 async def test_a_model_calls_usage_waits_for_its_message_and_is_never_overwritten_by_the_next_call(alice, model: Model):
     model(lambda messages, tools: {"text": "an answer"})
     session, user = await start_turn(alice, "what is 2+2?")
-    turn = Turn(session_id=session.pk, user_message_id=user.pk, mode="agent")
-    ctx = await turn.engine.build_context(await turn.context_request(system_prompt="be brief"))
+    turn = Turn(
+        session_id=session.pk, user_message_id=user.pk, mode="agent", engine=memory_engine(), question="", scope_key="x"
+    )
+    ctx = await turn.engine.context(await turn.context_request(system_prompt="be brief"))
 
     await turn.model_call(ctx, step=1, tools=None)
     first = await ModelCall.objects.aget(session=session, step=1)

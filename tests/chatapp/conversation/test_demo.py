@@ -10,6 +10,7 @@ import asyncio
 import pytest
 from asgiref.sync import sync_to_async
 
+from chatapp.chats.memory import memory_key_of
 from chatapp.chats.services import chat_session_delete
 from chatapp.conversation.demo import (
     CLIENT_ID_PREFIX,
@@ -24,8 +25,8 @@ from chatapp.conversation.demo import (
 )
 from chatapp.llm.offline.faults import OfflineOverrides, offline_overrides_current
 from chatapp.models import ChatSession, Message, ModelCall
-from memory.api import session_summary_get
 from memory.models import CompressionEvent, KeyFact
+from memory.storage.summaries import session_summary_get
 from tests.chatapp.conftest import TIMEOUT, chat_session_make, is_done, receive_until
 
 pytestmark = [
@@ -43,9 +44,7 @@ def demo_fast(settings) -> None:
 
 def compressions(session: ChatSession) -> list[CompressionEvent]:
     return list(
-        CompressionEvent.objects.filter(memory_key=ChatSession.memory_key_for(session.pk), kind="compression").order_by(
-            "id"
-        )
+        CompressionEvent.objects.filter(memory_key=memory_key_of(session.pk), kind="compression").order_by("id")
     )
 
 
@@ -57,7 +56,7 @@ def step_of(text: str) -> int:
 @pytest.mark.usefixtures("demo_fast")
 async def test_the_walk_through_runs_every_step_and_shows_memory_at_work(alice):
     session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.AGENT)
-    memory_key = ChatSession.memory_key_for(session.pk)
+    memory_key = memory_key_of(session.pk)
 
     outcome = await demo_run(session_id=session.pk)
 
@@ -190,7 +189,7 @@ async def test_deleting_the_chat_ends_the_demo_and_leaves_nothing(ws, alice, set
     assert outcome.status == "deleted" and outcome.steps == []
     assert not await ChatSession.objects.filter(pk=session.pk).aexists()
     assert not await Message.objects.filter(session_id=session.pk).aexists()
-    assert not await CompressionEvent.objects.filter(memory_key=ChatSession.memory_key_for(session.pk)).aexists()
+    assert not await CompressionEvent.objects.filter(memory_key=memory_key_of(session.pk)).aexists()
 
 
 @pytest.mark.usefixtures("demo_fast")

@@ -12,24 +12,18 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 
-from chatapp.conversation import memory_jobs
-from chatapp.conversation.memory_jobs import FactExtraction, memory_job_run_now, memory_job_runner
+from chatapp.chats import memory as chat_memory
+from chatapp.chats.memory import memory_engine, memory_key_of
 from chatapp.conversation.runner import chat_turn_run
 from chatapp.llm.offline.transport import OFFLINE_MODEL
 from chatapp.models import ChatSession, Message
 from chatapp.realtime.protocol import MemoryFactsEvent
-from memory.api import (
-    KeyFact,
-    MemoryJobRunner,
-    OrmJobStore,
-    SummarizerChain,
-    SummaryReply,
-    SummaryRequest,
-    get_counter,
-    key_fact_list,
-    key_fact_list_active,
-    memory_job_state_get,
-)
+from memory.api import KeyFact, SummaryReply, SummaryRequest, get_counter
+from memory.jobs.runner import MemoryJobRunner
+from memory.jobs.steps import FactExtraction
+from memory.storage.facts import key_fact_list, key_fact_list_active
+from memory.storage.job_state import OrmJobStore, memory_job_state_get
+from memory.summary.chain import SummarizerChain
 from tests.chatapp.conftest import chat_session_make, message_make
 from tests.fake_openai import completion, error
 
@@ -54,7 +48,7 @@ def told(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, Any]]:
     async def record(session_id: int, event: Any) -> None:
         events.append((session_id, event))
 
-    monkeypatch.setattr(memory_jobs, "event_broadcast", record)
+    monkeypatch.setattr(chat_memory, "event_broadcast", record)
     return events
 
 
@@ -92,7 +86,7 @@ async def test_f32_digit_free_facts_are_extracted_by_the_offline_engine_and_told
         session, "Hi! I'm allergic to penicillin.", "My dog is called Biscuit, and I love green tea.", "thanks"
     )
 
-    await memory_job_run_now(session_id=session.pk)
+    await memory_engine().run_jobs(memory_key_of(session.pk))
 
     facts = await facts_of(session)
     assert {("allergy", "penicillin"), ("pet_name", "Biscuit"), ("likes", "green tea")} <= slots(facts)
@@ -108,19 +102,19 @@ async def test_f32_digit_free_facts_are_extracted_by_the_offline_engine_and_told
 
     # Nothing new since the watermark: the next job has nothing to extract and tells nothing.
     told.clear()
-    assert not await FactExtraction().due(str(session.pk))
-    await memory_job_run_now(session_id=session.pk)
+    assert not await extraction().due(str(session.pk))
+    await memory_engine().run_jobs(memory_key_of(session.pk))
     assert not [event for _, event in told if isinstance(event, MemoryFactsEvent)]
 
 
 async def test_f28_a_new_address_supersedes_the_old_one_and_leaves_other_slots_alone(session):
     await say(session, "I live at 12 Elm Road. I'm allergic to penicillin.")
-    await memory_job_run_now(session_id=session.pk)
+    await memory_engine().run_jobs(memory_key_of(session.pk))
     old = next(fact for fact in await facts_of(session) if fact.value == "12 Elm Road")
     assert old.key == "home_address" and old.kind == "address"
 
     await say(session, "we moved; the new address is 48 Birch Lane")
-    await memory_job_run_now(session_id=session.pk)
+    await memory_engine().run_jobs(memory_key_of(session.pk))
 
     facts = {fact.value: fact for fact in await facts_of(session)}
     new = facts["48 Birch Lane"]
@@ -133,7 +127,7 @@ async def test_f28_a_new_address_supersedes_the_old_one_and_leaves_other_slots_a
 
 async def test_cjk_name_and_place_are_extracted_verbatim(session):
     await say(session, "我叫李明，我住在上海。我对花生过敏。")
-    await memory_job_run_now(session_id=session.pk)
+    await memory_engine().run_jobs(memory_key_of(session.pk))
     assert {("name", "李明"), ("home_address", "上海"), ("allergy", "花生")} <= slots(await facts_of(session))
 
 
@@ -141,7 +135,7 @@ async def test_f29_a_failing_summarizer_changes_nothing_and_a_later_job_picks_th
     last = await say(session, "I'm allergic to penicillin.")
     settings.OFFLINE_FAIL_SUMMARY = True
 
-    await memory_job_run_now(session_id=session.pk)
+    await memory_engine().run_jobs(memory_key_of(session.pk))
 
     assert await facts_of(session) == []
     state = await sync_to_async(memory_job_state_get)(memory_key=str(session.pk))
@@ -149,7 +143,7 @@ async def test_f29_a_failing_summarizer_changes_nothing_and_a_later_job_picks_th
     assert "HTTP 500" in state.attempts[FactExtraction.name]["error"]
 
     settings.OFFLINE_FAIL_SUMMARY = False
-    await memory_job_run_now(session_id=session.pk)
+    await memory_engine().run_jobs(memory_key_of(session.pk))
     assert slots(await facts_of(session)) == {("allergy", "penicillin")}
     assert await watermark(session) == last
 
@@ -170,6 +164,23 @@ class Scripted:
         return SummaryReply(text=reply, finish_reason="stop")
 
 
+def extraction(summarizer: Any = None, *, max_batches: int | None = 3) -> FactExtraction:
+    """The engine's extraction step as the live app builds it, with ``summarizer`` alone (one
+    attempt) instead of the configured chain when given."""
+    engine = memory_engine()
+    chain = engine.chain if summarizer is None else SummarizerChain(primary=summarizer, attempts=1)
+    return FactExtraction(
+        chain=chain,
+        source=engine.source,
+        facts=engine.fact_store,
+        jobs=engine.job_store,
+        counter=get_counter(engine.config.summary_model),
+        windows=engine.config.summarizer_windows,
+        max_batches=max_batches,
+        more=engine.schedule,
+    )
+
+
 def job_with(step: FactExtraction) -> MemoryJobRunner:
     return MemoryJobRunner(store=OrmJobStore(), steps=[step], owner="test", debounce_seconds=0)
 
@@ -184,21 +195,19 @@ GOOD = '{"facts": [{"kind": "preference", "key": "allergy", "value": "penicillin
 )
 async def test_f29_an_empty_or_unparsable_reply_changes_nothing_and_keeps_the_watermark(session, reply, error):
     await say(session, "I'm allergic to penicillin.")
-    await memory_job_run_now(session_id=session.pk)  # the offline engine extracts the allergy
+    await memory_engine().run_jobs(memory_key_of(session.pk))  # the offline engine extracts the allergy
     before = await facts_of(session)
     mark = await watermark(session)
     await say(session, "we moved; the new address is 48 Birch Lane")
 
     summarizer = Scripted([reply])
-    run = await job_with(FactExtraction(chain_build=lambda: SummarizerChain(primary=summarizer, attempts=1))).run_now(
-        str(session.pk)
-    )
+    run = await job_with(extraction(summarizer)).run_now(str(session.pk))
 
     assert run is not None and not run.ok and error in run.attempts[0].error
     assert await facts_of(session) == before
     assert await watermark(session) == mark
     # The same messages again, now with a working summarizer.
-    await memory_job_run_now(session_id=session.pk)
+    await memory_engine().run_jobs(memory_key_of(session.pk))
     assert ("address", "48 Birch Lane") in slots(await facts_of(session, active=True))
 
 
@@ -208,7 +217,7 @@ async def test_the_step_works_through_a_backlog_in_batches_and_keeps_what_a_late
     ids = [m async for m in Message.objects.filter(session=session).order_by("id").values_list("id", flat=True)]
     good = GOOD.replace("penicillin", "thing0")
     summarizer = Scripted([good, good, RuntimeError("down")])
-    step = FactExtraction(chain_build=lambda: SummarizerChain(primary=summarizer, attempts=1))
+    step = extraction(summarizer)
     step.batch_size = 4
 
     run = await job_with(step).run_now(str(session.pk))
@@ -229,7 +238,7 @@ async def test_extraction_runs_in_sync_mode_and_leaves_app_rows_out(session, set
         session, "assistant", "[My dog is called Rex]", origin=Message.Origin.APP, status=Message.Status.ERROR
     )
     summarizer = Scripted(['{"facts": []}'])
-    step = FactExtraction(chain_build=lambda: SummarizerChain(primary=summarizer, attempts=1))
+    step = extraction(summarizer)
     assert await step.due(str(session.pk))
     await job_with(step).run_now(str(session.pk))
     (request,) = summarizer.requests
@@ -240,8 +249,8 @@ async def test_a_job_of_a_session_that_is_gone_extracts_nothing(session):
     await say(session, "I'm allergic to penicillin.")
     session_id = session.pk
     await session.adelete()
-    assert not await FactExtraction().due(str(session_id))
-    run = await memory_job_runner().run_now(str(session_id))
+    assert not await extraction().due(str(session_id))
+    run = await memory_engine().jobs().run_now(str(session_id))
     assert run is not None and run.idle, "nothing was due: no lease taken, nothing written"
     assert await sync_to_async(key_fact_list)(memory_key=str(session_id)) == []
 
@@ -249,8 +258,8 @@ async def test_a_job_of_a_session_that_is_gone_extracts_nothing(session):
 async def test_every_stored_reply_schedules_the_job_batched(session):
     question = await sync_to_async(message_make)(session, "user", "My cat is named Tom. What is Wi-Fi?")
     await chat_turn_run(session_id=session.pk, user_message_id=question.pk)
-    assert memory_job_runner().waits_for_idle(str(session.pk)), "extraction waits for the chat to go quiet"
-    await memory_job_run_now(session_id=session.pk)
+    assert memory_engine().jobs().waits_for_idle(str(session.pk)), "extraction waits for the chat to go quiet"
+    await memory_engine().run_jobs(memory_key_of(session.pk))
     assert ("pet_name", "Tom") in slots(await facts_of(session))
 
 
@@ -258,7 +267,7 @@ async def test_a_batch_whose_prompt_would_not_fit_the_summarizer_window_is_split
     settings.LLM_SUMMARY_CONTEXT_WINDOW = 1500
     last = await say(session, *[f"Note {i}: " + "the quick brown fox jumps over the lazy dog " * 10 for i in range(6)])
     summarizer = Scripted(['{"facts": []}'])
-    step = FactExtraction(chain_build=lambda: SummarizerChain(primary=summarizer, attempts=1))
+    step = extraction(summarizer)
 
     run = await job_with(step).run_now(str(session.pk))
 
@@ -275,7 +284,7 @@ async def test_a_rejected_json_schema_is_remembered_across_runs_of_the_step(sess
     settings.LLM_SUMMARY_MODEL = "fake-model"
     reply = '{"facts": [{"kind": "preference", "key": "allergy", "value": "penicillin", "source": [1]}]}'
     fake_openai.script(error(400, "json_schema is not supported"), completion(reply))
-    step = FactExtraction()
+    step = extraction()
     await say(session, "I'm allergic to penicillin.")
 
     await job_with(step).run_now(str(session.pk))
@@ -307,7 +316,7 @@ class CutOffAbove:
 async def test_a_reply_cut_off_at_the_output_cap_makes_the_batch_smaller_instead_of_stalling(session):
     last = await say(session, *[f"note {i}" for i in range(5)])
     summarizer = CutOffAbove(most=3)
-    step = FactExtraction(chain_build=lambda: SummarizerChain(primary=summarizer, attempts=1), max_batches=None)
+    step = extraction(summarizer, max_batches=None)
 
     run = await job_with(step).run_now(str(session.pk))
 
@@ -320,11 +329,11 @@ async def test_a_reply_cut_off_at_the_output_cap_makes_the_batch_smaller_instead
 async def test_a_long_backlog_is_worked_off_a_few_batches_per_job_and_the_rest_is_queued(session, settings):
     settings.LLM_SUMMARY_CONTEXT_WINDOW = 1024  # room for few messages per extraction request
     last = await say(session, *[f"note {i}: " + "words " * 60 for i in range(12)])
-    step = FactExtraction(max_batches=2)
+    step = extraction(max_batches=2)
 
     run = await job_with(step).run_now(str(session.pk))
 
     assert run is not None and run.ok
     reached = await watermark(session)
     assert reached is not None and reached < last, "the run stopped after two batches"
-    assert memory_job_runner().status(str(session.pk)) == "queued", "the rest was queued for the next job"
+    assert memory_engine().jobs().status(str(session.pk)) == "queued", "the rest was queued for the next job"

@@ -20,13 +20,13 @@ from asgiref.sync import sync_to_async
 from django.apps import apps
 
 from chatapp.chats import services
+from chatapp.chats.memory import memory_key_of
 from chatapp.chats.selectors import STOPPED_REPLY_MARKER, message_list_for_context
+from chatapp.chats.turns import turn_in_flight_list, turn_interrupted_list
 from chatapp.conversation import turn as turn_module
 from chatapp.conversation.compress import session_memory_compress
 from chatapp.conversation.leases import (
     INTERRUPTED_TEXT,
-    turn_in_flight_list,
-    turn_interrupted_list,
     turns_interrupted_close,
 )
 from chatapp.conversation.quick_answer import quick_answer_system_prompt
@@ -34,8 +34,8 @@ from chatapp.conversation.runner import ChatSessionDeleted, chat_turn_run, chat_
 from chatapp.llm.clients import chat_stream
 from chatapp.llm.summarizer import OpenAISummarizer
 from chatapp.models import ChatSession, Message, ModelCall
-from memory.api import session_summary_get
-from memory.context.builder import MemoryEngine
+from memory.context.builder import ContextBuilder
+from memory.storage.summaries import session_summary_get
 from tests.chatapp.conftest import chat_session_make, lease_make, message_make
 from tests.chatapp.conversation.test_runner import history_make
 from tests.fake_openai import FakeOpenAI, chunk, error, stream
@@ -171,14 +171,14 @@ async def test_f37_every_app_written_reply_is_marked_app(alice, settings, monkey
     huge = await sync_to_async(message_make)(session, "user", "lorem ipsum dolor " * 300)
     refused = await chat_turn_run(session_id=session.pk, user_message_id=huge.pk)
     # A stop before the model sent any text.
-    build_context = MemoryEngine.build_context
+    build_context = ContextBuilder.build_context
 
     async def build_then_stop(self, request):
         context = await build_context(self, request)
         chat_turn_stop(session_id=session.pk)
         return context
 
-    monkeypatch.setattr(MemoryEngine, "build_context", build_then_stop)
+    monkeypatch.setattr(ContextBuilder, "build_context", build_then_stop)
     short = await sync_to_async(message_make)(session, "user", "Hi")
     stopped = await chat_turn_run(session_id=session.pk, user_message_id=short.pk)
 
@@ -210,7 +210,7 @@ async def test_f37_app_notes_are_never_summarized(alice):
 
     await session_memory_compress(session_id=session.pk)  # fold everything before the question
 
-    state = await sync_to_async(session_summary_get)(memory_key=ChatSession.memory_key_for(session.pk))
+    state = await sync_to_async(session_summary_get)(memory_key=memory_key_of(session.pk))
     assert "4711" in state.content and "Biscuit" in state.content
     assert "could not answer" not in state.content and "500" not in state.content
     assert state.compressed_count == 3  # u1, u2, a2: the error note is not one of them
@@ -250,7 +250,7 @@ def test_f37_the_migration_marks_existing_placeholders_as_app(alice):
 def rows_left(session_id: int, message_ids: list[int]) -> dict[str, int]:
     """``{model label: rows}`` of every table still holding something of the chat: its session
     row, rows pointing at it or at its messages, and rows under its memory key."""
-    memory_key = ChatSession.memory_key_for(session_id)
+    memory_key = memory_key_of(session_id)
     left: dict[str, int] = {}
     for model in [*apps.get_app_config("chatapp").get_models(), *apps.get_app_config("memory").get_models()]:
         names = {field.name for field in model._meta.get_fields()}
@@ -366,7 +366,7 @@ async def test_f41_deleting_a_chat_during_compress_now_leaves_nothing(alice, set
     async with asyncio.timeout(10):
         events = await task
 
-    assert all(event["id"] is None for event in events)  # reported, never stored
+    assert all(event.id is None for event in events)  # reported, never stored
     ids = [message.pk for message in [*history, question]]
     assert await sync_to_async(rows_left)(question.session_id, ids) == {}
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

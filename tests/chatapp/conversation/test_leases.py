@@ -9,10 +9,10 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.utils import timezone
 
-from chatapp.conversation import leases
+from chatapp.chats import turns
+from chatapp.chats.turns import turn_in_flight_list
 from chatapp.conversation.leases import (
     INTERRUPTED_TEXT,
-    turn_in_flight_list,
     turn_lease_renew,
     turns_interrupted_close,
 )
@@ -67,13 +67,13 @@ def test_on_one_process_a_lease_older_than_the_process_is_interrupted_at_once(al
     """The embedded default after a restart: turns left by the previous process are closed by the
     next request at once instead of counting as in flight (and "busy") for the lease time."""
     settings.CHAT_TURN_LEASES_ONE_PROCESS = True
-    monkeypatch.setattr(leases, "PROCESS_STARTED", timezone.now() - timedelta(hours=1))
+    monkeypatch.setattr(turns, "PROCESS_STARTED", timezone.now() - timedelta(hours=1))
     session = chat_session_make(alice.owner)
     before_restart = message_make(session, "user", "asked just before the restart")
     lease_make(before_restart, age_seconds=2)
     assert turn_in_flight_list(session_id=session.pk) == [before_restart.pk]  # the same process
 
-    monkeypatch.setattr(leases, "PROCESS_STARTED", timezone.now())  # a new process
+    monkeypatch.setattr(turns, "PROCESS_STARTED", timezone.now())  # a new process
     after_restart = message_make(session, "user", "asked after the restart")
     lease_make(after_restart)
 

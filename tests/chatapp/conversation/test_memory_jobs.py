@@ -13,12 +13,13 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from chatapp.chats import services
-from chatapp.conversation.memory_jobs import memory_job_run_now, memory_job_runner
+from chatapp.chats.memory import memory_engine, memory_key_of
 from chatapp.conversation.runner import chat_turn_run
 from chatapp.models import ChatSession, Message, ModelCall
 from chatapp.ui.inspector import inspector_state_get
-from memory.api import memory_job_state_get, session_summary_get
 from memory.models import CompressionEvent
+from memory.storage.job_state import memory_job_state_get
+from memory.storage.summaries import session_summary_get
 from tests.chatapp.conftest import chat_session_make, message_make
 from tests.chatapp.conversation.test_honest_history import Gate, held_summarizer, rows_left
 
@@ -57,13 +58,13 @@ def small_window(settings: Any) -> None:
 
 async def session_with_a_job_held_in_the_summarizer(
     alice: Any, monkeypatch: pytest.MonkeyPatch
-) -> tuple[ChatSession, Gate, asyncio.Task[None]]:
+) -> tuple[ChatSession, Gate, asyncio.Task[Any]]:
     """A quick-answer session over the trigger whose memory job is compressing, held in the
     summarizer until the test opens the returned gate; and the job's task."""
     gate = held_summarizer(monkeypatch)
     session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.QUICK_ANSWER)
     await sync_to_async(history_make)(session, 12)
-    job = asyncio.create_task(memory_job_run_now(session_id=session.pk))
+    job = asyncio.create_task(memory_engine().run_jobs(memory_key_of(session.pk)))
     async with asyncio.timeout(10):
         await gate.reached.wait()
     return session, gate, job
@@ -81,7 +82,7 @@ async def test_after_a_reply_the_job_precompresses_so_the_next_turn_calls_no_sum
     assert not summarizer_called(first) and first.estimated_tokens <= 1024
     assert (await sync_to_async(session_summary_get)(memory_key=str(session.pk))).version == 0
 
-    await memory_job_run_now(session_id=session.pk)
+    await memory_engine().run_jobs(memory_key_of(session.pk))
     job = await sync_to_async(memory_job_state_get)(memory_key=str(session.pk))
     last_id = await Message.objects.filter(session=session).order_by("-id").values_list("id", flat=True).afirst()
     assert (job.status, job.watermarks, job.runs) == (
@@ -110,7 +111,7 @@ async def test_a_request_over_the_trigger_uses_the_summary_of_a_job_that_ends_wh
     settings.MEMORY_SYNC_WAIT_MS = 30_000
     session, gate, job = await session_with_a_job_held_in_the_summarizer(alice, monkeypatch)
 
-    runner = memory_job_runner()
+    runner = memory_engine().jobs()
     real_wait = runner.wait
     waiting = asyncio.Event()
 
@@ -164,7 +165,7 @@ async def test_a_session_deleted_while_its_job_runs_leaves_no_rows(alice, monkey
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
     # A job of a session already gone creates nothing either.
-    await memory_job_run_now(session_id=session_id)
+    await memory_engine().run_jobs(memory_key_of(session_id))
     assert await sync_to_async(rows_left)(session_id, []) == {}
 
 
@@ -175,7 +176,7 @@ async def test_in_sync_mode_the_request_compresses_and_the_job_only_extracts_fac
     await sync_to_async(history_make)(session, 12)
     call = await turn(session, "What is locker 3's code?")
     assert call.context["path"] == "compressed" and summarizer_called(call)
-    await memory_job_run_now(session_id=session.pk)
+    await memory_engine().run_jobs(memory_key_of(session.pk))
     assert not await CompressionEvent.objects.filter(memory_key=str(session.pk), origin="job").aexists()
     job = await sync_to_async(memory_job_state_get)(memory_key=str(session.pk))
     assert set(job.watermarks) == {"extract_facts", "index"}, "pre-compression was not due"
@@ -187,11 +188,11 @@ async def test_a_turn_far_under_the_trigger_batches_its_job_and_one_near_it_star
     session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.AGENT)
     memory_key = str(session.pk)
     await turn(session, "calculate 6 * 7")
-    assert memory_job_runner().waits_for_idle(memory_key), "a short chat cannot reach the trigger next time"
+    assert memory_engine().jobs().waits_for_idle(memory_key), "a short chat cannot reach the trigger next time"
     state = await sync_to_async(inspector_state_get)(session_id=session.pk)
     assert state.job.status == "batched" and "idle" in state.job.label
     await sync_to_async(history_make)(session, 6)
     await turn(session, "calculate 6 * 8")
-    runner = memory_job_runner()
+    runner = memory_engine().jobs()
     assert runner.busy(memory_key) and not runner.waits_for_idle(memory_key), "the next request may cross it"
-    await memory_job_runner().close()
+    await memory_engine().jobs().close()

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 
-from chatapp.conversation.memory_jobs import memory_job_run_now
+from chatapp.chats.memory import memory_engine, memory_key_of
 from chatapp.conversation.runner import chat_turn_run
 from chatapp.models import ChatSession, Message, ModelCall
-from memory.api import session_summary_get
+from memory.storage.summaries import session_summary_get
 from tests.chatapp.conftest import chat_session_make, message_make
 
 pytestmark = [
@@ -54,7 +54,7 @@ async def turn(session: ChatSession, text: str) -> tuple[Message, Message]:
     pre-compression), run to completion so the next turn is deterministic."""
     question = await sync_to_async(message_make)(session, "user", text)
     reply = await chat_turn_run(session_id=session.pk, user_message_id=question.pk)
-    await memory_job_run_now(session_id=session.pk)
+    await memory_engine().run_jobs(memory_key_of(session.pk))
     assert reply.status == Message.Status.COMPLETE, reply.content
     return question, reply
 
@@ -75,7 +75,7 @@ async def test_the_account_id_given_twenty_turns_earlier_is_answered_from_the_ke
     question, reply = await turn(session, "What is my account id?")
 
     assert noted.content == "Noted: your name is Ada, account ACC-7731."
-    summary = await sync_to_async(session_summary_get)(memory_key=ChatSession.memory_key_for(session.pk))
+    summary = await sync_to_async(session_summary_get)(memory_key=memory_key_of(session.pk))
     assert summary.last_message_id is not None and summary.last_message_id > noted.pk, "compressed past it"
     call = await ModelCall.objects.aget(reply_to=question, step=1)
     request = list(zip(call.context["sources"], call.context["messages"], strict=True))
@@ -198,7 +198,7 @@ async def test_when_did_i_pay_is_answered_with_the_date_and_how_much_with_the_am
     question, when = await turn(session, "When did I pay?")
     _, how_much = await turn(session, "How much did I pay?")
 
-    summary = await sync_to_async(session_summary_get)(memory_key=ChatSession.memory_key_for(session.pk))
+    summary = await sync_to_async(session_summary_get)(memory_key=memory_key_of(session.pk))
     assert summary.last_message_id is not None and summary.last_message_id > noted.pk, "compressed past it"
     call = await ModelCall.objects.aget(reply_to=question, step=1)
     kinds = [source["kind"] for source in call.context["sources"]]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -17,11 +18,15 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.core.management import CommandError, call_command
 
 from chatapp.chats import services as chat_services
-from chatapp.conversation.memory_jobs import EmbedItems, IndexMessages
+from chatapp.chats.memory import chat_session_scope_key, memory_engine, memory_key_of
 from chatapp.management.commands import memory_reindex
 from chatapp.models import ChatSession, Message
-from memory.api import MemoryJobRunner, OrmJobStore, memory_job_state_get, recall_cache_clear, recall_candidates
+from memory.jobs.runner import MemoryJobRunner
 from memory.models import MemoryItem
+from memory.recall.values import RecallInput
+from memory.storage.index import recall_cache_clear
+from memory.storage.job_state import OrmJobStore, memory_job_state_get
+from memory.storage.search import recall_candidates
 from tests.chatapp.conftest import chat_session_make, message_make, visitor_make
 
 pytestmark = [
@@ -55,12 +60,26 @@ class HashEmbedder:
 
 
 def runner(embedder: HashEmbedder) -> MemoryJobRunner:
-    return MemoryJobRunner(
-        store=OrmJobStore(),
-        steps=[IndexMessages(), EmbedItems(embedder_get=lambda: embedder, model_get=lambda: embedder.model)],
-        owner="test-worker",
-        debounce_seconds=0,
+    """A job runner with the engine's indexing and embedding steps, embedding with ``embedder``."""
+    steps = [step for step in memory_engine(embedder=embedder).job_steps() if step.name in ("index", "embed")]
+    return MemoryJobRunner(store=OrmJobStore(), steps=steps, owner="test-worker", debounce_seconds=0)
+
+
+async def search(
+    session: ChatSession, question: str, boundary: int | None, embedder: Any, *, deadline: bool = True
+) -> RecallInput:
+    """One turn's recall search for ``question`` at ``boundary``, as a live turn (or, without
+    ``deadline``, a replay) makes it."""
+    engine = memory_engine(embedder=embedder)
+    if not deadline:
+        engine = memory_engine(embedder=embedder, config=replace(engine.config, recall_deadline_seconds=None))
+    return await engine.recall(memory_key=memory_key_of(session.pk), scope_key=scope(session), question=question)(
+        boundary
     )
+
+
+def scope(session: ChatSession) -> str:
+    return chat_session_scope_key(owner_id=session.owner_id, owner_session_key=session.owner_session_key)
 
 
 def conversation() -> tuple[ChatSession, list[Message]]:
@@ -99,7 +118,7 @@ async def test_the_index_step_indexes_new_messages_with_tool_results_and_without
 async def test_an_embedder_failure_is_recorded_and_keeps_lexical_recall_then_a_later_run_fills_the_embeddings() -> None:
     session, messages = await sync_to_async(conversation)()
     memory_key = str(session.pk)
-    scope_key = chat_services.chat_session_scope_key(owner_id=session.owner_id, owner_session_key="")
+    scope_key = chat_session_scope_key(owner_id=session.owner_id, owner_session_key="")
     dead = HashEmbedder(fail=True)
     run = await runner(dead).run_now(memory_key)
     assert run is not None and not run.ok
@@ -173,7 +192,7 @@ def test_knowledge_base_search_results_are_not_indexed_and_a_reindex_removes_old
 
     # An index built before this rule holds the search's result: a reindex removes it.
     MemoryItem.objects.create(
-        scope_key=chat_services.chat_session_scope_key(owner_id=session.owner_id, owner_session_key=""),
+        scope_key=chat_session_scope_key(owner_id=session.owner_id, owner_session_key=""),
         memory_key=str(session.pk),
         message_ids=[asked.pk, asked.pk + 1],
         last_message_id=asked.pk + 1,
@@ -204,15 +223,9 @@ def fresh_cache() -> Any:
     recall_cache_clear()
 
 
-def endpoint_embedder(settings: Any, monkeypatch: Any, embedder: HashEmbedder, *, deadline_ms: int) -> None:
-    """Recall's configured embedder is an endpoint for model ``hash``, answered by ``embedder``,
-    with a deadline of ``deadline_ms``."""
-    from chatapp.conversation import recall
-
-    settings.EMBEDDING_BACKEND = "auto"
-    settings.EMBEDDING_BASE_URL, settings.EMBEDDING_MODEL = "http://embeddings.invalid/v1", "hash"
+def recall_deadline(settings: Any, *, deadline_ms: int) -> None:
+    """Recall's deadline for the question's embedding."""
     settings.MEMORY_RECALL_DEADLINE_MS = deadline_ms
-    monkeypatch.setattr(recall, "embedder_get", lambda: embedder)
 
 
 class SlowEmbedder(HashEmbedder):
@@ -231,20 +244,18 @@ async def test_the_request_embeds_its_question_only_once_the_owner_has_vectors_a
     kind: str, settings: Any, monkeypatch: Any
 ):
     # Issue 11: a question embedded for an owner with no vectors found nothing and cost ~6 ms of CPU.
-    from chatapp.conversation import recall
-
     embedder = {"works": HashEmbedder(), "fails": HashEmbedder(fail=True), "too_slow": SlowEmbedder()}[kind]
-    endpoint_embedder(settings, monkeypatch, embedder, deadline_ms=100)
+    recall_deadline(settings, deadline_ms=100)
     session, messages = await sync_to_async(conversation)()
     question = await sync_to_async(message_make)(session, "user", "Has order ZX-88213 shipped yet?")
 
-    found = await recall.recall_search(session_id=session.pk, user_message_id=question.pk, boundary=None)
+    found = await search(session, question.content or "", None, embedder)
     assert embedder.calls == 0 and found.model is None
     assert found.notes == ["nothing of this owner is embedded yet: lexical only"]
 
     await runner(HashEmbedder()).run_now(str(session.pk))  # indexes and embeds with the same model
     recall_cache_clear()
-    found = await recall.recall_search(session_id=session.pk, user_message_id=question.pk, boundary=messages[-1].pk)
+    found = await search(session, question.content or "", messages[-1].pk, embedder)
     assert embedder.calls == 1
     if kind == "works":
         assert found.model == "hash" and found.notes == []
@@ -270,17 +281,14 @@ async def test_without_a_deadline_as_in_a_replay_the_search_waits_for_a_late_emb
 ) -> None:
     """A replay's records must not depend on the machine's load (docs/replay.md): its searches
     wait for the question's embedding, where a live request falls back to lexical only."""
-    from chatapp.conversation import recall
-
     embedder = LateEmbedder()
-    endpoint_embedder(settings, monkeypatch, embedder, deadline_ms=50)
+    recall_deadline(settings, deadline_ms=50)
     session, messages = await sync_to_async(conversation)()
     await runner(HashEmbedder()).run_now(str(session.pk))
     question = await sync_to_async(message_make)(session, "user", "Has order ZX-88213 shipped yet?")
-    live = await recall.recall_search(session_id=session.pk, user_message_id=question.pk, boundary=messages[-1].pk)
+    live = await search(session, question.content or "", messages[-1].pk, embedder)
     assert live.model is None and live.notes == ["the query's embedding took over 50 ms: lexical only"]
-    turn = recall.TurnRecall(session_id=session.pk, user_message_id=question.pk, deadline=False)
-    replayed = await turn(messages[-1].pk)
+    replayed = await search(session, question.content or "", messages[-1].pk, embedder, deadline=False)
     assert replayed.model == "hash" and replayed.notes == [] and replayed.embedding_ms >= 300
 
 
@@ -306,17 +314,12 @@ async def test_a_turn_starts_its_questions_embedding_when_it_opens_and_every_sea
 ):
     import asyncio
 
-    from chatapp.conversation import recall
-
     embedder = GatedEmbedder()
-    endpoint_embedder(settings, monkeypatch, embedder, deadline_ms=10_000)
+    recall_deadline(settings, deadline_ms=10_000)
     session, messages = await sync_to_async(conversation)()
     await runner(HashEmbedder()).run_now(str(session.pk))
-    scope_key = chat_services.chat_session_scope_key(
-        owner_id=session.owner_id, owner_session_key=session.owner_session_key
-    )
-    turn_recall = recall.TurnRecall(
-        session_id=session.pk, user_message_id=None, query="Has order ZX-88213 shipped yet?", scope_key=scope_key
+    turn_recall = memory_engine(embedder=embedder).recall(
+        memory_key=memory_key_of(session.pk), scope_key=scope(session), question="Has order ZX-88213 shipped yet?"
     )
 
     turn_recall.prefetch()

@@ -10,19 +10,18 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import connections
 
+from chatapp.chats.memory import memory_key_of
 from chatapp.chats.selectors import message_list_for_context
+from chatapp.chats.turns import turn_in_flight_first_id, turn_in_flight_list, turn_interrupted_list
 from chatapp.conversation.leases import (
     INTERRUPTED_TEXT,
-    turn_in_flight_first_id,
-    turn_in_flight_list,
-    turn_interrupted_list,
     turns_interrupted_close,
 )
 from chatapp.conversation.runner import chat_turn_run, chat_turn_stop
 from chatapp.models import ChatSession, Message, ModelCall
-from memory.api import session_summary_get
-from memory.context.builder import MemoryEngine
+from memory.context.builder import ContextBuilder
 from memory.models import CompressionEvent
+from memory.storage.summaries import session_summary_get
 from tests.chatapp.conftest import (
     TIMEOUT,
     chat_session_make,
@@ -101,13 +100,13 @@ async def test_concurrent_turns_compressing_at_once_keep_both_replies_and_a_forw
     assert [f.status for f in finals] == [Message.Status.COMPLETE, Message.Status.COMPLETE]
     assert [f.reply_to_id for f in finals] == [first.pk, second.pk]
     assert "600 requests per minute" in (finals[0].content or "") and "36000" in (finals[1].content or "")
-    state = await sync_to_async(session_summary_get)(memory_key=ChatSession.memory_key_for(session.pk))
+    state = await sync_to_async(session_summary_get)(memory_key=memory_key_of(session.pk))
     assert state.summary_type in ("llm", "raw") and state.last_message_id is not None
     assert history[0].pk <= state.last_message_id < first.pk
     events = [
         e
         async for e in CompressionEvent.objects.filter(
-            memory_key=ChatSession.memory_key_for(session.pk), kind="compression"
+            memory_key=memory_key_of(session.pk), kind="compression"
         ).order_by("id")
     ]
     boundaries = [e.boundary_after for e in events if e.boundary_after is not None]
@@ -172,14 +171,14 @@ def test_the_loader_leaves_out_later_messages_of_other_turns(alice):
 async def test_a_stop_while_the_context_is_built_never_calls_the_model(alice, monkeypatch):
     session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.QUICK_ANSWER)
     user = await sync_to_async(message_make)(session, "user", "How large can a file be?")
-    build_context = MemoryEngine.build_context
+    build_context = ContextBuilder.build_context
 
     async def build_then_stop(self, request):
         context = await build_context(self, request)
         chat_turn_stop(session_id=session.pk)
         return context
 
-    monkeypatch.setattr(MemoryEngine, "build_context", build_then_stop)
+    monkeypatch.setattr(ContextBuilder, "build_context", build_then_stop)
 
     final = await chat_turn_run(session_id=session.pk, user_message_id=user.pk)
 
@@ -210,7 +209,7 @@ async def test_a_newer_turn_never_summarizes_the_question_of_an_older_turn_in_fl
 
     newer_final = await chat_turn_run(session_id=session.pk, user_message_id=newer.pk)
 
-    state = await sync_to_async(session_summary_get)(memory_key=ChatSession.memory_key_for(session.pk))
+    state = await sync_to_async(session_summary_get)(memory_key=memory_key_of(session.pk))
     assert newer_final.status == Message.Status.COMPLETE
     assert state.last_message_id is not None and state.last_message_id < older.pk  # compressed, but not A's question
     older_final = await chat_turn_run(session_id=session.pk, user_message_id=older.pk)
@@ -237,7 +236,7 @@ async def test_a_turn_interrupted_by_a_restart_pins_nothing_and_is_closed(alice,
     final = await chat_turn_run(session_id=session.pk, user_message_id=question.pk)
 
     assert final.status == Message.Status.COMPLETE and "1011" in (final.content or "")
-    state = await sync_to_async(session_summary_get)(memory_key=ChatSession.memory_key_for(session.pk))
+    state = await sync_to_async(session_summary_get)(memory_key=memory_key_of(session.pk))
     assert state.last_message_id is not None and state.last_message_id > dead.pk  # compressed past it
     closed = await Message.objects.aget(reply_to=dead)
     assert closed.status == Message.Status.ERROR and closed.content == INTERRUPTED_TEXT

@@ -8,8 +8,7 @@ import runpy
 
 import pytest
 
-from chatapp.conversation.turn import memory_engine_build
-from chatapp.llm.clients import chat_endpoint
+from chatapp.chats.memory import memory_engine
 from tests.chatapp.test_settings import SETTINGS_FILE
 
 
@@ -24,4 +23,4 @@ def test_strict_alternation_is_read_from_the_environment(monkeypatch, value, exp
 @pytest.mark.parametrize("strict", [True, False])
 def test_the_setting_reaches_the_memory_budget(settings, strict):
     settings.LLM_STRICT_ALTERNATION = strict
-    assert memory_engine_build(chat_endpoint()).budget.strict_alternation is strict
+    assert memory_engine().budget.strict_alternation is strict

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
+from chatapp.chats.memory import memory_engine
 from chatapp.llm.clients import ChatEvent, Endpoint, LLMError, chat_stream, failover_endpoint, summary_endpoint
-from chatapp.llm.summarizer import OpenAISummarizer, build_summarizer_chain
+from chatapp.llm.summarizer import OpenAISummarizer
 from memory.ports import SummaryRequest
 from memory.summary.chain import SummarizerChain
 from memory.summary.prompts import build_summary_prompt
@@ -400,7 +401,7 @@ async def test_chain_fails_over_from_a_refused_connection(
 # --- endpoints and the chain from settings --------------------------------------------------
 
 
-async def test_build_summarizer_chain_from_settings(
+async def test_the_summarizer_chain_from_settings(
     fake_openai: FakeOpenAI, fake_openai_failover: FakeOpenAI, settings: Any
 ) -> None:
     settings.LLM_SUMMARY_BASE_URL = fake_openai.base_url
@@ -413,7 +414,7 @@ async def test_build_summarizer_chain_from_settings(
     fake_openai.script(error(500, "down"))
     fake_openai_failover.script(completion("- User: code Q-42."))
 
-    built = build_summarizer_chain()
+    built = memory_engine().chain
     result = await dataclasses.replace(built, backoff=0).run(summary_request())
 
     assert (built.attempts, built.timeout) == (2, 7.0)
@@ -431,7 +432,7 @@ def test_no_failover_without_a_failover_model(settings: Any) -> None:
     settings.LLM_FAILOVER_MODEL = ""
 
     assert failover_endpoint() is None
-    assert build_summarizer_chain().failover is None
+    assert memory_engine().chain.failover is None
 
 
 def test_failover_defaults_to_the_summary_server(settings: Any) -> None:

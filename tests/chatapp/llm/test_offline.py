@@ -10,8 +10,8 @@ import openai
 import pytest
 import tiktoken
 
+from chatapp.chats.memory import memory_engine
 from chatapp.conversation.quick_answer import quick_answer_system_prompt
-from chatapp.conversation.tools import TOOL_SCHEMAS
 from chatapp.kb.search import Passage
 from chatapp.llm.clients import (
     ChatEvent,
@@ -22,7 +22,8 @@ from chatapp.llm.clients import (
     get_client,
 )
 from chatapp.llm.offline.transport import OFFLINE_MODEL
-from chatapp.llm.summarizer import OpenAISummarizer, build_summarizer_chain
+from chatapp.llm.prompts import TOOL_SCHEMAS
+from chatapp.llm.summarizer import OpenAISummarizer
 from memory.ports import SummaryRequest
 from memory.summary.chain import SummarizerChain
 from memory.summary.prompts import build_summary_prompt
@@ -350,7 +351,7 @@ async def test_summary_merges_the_previous_summary() -> None:
 
 
 async def test_summarizer_chain_from_settings_runs_offline() -> None:
-    result = await build_summarizer_chain().run(summary_request("", "- User: My code is Q-42."))
+    result = await memory_engine().chain.run(summary_request("", "- User: My code is Q-42."))
 
     assert result.text is not None and "Q-42" in result.text
     assert [(a.model, a.phase, a.ok) for a in result.attempts] == [(OFFLINE_MODEL, "primary", True)]

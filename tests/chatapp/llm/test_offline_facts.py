@@ -13,12 +13,11 @@ import pytest
 from chatapp.llm.clients import LLMError, summary_endpoint
 from chatapp.llm.offline.facts import extraction_reply, is_extraction_request
 from chatapp.llm.summarizer import OpenAISummarizer
-from memory.api import (
+from memory.api import KeyFact, SummaryRequest
+from memory.facts.extraction import (
     EXTRACTION_SCHEMA,
     EXTRACTION_SCHEMA_NAME,
     ExtractionInput,
-    KeyFact,
-    SummaryRequest,
     extraction_prompt,
     parse_extraction,
     validate_extraction,

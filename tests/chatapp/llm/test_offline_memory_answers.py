@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from chatapp.conversation.quick_answer import quick_answer_system_prompt
-from chatapp.conversation.tools import TOOL_SCHEMAS
 from chatapp.kb.documents import DEMO_KB_DIR
 from chatapp.kb.search import Passage, passages_format
 from chatapp.llm.offline.blocks import facts_lines, message_blocks, question_and_blocks, recall_items
 from chatapp.llm.offline.replies import GREETING, WELCOME, OfflineReply, offline_reply
+from chatapp.llm.prompts import TOOL_SCHEMAS
 from memory.context.assembly import MERGE_SEPARATOR
 from memory.facts.block import render_facts
 from memory.facts.values import KeyFact

@@ -11,7 +11,8 @@ import pytest
 
 from chatapp.llm.clients import Endpoint, LLMError
 from chatapp.llm.summarizer import OpenAISummarizer, response_format_levels
-from memory.api import EXTRACTION_SCHEMA, EXTRACTION_SCHEMA_NAME, SummaryRequest
+from memory.api import SummaryRequest
+from memory.facts.extraction import EXTRACTION_SCHEMA, EXTRACTION_SCHEMA_NAME
 from tests.fake_openai import FakeOpenAI, completion, error, text_stream
 
 SCHEMA_FORMAT = {

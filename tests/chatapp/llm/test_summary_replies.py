@@ -13,13 +13,12 @@ from asgiref.sync import async_to_sync
 
 from chatapp.llm.clients import Endpoint, chat_endpoint
 from chatapp.llm.summarizer import OpenAISummarizer
-from memory.api import summarizer_health_get
 from memory.context.budget import MemoryBudget
-from memory.context.builder import MemoryEngine
+from memory.context.builder import ContextBuilder
 from memory.context.request import ContextRequest
 from memory.models import CompressionEvent, SessionSummary
 from memory.ports import SummaryRequest
-from memory.storage.summaries import OrmSummaryStore
+from memory.storage.summaries import OrmSummaryStore, summarizer_health_get
 from memory.summary.chain import SummarizerChain
 from memory.summary.prompts import TRIM_MARKER, build_summary_prompt
 from tests.fake_openai import FakeOpenAI, Reply, completion, text_stream
@@ -128,7 +127,7 @@ def test_f36_a_cut_off_summary_is_never_stored_and_the_failure_is_on_the_record(
     health (what the inspector shows) name the cut-off attempts."""
     memory_key = "f36-cut-off"
     store = Store()
-    engine = MemoryEngine(
+    engine = ContextBuilder(
         budget=MemoryBudget(context_window=2048),
         chain=SummarizerChain(primary=OpenAISummarizer(endpoint=endpoint_for(fake_openai, model="sum")), backoff=0),
         counter=COUNTER,
@@ -161,7 +160,7 @@ def test_f36_a_cut_off_summary_is_never_stored_and_the_failure_is_on_the_record(
     assert all(not a["ok"] and a["error"].startswith("TruncatedSummaryError") for a in event.attempts)
     health = summarizer_health_get(memory_key=memory_key)
     assert health["status"] == "raw_archive" and health["last_error"].startswith("TruncatedSummaryError")
-    assert any(e["kind"] == "compression" for e in context.events)
+    assert any(e.kind == "compression" for e in context.events)
 
 
 async def test_the_offline_engine_serves_a_streamed_summary_too() -> None:

@@ -11,12 +11,9 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 
+from chatapp.chats.memory import memory_engine, memory_key_of
 from chatapp.conversation.compress import session_memory_compress
-from chatapp.conversation.memory_jobs import PreCompression
 from chatapp.conversation.runner import chat_turn_run
-from chatapp.conversation.turn import memory_engine_build
-from chatapp.llm.calibration import token_factor_get
-from chatapp.llm.clients import chat_endpoint
 from chatapp.models import ChatSession, Message, ModelCall
 from chatapp.ui.inspector import inspector_state_get
 from memory.models import TokenCalibration
@@ -77,8 +74,8 @@ async def test_usage_20_percent_above_converges_to_1_2_is_stored_and_reused_by_a
     assert calls[-1].context["calibration"]["window_tokens"] == int(32_000 / factors[-1])
     assert calls[-1].context["trigger_tokens"] == int(int(32_000 / factors[-1]) * 0.5)
 
-    endpoint = chat_endpoint()
-    engine = memory_engine_build(endpoint, token_factor=await sync_to_async(token_factor_get)(endpoint=endpoint))
+    engine = memory_engine()
+    engine.use_token_factor(await sync_to_async(engine.token_factor)())
     assert engine.budget.token_factor == row.factor
     assert engine.budget.window_tokens == int(32_000 / row.factor)
 
@@ -149,14 +146,14 @@ async def test_pre_compression_and_compress_now_plan_with_the_stored_factor(alic
     settings.MEMORY_COMPRESSION = "background"
     await sync_to_async(TokenCalibration.objects.create)(model="fake-model", factor=1.5, samples=9)
     session = await turns_run(alice, 1)
-    memory_key = ChatSession.memory_key_for(session.pk)
+    memory_key_of(session.pk)
 
-    planned = await PreCompression(orm=sync_to_async)._next_request(memory_key)
+    planned = await memory_engine().builder()  # what the memory job's pre-compression plans with
     events = await session_memory_compress(session_id=session.pk)
 
-    assert planned is not None and planned[0].budget.token_factor == 1.5
-    assert planned[0].budget.trigger_tokens == int(int(32_000 / 1.5) * 0.5)
-    assert events and events[0]["trigger_tokens"] == int(int(32_000 / 1.5) * 0.5)
+    assert planned.budget.token_factor == 1.5
+    assert planned.budget.trigger_tokens == int(int(32_000 / 1.5) * 0.5)
+    assert events and events[0].trigger_tokens == int(int(32_000 / 1.5) * 0.5)
     call = await ModelCall.objects.filter(session=session).alatest("id")
     assert call.context["calibration"]["factor"] == 1.5  # the turn itself, too
 

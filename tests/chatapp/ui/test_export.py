@@ -26,6 +26,7 @@ from chatapp.chats.export import (
     inline,
     quoted,
 )
+from chatapp.chats.memory import memory_key_of
 from chatapp.chats.selectors import message_list_between
 from chatapp.chats.services import chat_session_delete
 from chatapp.models import ChatSession, Message
@@ -74,7 +75,7 @@ def rich_chat(owner_visitor: Visitor) -> dict[str, Any]:
     error note, two summary versions (an LLM summary, then a degraded raw archive), a superseded
     compression, key facts active, superseded and hidden, and a failed memory job."""
     session = chat_session_make(owner_visitor.owner, title='Ada\'s "account" / Q&A ✓')
-    key = ChatSession.memory_key_for(session.pk)
+    key = memory_key_of(session.pk)
     u1 = message_make(session, "user", "Hi! My name is Ada, account ACC-7731.")
     a1 = message_make(session, "assistant", "Noted.", reply_to=u1)
     u2 = message_make(session, "user", "Is my data encrypted?")
@@ -276,7 +277,7 @@ def extractive_summary_chat(visitor: Visitor) -> ChatSession:
     session = chat_session_make(visitor.owner)
     user = message_make(session, "user", "My account is ACC-7731.")
     reply = message_make(session, "assistant", "Noted.", reply_to=user)
-    key = ChatSession.memory_key_for(session.pk)
+    key = memory_key_of(session.pk)
     assert session_summary_save(
         memory_key=key,
         expected_version=0,
@@ -417,7 +418,7 @@ async def test_a_chat_deleted_while_it_streams_ends_early_as_a_well_formed_docum
     chat = await sync_to_async(rich_chat)(alice)
     session = chat["session"]
     stream = chat_export_stream(session=session, export_format=EXPORT_FORMATS["json"], page_size=3)
-    memory_key = ChatSession.memory_key_for(session.pk)
+    memory_key = memory_key_of(session.pk)
     chunks = [await anext(stream), await anext(stream), await anext(stream)]  # head, "messages":[, page 1
     await sync_to_async(chat_session_delete)(session=session)
     chunks.extend([chunk async for chunk in stream])
@@ -508,6 +509,4 @@ def test_page_reads_refuse_an_empty_page(alice: Visitor):
     with pytest.raises(ValueError, match="limit must be at least 1"):
         message_list_between(session_id=session.pk, after_id=0, up_to_id=10, limit=0)
     with pytest.raises(ValueError, match="limit must be at least 1"):
-        compression_event_list_after(
-            memory_key=ChatSession.memory_key_for(session.pk), after_id=0, up_to_id=10, limit=0
-        )
+        compression_event_list_after(memory_key=memory_key_of(session.pk), after_id=0, up_to_id=10, limit=0)

@@ -14,6 +14,7 @@ from channels.testing import WebsocketCommunicator
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from chatapp.chats.memory import memory_key_of
 from chatapp.chats.services import chat_session_delete
 from chatapp.conversation.compress import session_memory_compress
 from chatapp.models import ChatSession, Message
@@ -27,7 +28,7 @@ from chatapp.realtime.protocol import (
     MemorySummaryEvent,
 )
 from chatapp.ui.page_feed import PageFeed, compression_sentence, partial_render
-from memory.api import Summary
+from memory.api import CompressionRecord, Summary
 from memory.storage import summaries as memory_services
 from tests.chatapp.conftest import (
     TIMEOUT,
@@ -186,7 +187,7 @@ async def test_compress_now_tells_json_sockets_about_the_new_summary(ws, alice: 
         await socket.connect(timeout=TIMEOUT)
         events = await session_memory_compress(session_id=session.pk)
         received = await receive_until(socket, lambda e: e["type"] == "memory.summary")
-    assert [e["kind"] for e in events] == ["compression"]
+    assert [e.kind for e in events] == ["compression"]
     compression = of_type(received, "memory.compression")[0]
     assert compression["turn_id"] is None and compression["event"]["messages_summarized"] == 4
     summary = of_type(received, "memory.summary")[0]["summary"]
@@ -206,7 +207,7 @@ async def test_a_json_socket_still_gets_json(ws, alice: Visitor):
 def summary_move(session: ChatSession, boundary: int, version: int = 0) -> None:
     """Store a summary covering every message up to ``boundary`` (as a compression would)."""
     saved = memory_services.session_summary_save(
-        memory_key=ChatSession.memory_key_for(session.pk),
+        memory_key=memory_key_of(session.pk),
         expected_version=version,
         new=Summary(content="s", summary_type="raw", last_message_id=boundary, compressed_count=2),
         token_count=1,
@@ -259,12 +260,21 @@ def test_a_new_turn_clears_the_last_announcement(alice: Visitor):
 
 
 def test_a_degraded_compression_is_announced_as_archived_not_summarized():
-    event = {"kind": "compression", "tokens_before": 1029, "tokens_after": 772, "messages_summarized": 8}
-    assert compression_sentence({**event, "degraded": True}) == (
+    event = {
+        "kind": "compression",
+        "mode": "agent",
+        "context_window": 2048,
+        "trigger_tokens": 1024,
+        "target_tokens": 614,
+        "tokens_before": 1029,
+        "tokens_after": 772,
+        "messages_summarized": 8,
+    }
+    assert compression_sentence(CompressionRecord.from_dict({**event, "degraded": True})) == (
         "Memory compressed: 8 messages archived verbatim (raw archive: the summarizer failed); "
         "request 1,029 → 772 tokens."
     )
-    assert compression_sentence({**event, "degraded": False, "result_type": "llm"}) == (
+    assert compression_sentence(CompressionRecord.from_dict({**event, "degraded": False, "result_type": "llm"})) == (
         "Memory compressed: 8 messages folded into the summary (LLM summary); request 1,029 → 772 tokens."
     )
 

@@ -14,8 +14,8 @@ from asgiref.sync import async_to_sync
 from django.test import Client
 from django.urls import reverse
 
+from chatapp.chats.memory import memory_engine, next_request_of_mode
 from chatapp.conversation.compress import session_memory_compress
-from chatapp.conversation.memory_jobs import live_engine, next_request_of_mode
 from chatapp.conversation.runner import chat_turn_run
 from chatapp.models import ChatSession, Message, ModelCall
 from chatapp.realtime.protocol import ChatDoneEvent, ChatMessageEvent, MemoryCompressionEvent
@@ -29,7 +29,9 @@ from chatapp.ui.inspector import (
     inspector_state_get,
 )
 from chatapp.ui.page_feed import PageFeed, compression_sentence
-from memory.api import get_counter, summary_block, summary_kind
+from memory.api import get_counter
+from memory.summary.archive import summary_block
+from memory.summary.chain import summary_kind
 from tests.chatapp.conftest import Visitor, chat_session_make, message_make
 
 pytestmark = [
@@ -261,7 +263,9 @@ def test_the_offline_engines_summary_is_called_extractive_everywhere(alice: Visi
     assert "LLM summary" not in html
     assert "(extractive summary)" in compression_sentence(events[0])
     feed = PageFeed(session_id=session.pk)
-    assert "(extractive summary)" in feed.render(MemoryCompressionEvent(turn_id=None, step=0, event=events[0]))
+    assert "(extractive summary)" in feed.render(
+        MemoryCompressionEvent(turn_id=None, step=0, event=events[0].as_dict())
+    )
 
 
 def test_a_summary_from_an_llm_endpoint_is_still_an_llm_summary(alice: Visitor, settings, fake_openai):
@@ -280,9 +284,10 @@ def test_a_summary_from_an_llm_endpoint_is_still_an_llm_summary(alice: Visitor, 
 
 def expected_room(session: ChatSession, *, facts_tokens: int = 0) -> int:
     """The room by the rule of chatapp.ui.composer, recomputed from its parts."""
-    engine = live_engine()
+    engine = memory_engine()
     budget, counter = engine.budget, engine.counter
-    system, tools, passages = next_request_of_mode(session.mode, engine)
+    system, tools, reserve_share = next_request_of_mode(session.mode)
+    passages = int(budget.target_tokens * reserve_share)
     fixed = counter.count_request([{"role": "system", "content": system}], tools) + passages
     summary = budget.summary_reserve_tokens if session.messages.exists() else 0
     return budget.window_tokens - fixed - summary - facts_tokens - budget.recall_budget_tokens
@@ -352,7 +357,7 @@ def test_the_room_shrinks_with_the_summary_and_the_last_requests_key_facts(alice
     before = composer_count_get(session=session, text="")
     assert before.room == expected_room(session)  # the summary reserve, history being there
     async_to_sync(session_memory_compress)(session_id=session.pk)
-    engine = live_engine()
+    engine = memory_engine()
     stored = inspector_state_get(session_id=session.pk).summary
     block = engine.counter.count_message(
         summary_block(

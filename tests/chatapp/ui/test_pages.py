@@ -11,10 +11,11 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
+from chatapp.chats.memory import memory_key_of
 from chatapp.models import ChatSession, Message, ModelCall
-from memory.api import Summary, session_summary_get
+from memory.api import Summary
 from memory.models import CompressionEvent, SessionSummary
-from memory.storage.summaries import session_summary_save
+from memory.storage.summaries import session_summary_get, session_summary_save
 from tests.chatapp.conftest import Visitor, chat_session_make, message_make
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("offline_engine")]
@@ -137,7 +138,7 @@ def test_transcript_marks_follow_the_boundary_and_the_last_request(alice: Visito
     made = history_make(session, 3)
     boundary = made[1].pk
     session_summary_save(
-        memory_key=ChatSession.memory_key_for(session.pk),
+        memory_key=memory_key_of(session.pk),
         expected_version=0,
         new=Summary(content="s", summary_type="llm", last_message_id=boundary, compressed_count=2),
         token_count=1,
@@ -220,7 +221,7 @@ def test_plain_rename_redirects_to_the_chat(alice: Visitor):
 def test_delete_removes_messages_and_memory(alice: Visitor):
     session = chat_session_make(alice.owner, title="Doomed")
     history_make(session, 2)
-    key = ChatSession.memory_key_for(session.pk)
+    key = memory_key_of(session.pk)
     SessionSummary.objects.create(memory_key=key, content="s", summary_type="llm", last_message_id=1, version=1)
     CompressionEvent.objects.create(
         memory_key=key,
@@ -284,13 +285,13 @@ def test_compress_now_folds_history_and_returns_the_inspector(alice: Visitor):
     made = history_make(session, 3)
     response = alice.client.post(url("session-compress", session), headers=HTMX)
     text = response.content.decode()
-    state = session_summary_get(memory_key=ChatSession.memory_key_for(session.pk))
+    state = session_summary_get(memory_key=memory_key_of(session.pk))
     assert response.status_code == 200 and text.strip().startswith('<aside id="inspector"')
     assert state.version == 1 and state.last_message_id == made[-2].pk and state.compressed_count == 6
     assert 'data-summary-version="1"' in text and "<strong>v1</strong>" in text
     announcement = json.loads(response["HX-Trigger-After-Swap"])["chat:announce"]["text"]
     assert "6 messages folded into the summary" in announcement and 'id="announce"' not in text
-    event = CompressionEvent.objects.get(memory_key=ChatSession.memory_key_for(session.pk))
+    event = CompressionEvent.objects.get(memory_key=memory_key_of(session.pk))
     assert any("requested by the user" in note for note in event.notes)
 
 

@@ -1,0 +1,62 @@
+"""What the product sends the chat model besides the history: the system prompts of both modes
+and the agent's tool schemas (docs/memory.md §7)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+AGENT_PROMPT = (
+    "You are the assistant of Kestrel Sync, a file sync and backup service. Use the kb_search tool "
+    "to look up product facts (plans, prices, limits, security, troubleshooting) before answering "
+    "questions about them, and the calculator tool for arithmetic. Quote numbers exactly. Answer "
+    "concisely; if the knowledge base has no answer, say so."
+)
+
+QUICK_ANSWER_PROMPT = (
+    "You are the support assistant of Kestrel Sync. Answer the user's question from the knowledge "
+    "base passages below and the conversation so far. Quote numbers exactly. If the passages do "
+    "not contain the answer, say so briefly instead of guessing."
+)
+# Knowledge-base passages may take this share of the engine's target, so history keeps room.
+PASSAGES_TARGET_SHARE = 1 / 3
+# What a quick answer's prompt says when the knowledge base has nothing for the question.
+NO_PASSAGES = "(no passage matched the question)"
+
+
+def system_prompt_with(knowledge: str) -> str:
+    """The quick-answer system prompt carrying ``knowledge``, the formatted passages."""
+    return f"{QUICK_ANSWER_PROMPT}\n\nKnowledge base passages:\n\n{knowledge}"
+
+
+# Tools whose results are not indexed for recall (docs/memory.md §12, "the index"): the knowledge
+# base is searched afresh whenever a turn needs it, so an old search's passages would be a copy
+# that may be stale, and a search that found nothing only repeats its question ("no passages
+# found for '…'"), which the gate would then admit for that question.
+UNINDEXED_TOOLS = frozenset({"kb_search"})
+
+TOOL_SCHEMAS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "kb_search",
+            "description": "Search the product knowledge base. Returns the most relevant passages and their titles.",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string", "description": "Keywords or a question."}},
+                "required": ["query"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression with numbers, + - * / // % ** and parentheses.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string", "description": "For example (12.5 * 4) / 3"}},
+                "required": ["expression"],
+            },
+        },
+    },
+]

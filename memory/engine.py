@@ -1,0 +1,384 @@
+"""The memory engine as the owning app sees it: one object, built from a :class:`MemoryConfig`
+and three ports, that owns every memory algorithm (docs/architecture.md, "memory engine")."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from asgiref.sync import sync_to_async
+
+from memory.config import MemoryConfig
+from memory.context.budget import MemoryBudget
+from memory.context.builder import AgentMemoryMiddleware, ContextBuilder
+from memory.context.request import CompressionJobs, ContextRequest, MemoryContext
+from memory.facts.rules import message_rule_facts
+from memory.facts.values import KeyFact
+from memory.jobs.runner import JobRun, MemoryJobRunner
+from memory.jobs.state import JobState, JobStep
+from memory.jobs.steps import EmbedItems, FactExtraction, IndexMessages, PreCompression
+from memory.ports import ConversationSource, Embedder, Notice, RunSync, Summarizer
+from memory.recall.search import TurnRecall
+from memory.storage import calibration as stored_calibration
+from memory.storage import facts as stored_facts
+from memory.storage import index as stored_index
+from memory.storage import summaries as stored_summaries
+from memory.storage.facts import OrmFactStore
+from memory.storage.index import OrmRecallIndex
+from memory.storage.job_state import OrmJobStore, memory_job_state_get
+from memory.summary.archive import summary_block
+from memory.summary.chain import SummarizerChain
+from memory.summary.extractive import ExtractiveSummarizer
+from memory.summary.store import CompressionRecord, Summary
+from memory.tokens.calibration import Calibration
+from memory.tokens.counter import TokenCounter, get_counter
+
+logger = logging.getLogger(__name__)
+
+# This process's name in job leases: a restarted process with the same pid must not inherit one.
+WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+_runners: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, MemoryJobRunner] = weakref.WeakKeyDictionary()
+
+
+class MemoryEngine:
+    """Managed memory for the conversations of one owning app.
+
+    ``config``: every setting; ``source``: the app's conversations (:class:`ConversationSource`);
+    ``summarizer`` and ``failover``: layers 1 and 2 of the degradation chain (default: the
+    built-in extractive summarizer); ``embedder``: recall's embeddings (None: full-text only);
+    ``run_sync``: how database work runs from async code; ``compression_jobs``: where requests in
+    background mode hand their compression (default: this process's memory jobs).
+    """
+
+    def __init__(
+        self,
+        *,
+        config: MemoryConfig,
+        source: ConversationSource,
+        summarizer: Summarizer | None = None,
+        failover: Summarizer | None = None,
+        embedder: Embedder | None = None,
+        run_sync: RunSync = sync_to_async,
+        compression_jobs: CompressionJobs | None = None,
+    ) -> None:
+        self.config = config
+        self.source = source
+        self.embedder = embedder
+        self.run_sync = run_sync
+        self.chain = SummarizerChain(
+            primary=summarizer or ExtractiveSummarizer(),
+            failover=failover,
+            attempts=config.summary_attempts,
+            timeout=config.summary_timeout_seconds,
+        )
+        self.counter: TokenCounter = get_counter(config.chat_model)
+        self.summaries = stored_summaries.OrmSummaryStore(alive=source.alive, run_sync=run_sync)
+        self.job_store = OrmJobStore(run_sync=run_sync)
+        self.fact_store = OrmFactStore(run_sync=run_sync, alive=source.alive)
+        self.index = OrmRecallIndex(run_sync=run_sync, titles=source.titles, alive=source.alive)
+        self._compression_jobs = compression_jobs
+        self._token_factor: float | None = None
+        self._builder: ContextBuilder | None = None
+
+    # --- one model call ---------------------------------------------------------------------
+
+    @property
+    def budget(self) -> MemoryBudget:
+        """The request budget of the chat model, with the calibration known so far."""
+        return self.config.budget(self._token_factor or 1.0)
+
+    async def context(self, request: ContextRequest) -> MemoryContext:
+        """The model-facing context of ``request`` (docs/memory.md §2-§4): compressed when over
+        the trigger in ``sync`` mode, read only in ``background`` mode. A failing summarizer
+        degrades to the raw archive; storage errors propagate."""
+        builder = await self.builder()
+        return await builder.build_context(self._completed(request))
+
+    async def before_model(self, request: ContextRequest) -> MemoryContext:
+        """:meth:`context` for a step of the agent loop: if building it fails, the agent goes
+        on with a degraded context instead of aborting (docs/memory.md §4)."""
+        builder = await self.builder()
+        return await AgentMemoryMiddleware(builder).before_model(self._completed(request))
+
+    def recall(self, *, memory_key: str, scope_key: str, question: str) -> TurnRecall:
+        """The recall of one turn for ``question`` (pass it as ``load_recall``; call
+        :meth:`~memory.recall.search.TurnRecall.prefetch` as the turn opens)."""
+        return TurnRecall(
+            index=self.index,
+            embedder=self.embedder,
+            memory_key=memory_key,
+            scope_key=scope_key,
+            query=question,
+            scope=self.config.recall_scope,
+            deadline_seconds=self.config.recall_deadline_seconds,
+        )
+
+    def _completed(self, request: ContextRequest) -> ContextRequest:
+        """``request`` with the engine's defaults: its compression mode and its key facts."""
+        fields: dict[str, Any] = {}
+        if request.compression is None:
+            fields["compression"] = self.config.compression
+        if request.load_facts is None:
+            memory_key = request.memory_key
+
+            async def load_facts() -> list[KeyFact]:
+                return await self.fact_store.active(memory_key)
+
+            fields["load_facts"] = load_facts
+        return replace(request, **fields) if fields else request
+
+    async def builder(self) -> ContextBuilder:
+        """The context builder of the chat model, budgeted with its calibration (read once)."""
+        if self._token_factor is None:
+            self._token_factor = await self.run_sync(self.token_factor)() if self.config.calibrate else 1.0
+        if self._builder is None or self._builder.budget != self.budget:
+            self._builder = ContextBuilder(
+                budget=self.budget,
+                chain=self.chain,
+                counter=self.counter,
+                store=self.summaries,
+                jobs=self._compression_jobs or (self.jobs() if self.config.compression == "background" else None),
+                sync_wait_seconds=self.config.sync_wait_seconds,
+            )
+        return self._builder
+
+    # --- calibration (docs/memory.md §5) ----------------------------------------------------
+
+    def token_factor(self) -> float:
+        """The chat model's stored estimate factor, 1.0 without calibration (one query)."""
+        if not self.config.calibrate:
+            return 1.0
+        return stored_calibration.token_calibration_get(model=self.config.chat_model).factor
+
+    def use_token_factor(self, factor: float) -> None:
+        """Budget the next requests with ``factor`` (read by the caller, e.g. as a turn opens)."""
+        self._token_factor = factor
+
+    def calibration(self) -> Calibration:
+        """The chat model's stored calibration (one query)."""
+        return stored_calibration.token_calibration_get(model=self.config.chat_model)
+
+    async def calibrate(self, *, estimated_tokens: int, prompt_tokens: int | None) -> Calibration | None:
+        """Count one finished call in the calibration and budget the next with the new factor;
+        None (nothing stored) without calibration or a reported figure."""
+        if not self.config.calibrate or prompt_tokens is None:
+            return None
+        now: Calibration = await self.run_sync(stored_calibration.token_calibration_record)(
+            model=self.config.chat_model, estimated_tokens=estimated_tokens, prompt_tokens=prompt_tokens
+        )
+        self._token_factor = now.factor
+        return now
+
+    # --- memory jobs (docs/memory.md §10) ----------------------------------------------------
+
+    def jobs(self) -> MemoryJobRunner:
+        """This event loop's job runner, running this engine's steps from now on."""
+        loop = asyncio.get_running_loop()
+        runner = _runners.get(loop)
+        if runner is None:
+            runner = _runners[loop] = MemoryJobRunner(
+                store=self.job_store,
+                steps=[],
+                owner=WORKER_NAME,
+                debounce_seconds=self.config.job_debounce_seconds,
+                lease_seconds=self.config.job_lease_seconds,
+                idle_seconds=self.config.job_idle_seconds,
+                batch_turns=self.config.job_batch_turns,
+            )
+        runner.steps = self.job_steps()
+        runner.on_done = self._job_done
+        return runner
+
+    def schedule(self, memory_key: str, *, idle: bool = False) -> None:
+        """Queue the conversation's memory job (returns at once; ``idle``: nothing is urgent)."""
+        self.jobs().schedule(memory_key, idle=idle)
+
+    async def run_jobs(self, memory_key: str) -> JobRun | None:
+        """Run the conversation's memory job to completion now (after one pending or running)."""
+        return await self.jobs().run_now(memory_key)
+
+    @staticmethod
+    async def close_jobs() -> None:
+        """Cancel this event loop's memory jobs and wait for them to end (tests, shutdown)."""
+        runner = _runners.pop(asyncio.get_running_loop(), None)
+        if runner is not None:
+            await runner.close()
+
+    @staticmethod
+    def caches_clear() -> None:
+        """Forget this process's cached vectors and embedding lookups (tests; after a model change)."""
+        stored_index.recall_cache_clear()
+
+    @staticmethod
+    def job_activity(memory_key: str) -> str | None:
+        """``running``, ``queued`` or ``batched`` while this process has the conversation's job
+        running or pending (any event loop), else None."""
+        statuses = {runner.status(memory_key) for runner in list(_runners.values())} - {None}
+        return next((status for status in ("running", "queued", "batched") if status in statuses), None)
+
+    def job_steps(self) -> list[JobStep]:
+        """The job's pipeline: pre-compression (background mode only), fact extraction,
+        indexing, embedding."""
+        steps: list[JobStep] = []
+        if self.config.compression == "background":
+            steps.append(
+                PreCompression(
+                    builder=self._job_builder,
+                    source=self.source,
+                    next_message_tokens=self.config.precompress_tokens,
+                    forget=self._forget,
+                )
+            )
+        summary_counter = get_counter(self.config.summary_model or self.config.chat_model)
+        steps += [
+            FactExtraction(
+                chain=self.chain,
+                source=self.source,
+                facts=self.fact_store,
+                jobs=self.job_store,
+                counter=summary_counter,
+                windows=self.config.summarizer_windows,
+                enabled=self.config.facts_extraction,
+                max_batches=self.config.facts_max_batches,
+                more=self.schedule,
+                forget=self._forget,
+            ),
+            IndexMessages(
+                source=self.source,
+                index=self.index,
+                jobs=self.job_store,
+                counter=self.counter,
+                unindexed_tools=self.config.unindexed_tools,
+            ),
+            EmbedItems(index=self.index, embedder=self.embedder, jobs=self.job_store, source=self.source),
+        ]
+        return steps
+
+    async def _job_builder(self) -> ContextBuilder:
+        """The builder pre-compression plans with: the live one, without handing work to jobs."""
+        live = await self.builder()
+        return ContextBuilder(
+            budget=live.budget, chain=self.chain, counter=self.counter, store=self.summaries, jobs=None
+        )
+
+    async def _forget(self, memory_key: str) -> None:
+        await self.run_sync(self.forget)(memory_key)
+
+    async def _job_done(self, run: JobRun) -> None:
+        """After each job, tell the conversation's pages the summary as it is now."""
+        if not run.lost_lease:
+            summary = await self.summaries.get(run.memory_key)
+            await self.source.notify(run.memory_key, Notice(summary=summary))
+
+    async def reindex(
+        self, memory_key: str, *, progress: Callable[[str, int, int], object] | None = None
+    ) -> dict[str, int]:
+        """Rebuild the conversation's recall index from its stored messages, then embed what
+        lacks an embedding (``manage.py memory_reindex``). Idempotent; ``progress(phase, done,
+        total)`` after each batch. Embedder and storage errors propagate."""
+        indexer = IndexMessages(
+            source=self.source,
+            index=self.index,
+            jobs=self.job_store,
+            counter=self.counter,
+            unindexed_tools=self.config.unindexed_tools,
+        )
+        _, counts = await indexer.index_after(
+            memory_key, None, progress=lambda done, *_: progress and progress("index", done, 0)
+        )
+        counts["embedded"] = 0
+        if self.embedder is not None:
+            status = await self.index.status(memory_key=memory_key)
+            missing = status["items"] - status["models"].get(self.embedder.model, 0)
+            embedder = EmbedItems(index=self.index, embedder=self.embedder, jobs=self.job_store, source=self.source)
+            _, counts["embedded"] = await embedder.embed(
+                memory_key, None, limit=None, progress=lambda done: progress and progress("embed", done, missing)
+            )
+        return counts
+
+    # --- what is stored (synchronous: call on a database thread) -----------------------------
+
+    def summary(self, memory_key: str) -> Summary:
+        """The conversation's current summary (an empty one, version 0, before the first)."""
+        return stored_summaries.session_summary_get(memory_key=memory_key)
+
+    def summary_kind(self, memory_key: str, summary: Summary) -> str:
+        """Who wrote ``summary``: ``none``, ``llm``, ``extractive`` or ``raw``."""
+        return stored_summaries.session_summary_kind(memory_key=memory_key, summary=summary)
+
+    def summary_block_tokens(self, summary: Summary) -> int:
+        """Tokens the summary block of ``summary`` takes in a request (0 without a summary)."""
+        if not summary.content:
+            return 0
+        block = summary_block(
+            content=summary.content,
+            summary_type=summary.summary_type,
+            compressed_count=summary.compressed_count,
+            role=self.config.summary_role,
+        )
+        return self.counter.count_message(block)
+
+    def events(self, memory_key: str, *, limit: int = 50) -> list[CompressionRecord]:
+        """The conversation's newest ``limit`` compression events, oldest first."""
+        rows = stored_summaries.compression_event_list(memory_key=memory_key, limit=limit)
+        return [row.as_record() for row in rows]
+
+    def events_page(self, memory_key: str, *, after_id: int, up_to_id: int, limit: int) -> list[CompressionRecord]:
+        """Events with ``after_id < id <= up_to_id``, oldest first, at most ``limit``."""
+        rows = stored_summaries.compression_event_list_after(
+            memory_key=memory_key, after_id=after_id, up_to_id=up_to_id, limit=limit
+        )
+        return [row.as_record() for row in rows]
+
+    def health(self, memory_key: str) -> dict[str, Any]:
+        """The summarizer's health as of the last compression (``status``, ``last_error``,
+        ``attempts``, ``at``)."""
+        return stored_summaries.summarizer_health_get(memory_key=memory_key)
+
+    def job_state(self, memory_key: str) -> JobState:
+        """The conversation's stored memory-job state (idle when none ran)."""
+        return memory_job_state_get(memory_key=memory_key)
+
+    def index_status(self, memory_key: str) -> dict[str, Any]:
+        """The conversation's recall index: ``items``, ``embedded``, ``models``."""
+        return stored_index.memory_index_status(memory_key=memory_key)
+
+    def facts(self, memory_key: str, *, current_only: bool = False) -> list[KeyFact]:
+        """The conversation's key facts, oldest first: every one (retired and hidden included), or
+        only the current ones."""
+        if current_only:
+            return stored_facts.key_fact_list_active(memory_key=memory_key)
+        return stored_facts.key_fact_list(memory_key=memory_key)
+
+    def facts_on_store(self, memory_key: str, *, scope_key: str, messages: Sequence[dict[str, Any]]) -> list[KeyFact]:
+        """Store the rule facts of just-stored ``messages`` (inside the caller's transaction)."""
+        return stored_facts.key_facts_store_rule(memory_key=memory_key, scope_key=scope_key, messages=list(messages))
+
+    @staticmethod
+    def has_rule_facts(message: dict[str, Any]) -> bool:
+        """Whether :meth:`facts_on_store` would find anything in ``message`` (no query)."""
+        return bool(message_rule_facts(message))
+
+    def fact_pin(self, memory_key: str, fact_id: int, *, pinned: bool) -> KeyFact:
+        """Pin or unpin a fact for the owner. Raises ``KeyFactNotFound``."""
+        return stored_facts.key_fact_pin(memory_key=memory_key, fact_id=fact_id, pinned=pinned)
+
+    def fact_hide(self, memory_key: str, fact_id: int, *, hidden: bool) -> KeyFact:
+        """Hide or restore a fact for the owner. Raises ``KeyFactNotFound``."""
+        return stored_facts.key_fact_hide(memory_key=memory_key, fact_id=fact_id, hidden=hidden)
+
+    def fact_edit(self, memory_key: str, fact_id: int, *, value: str) -> KeyFact:
+        """The owner's correction of a fact. Raises ``KeyFactNotFound`` and ``ValueError``."""
+        return stored_facts.key_fact_edit(memory_key=memory_key, fact_id=fact_id, value=value)
+
+    def forget(self, memory_key: str) -> None:
+        """Delete every memory record of the conversation (its stored messages are the app's)."""
+        stored_summaries.session_memory_delete(memory_key=memory_key)
