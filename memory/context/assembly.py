@@ -110,7 +110,8 @@ def assemble(
 
     Internal keys (``id``, ``token_count``) never reach the wire; ``sources`` keeps the ids. A
     message carrying the internal key ``folded_ids`` (a "steps so far" note) gets a source
-    ``{"id": None, "kind": "current", "folded": [ids]}``. With ``strict_alternation`` two user or
+    ``{"id": None, "kind": "current", "folded": [ids], "message_ids": [ids]}`` (``message_ids``, as
+    the other blocks' sources say which stored messages they stand for). With ``strict_alternation`` two user or
     two assistant messages in a row are merged into one (docs/memory.md F-38, see
     :func:`merge_same_role_neighbours`); the merged message's source is the first part's with
     ``"merged": [sources of the later parts]``, and its tokens count in the first part's section.
@@ -154,6 +155,7 @@ def assemble(
                 }
             if message.get("folded_ids"):
                 source["folded"] = list(message["folded_ids"])
+                source["message_ids"] = list(message["folded_ids"])
             sources.append(source)
             owners.append(section)
             sections[section] += _message_tokens(message, counter)

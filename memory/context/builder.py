@@ -8,14 +8,13 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
 from memory.context.budget import MemoryBudget
 from memory.context.planner import (
-    MIN_SUMMARY_TOKENS,
     Plan,
     Request,
     StepsNote,
@@ -24,24 +23,16 @@ from memory.context.planner import (
     folded_facts,
     plan_request,
     steps_note_room,
-    summary_output_tokens,
 )
 from memory.context.request import CompressionJobs, ContextRequest, MemoryContext
 from memory.facts.values import KeyFact
 from memory.messages import Message
-from memory.ports import SummaryRequest
 from memory.recall.block import recall_report
 from memory.recall.rank import recall_for
 from memory.recall.values import RecallInput, RecallResult
-from memory.summary.archive import raw_archive_merge, summary_block, trim_summary
-from memory.summary.chain import Attempt, SummarizerChain
-from memory.summary.prompts import (
-    build_summary_prompt,
-    chunk_messages,
-    fit_transcript,
-    render_transcript,
-    transcript_budget,
-)
+from memory.summary.archive import raw_archive_merge, trim_summary
+from memory.summary.chain import SummarizerChain
+from memory.summary.incremental import MIN_SUMMARY_TOKENS, IncrementalSummarizer, Outcome, summary_cap
 from memory.summary.store import CompressionRecord, EventKind, Summary, SummaryStore
 from memory.tokens.counter import TokenCounter
 
@@ -59,21 +50,6 @@ SYNC_WAIT_SECONDS = 0.25
 
 # "Steps so far" notes kept per engine for incremental in-turn folding (one per turn).
 STEPS_CACHE_SIZE = 64
-
-
-# The transcript sent when a stored summary over the cap is shrunk with no new messages (F-40).
-SHRINK_TRANSCRIPT = "(no new messages: rewrite the previous summary shorter, keeping every fact that still matters)"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Outcome:
-    """A summarization result, before anything is written: the new ``summary`` (its version is
-    still the one read), every summarizer ``attempts`` made, and whether it ``degraded`` to the
-    raw archive."""
-
-    summary: Summary
-    attempts: list[Attempt]
-    degraded: bool
 
 
 class ContextBuilder:
@@ -281,90 +257,20 @@ class ContextBuilder:
         return context
 
     async def summarize(self, summary: Summary, messages: list[Message], *, cap: int | None = None) -> Outcome:
-        """Fold ``messages`` into ``summary``: chunks that fit the summarizer's window are merged
-        one after another (docs/memory.md F-17); when the chain fails for a chunk, that chunk and
-        the rest go to the raw archive appended to the summary so far (layer 3). Nothing is
-        written; only the summarizer is called.
-
-        ``cap``: the result's hard limit in tokens (default :attr:`summary_cap`). With no
-        ``messages`` the summary alone is rewritten within the cap (a summary over the cap after
-        the window was lowered, docs/memory.md F-40); if the chain fails it is trimmed without an
-        LLM (:func:`memory.core.trim_summary`) and the outcome is ``degraded``."""
-        cap = self.summary_cap if cap is None else cap
-        previous_tokens = self.counter.count_text(summary.content)
-        if not messages:
-            return await self._shrink(summary, cap=cap, previous_tokens=previous_tokens)
-        transcript_tokens = self.counter.count_text(render_transcript(messages))
-        max_tokens = summary_output_tokens(
-            previous_summary_tokens=previous_tokens,
-            transcript_tokens=transcript_tokens,
-            cap=cap,
-            ratio=self.budget.summary_ratio,
-        )
-        budget = transcript_budget(
-            previous_summary_tokens=max(cap, previous_tokens),
-            max_output_tokens=max_tokens,
-            window=self.budget.summarizer_window,
+        """Fold ``messages`` into ``summary`` within ``cap`` tokens (default :attr:`summary_cap`);
+        see :class:`memory.summary.incremental.IncrementalSummarizer`. Nothing is written."""
+        folder = IncrementalSummarizer(
+            chain=self.chain,
             counter=self.counter,
+            ratio=self.budget.summary_ratio,
+            window=self.budget.summarizer_window,
         )
-        chunks = chunk_messages(messages, budget=budget, counter=self.counter)
-        content, attempts, degraded = summary.content, [], False
-        for index, chunk in enumerate(chunks):
-            transcript = fit_transcript(chunk, max_tokens=budget, counter=self.counter)
-            result = await self.chain.run(
-                SummaryRequest(
-                    previous_summary=content,
-                    messages=chunk,
-                    prompt=build_summary_prompt(previous_summary=content, transcript=transcript, max_tokens=max_tokens),
-                    max_tokens=max_tokens,
-                )
-            )
-            attempts.extend(result.attempts)
-            if result.text is None:
-                rest = [message for later in chunks[index:] for message in later]
-                content = raw_archive_merge(content, rest, max_tokens=cap, counter=self.counter)
-                degraded = True
-                break
-            content = self.counter.truncate_text(result.text, cap)
-        new = Summary(
-            content=content,
-            summary_type="raw" if degraded else "llm",
-            last_message_id=max(max(message.get("id") or 0 for message in messages), summary.last_message_id or 0),
-            compressed_count=summary.compressed_count + len(messages),
-            version=summary.version,
-        )
-        return Outcome(summary=new, attempts=attempts, degraded=degraded)
-
-    async def _shrink(self, summary: Summary, *, cap: int, previous_tokens: int) -> Outcome:
-        """``summary`` rewritten within ``cap`` tokens by the chain (no new material), or trimmed
-        without an LLM when the chain fails; boundary and count unchanged (docs/memory.md F-40)."""
-        if previous_tokens <= cap:
-            return Outcome(summary=summary, attempts=[], degraded=False)
-        prompt = build_summary_prompt(previous_summary=summary.content, transcript="", max_tokens=cap)
-        prompt[-1] = {**prompt[-1], "content": f"{prompt[-1]['content']}\n{SHRINK_TRANSCRIPT}"}
-        result = await self.chain.run(
-            SummaryRequest(previous_summary=summary.content, messages=[], prompt=prompt, max_tokens=cap)
-        )
-        if result.text is None:
-            content, summary_type, degraded = (
-                trim_summary(summary.content, cap, self.counter),
-                summary.summary_type,
-                True,
-            )
-        else:
-            content, summary_type, degraded = self.counter.truncate_text(result.text, cap), "llm", False
-        return Outcome(
-            summary=replace(summary, content=content, summary_type=summary_type),
-            attempts=result.attempts,
-            degraded=degraded,
-        )
+        return await folder.fold(summary, messages, cap=self.summary_cap if cap is None else cap)
 
     @property
     def summary_cap(self) -> int:
-        """Hard cap of the summary text in tokens: the reserve minus the block's header line and
-        message overhead, so the whole block fits the reserve."""
-        empty_block = summary_block(content="", summary_type="raw", compressed_count=10**6, role="system")
-        return max(16, self.budget.summary_reserve_tokens - self.counter.count_message(empty_block) - 1)
+        """Hard cap of the summary text in tokens (:func:`memory.summary.incremental.summary_cap`)."""
+        return summary_cap(self.budget.summary_reserve_tokens, self.counter)
 
     async def _plan(self, request: ContextRequest, summary: Summary) -> Plan:
         increment, facts, recall = await asyncio.gather(

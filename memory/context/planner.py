@@ -3,7 +3,6 @@ what to elide. No ORM, no I/O; :mod:`memory.engine` wraps it with storage and su
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,11 +15,11 @@ from memory.facts.values import KeyFact
 from memory.messages import Message
 from memory.recall.values import RecallInput, RecallResult
 from memory.summary.archive import summary_block
+
+# A summary shorter than this many tokens is never asked for, however small the prefix.
 from memory.summary.store import Summary
 from memory.tokens.counter import REPLY_PRIMING_TOKENS, TokenCounter
 
-# A summary shorter than this many tokens is never asked for, however small the prefix.
-MIN_SUMMARY_TOKENS = 48
 # Rounds of back-scan the planner makes while the key-facts block grows with the boundary
 # (docs/memory.md §11); the block only grows, so this ends early in practice.
 FACTS_PLAN_ROUNDS = 4
@@ -274,15 +273,6 @@ def _split(
                 "retained window after the summary starts with a user message (docs/memory.md F-38)"
             )
     return notes
-
-
-def summary_output_tokens(*, previous_summary_tokens: int, transcript_tokens: int, cap: int, ratio: float) -> int:
-    """The summarizer's output limit in tokens: the old summary may be carried over whole and
-    the new material may add at most ``ratio`` (default 30 %) of its own size (docs/memory.md §3
-    step 4; by induction the summary stays within that share of everything it covers), never
-    over ``cap``."""
-    wanted = previous_summary_tokens + math.ceil(ratio * transcript_tokens)
-    return max(min(MIN_SUMMARY_TOKENS, cap), min(cap, wanted))
 
 
 @dataclass(frozen=True, kw_only=True)

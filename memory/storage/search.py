@@ -128,10 +128,12 @@ def recall_term_rarity(*, scope_key: str, query: str) -> TermRarity:
 
 def _vector_reader(scope_key: str) -> Callable[[int, Sequence[int]], Iterable[VectorRow]]:
     def read(after: int, ids: Sequence[int]) -> Iterable[VectorRow]:
+        # One plain query, no server-side cursor: a cursor's generic plan on PostgreSQL walked the
+        # other owners' rows instead of using the owner index.
         rows = MemoryItem.objects.filter(Q(id__gt=after) | Q(id__in=list(ids)), scope_key=scope_key)
-        return rows.values_list(
-            "id", "memory_key", "last_message_id", "embedding", "embedding_model", "embedding_dim"
-        ).iterator(chunk_size=2000)
+        return list(
+            rows.values_list("id", "memory_key", "last_message_id", "embedding", "embedding_model", "embedding_dim")
+        )
 
     return read
 

@@ -9,10 +9,10 @@ import pytest
 from asgiref.sync import async_to_sync
 
 from memory.context.budget import MemoryBudget
-from memory.context.planner import summary_output_tokens
 from memory.ports import SummaryRequest
 from memory.summary.chain import SummarizerChain
 from memory.summary.extractive import ExtractiveSummarizer, extractive_summary
+from memory.summary.incremental import summary_output_tokens
 from memory.summary.prompts import build_summary_prompt, chunk_messages, split_summary_prompt, transcript_budget
 from memory.summary.store import InMemorySummaryStore, Summary
 from tests.memory.builders import COUNTER, ScriptedSummarizer, asst, tool, user

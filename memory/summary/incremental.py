@@ -1,0 +1,136 @@
+"""Incremental summarization (docs/memory.md §3 step 4): new messages folded into the old summary,
+chunk by chunk within the summarizer's window, falling back to the raw archive (§4); and the
+rewrite of a summary over its cap (F-40). Nothing is written here."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from memory.messages import Message
+from memory.ports import SummaryRequest
+from memory.summary.archive import raw_archive_merge, summary_block, trim_summary
+from memory.summary.chain import Attempt, SummarizerChain
+from memory.summary.prompts import (
+    build_summary_prompt,
+    chunk_messages,
+    fit_transcript,
+    render_transcript,
+    transcript_budget,
+)
+from memory.summary.store import Summary
+from memory.tokens.counter import TokenCounter
+
+# The smallest summary worth asking for, in tokens.
+MIN_SUMMARY_TOKENS = 48
+# The transcript sent when a stored summary over the cap is shrunk with no new messages (F-40).
+SHRINK_TRANSCRIPT = "(no new messages: rewrite the previous summary shorter, keeping every fact that still matters)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """A summarization result, before anything is written: the new ``summary`` (its version is
+    still the one read), every summarizer ``attempts`` made, and whether it ``degraded`` to the
+    raw archive."""
+
+    summary: Summary
+    attempts: list[Attempt]
+    degraded: bool
+
+
+def summary_cap(reserve_tokens: int, counter: TokenCounter) -> int:
+    """Hard cap of the summary text in tokens: the reserve minus the block's header line and
+    message overhead, so the whole block fits the reserve."""
+    empty_block = summary_block(content="", summary_type="raw", compressed_count=10**6, role="system")
+    return max(16, reserve_tokens - counter.count_message(empty_block) - 1)
+
+
+def summary_output_tokens(*, previous_summary_tokens: int, transcript_tokens: int, cap: int, ratio: float) -> int:
+    """The summarizer's output limit in tokens: the old summary may be carried over whole and the
+    new material may add at most ``ratio`` of its own size (so the summary stays within that share
+    of everything it covers), never over ``cap``."""
+    wanted = previous_summary_tokens + math.ceil(ratio * transcript_tokens)
+    return max(min(MIN_SUMMARY_TOKENS, cap), min(cap, wanted))
+
+
+@dataclass(frozen=True, kw_only=True)
+class IncrementalSummarizer:
+    """Folds messages into a summary through ``chain``; ``ratio`` bounds the growth, ``window``
+    (tokens) one summarizer request."""
+
+    chain: SummarizerChain
+    counter: TokenCounter
+    ratio: float
+    window: int
+
+    async def fold(self, summary: Summary, messages: list[Message], *, cap: int) -> Outcome:
+        """``messages`` folded into ``summary`` within ``cap`` tokens: chunks that fit the window
+        are merged one after another (F-17); when the chain fails for a chunk, it and the rest go
+        to the raw archive. With no ``messages`` the summary alone is rewritten within the cap."""
+        previous_tokens = self.counter.count_text(summary.content)
+        if not messages:
+            return await self.shrink(summary, cap=cap)
+        transcript_tokens = self.counter.count_text(render_transcript(messages))
+        max_tokens = summary_output_tokens(
+            previous_summary_tokens=previous_tokens,
+            transcript_tokens=transcript_tokens,
+            cap=cap,
+            ratio=self.ratio,
+        )
+        budget = transcript_budget(
+            previous_summary_tokens=max(cap, previous_tokens),
+            max_output_tokens=max_tokens,
+            window=self.window,
+            counter=self.counter,
+        )
+        chunks = chunk_messages(messages, budget=budget, counter=self.counter)
+        content, attempts, degraded = summary.content, [], False
+        for index, chunk in enumerate(chunks):
+            transcript = fit_transcript(chunk, max_tokens=budget, counter=self.counter)
+            result = await self.chain.run(
+                SummaryRequest(
+                    previous_summary=content,
+                    messages=chunk,
+                    prompt=build_summary_prompt(previous_summary=content, transcript=transcript, max_tokens=max_tokens),
+                    max_tokens=max_tokens,
+                )
+            )
+            attempts.extend(result.attempts)
+            if result.text is None:
+                rest = [message for later in chunks[index:] for message in later]
+                content = raw_archive_merge(content, rest, max_tokens=cap, counter=self.counter)
+                degraded = True
+                break
+            content = self.counter.truncate_text(result.text, cap)
+        new = Summary(
+            content=content,
+            summary_type="raw" if degraded else "llm",
+            last_message_id=max(max(message.get("id") or 0 for message in messages), summary.last_message_id or 0),
+            compressed_count=summary.compressed_count + len(messages),
+            version=summary.version,
+        )
+        return Outcome(summary=new, attempts=attempts, degraded=degraded)
+
+    async def shrink(self, summary: Summary, *, cap: int) -> Outcome:
+        """``summary`` rewritten within ``cap`` tokens by the chain (no new material), or trimmed
+        without an LLM when the chain fails; boundary and count unchanged (docs/memory.md F-40)."""
+        if self.counter.count_text(summary.content) <= cap:
+            return Outcome(summary=summary, attempts=[], degraded=False)
+        prompt = build_summary_prompt(previous_summary=summary.content, transcript="", max_tokens=cap)
+        prompt[-1] = {**prompt[-1], "content": f"{prompt[-1]['content']}\n{SHRINK_TRANSCRIPT}"}
+        result = await self.chain.run(
+            SummaryRequest(previous_summary=summary.content, messages=[], prompt=prompt, max_tokens=cap)
+        )
+        if result.text is None:
+            content, summary_type, degraded = (
+                trim_summary(summary.content, cap, self.counter),
+                summary.summary_type,
+                True,
+            )
+        else:
+            content, summary_type, degraded = self.counter.truncate_text(result.text, cap), "llm", False
+        return Outcome(
+            summary=replace(summary, content=content, summary_type=summary_type),
+            attempts=result.attempts,
+            degraded=degraded,
+        )
