@@ -84,7 +84,6 @@ _BARE_HOUR_AFTER = re.compile(
 _TIME_BEFORE = re.compile(rf"(?:(?:at|@|around|by)[^\S\n]+)?(?:{_TIME_EN})[^\S\n]+(?:on[^\S\n]+)?$", re.IGNORECASE)
 _TIME_ZH_AFTER = re.compile(rf"[^\S\n]*(?:{_TIME_ZH})")
 _PART_ZH_AFTER = re.compile(r"(早上|早晨|上午|凌晨|中午|下午|傍晚|晚上|夜里)")
-_PART_EN_AFTER = re.compile(r"[^\S\n]+(morning|afternoon|evening|night)\b", re.IGNORECASE)
 
 _Resolver = Callable[[re.Match[str], datetime], _Match]
 
