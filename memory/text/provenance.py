@@ -88,6 +88,7 @@ _LOG_LINE = re.compile(
     rf"^\s*(?:\[?\d{{4}}-\d{{2}}-\d{{2}}[T ]\d{{2}}:\d{{2}}(?::\d{{2}}(?:[.,]\d+)?)?(?:Z|[+-]\d{{2}}:?\d{{2}})?\]?"
     rf"|\[?\d{{2}}:\d{{2}}:\d{{2}}(?:[.,]\d+)?\]?|\[?{_LOG_LEVEL}\]?[\s:])"
     rf"|^\s*\w{{3}} \d{{1,2}} \d{{2}}:\d{{2}}:\d{{2}} "
+    rf"|^\s*(?:(?i:mon|tue|wed|thu|fri|sat|sun)[a-z]*\.?,?\s+)?\d{{1,2}}:\d{{2}}(?::\d{{2}})?\s"
 )
 _TRACE_LINE = re.compile(
     r"^Traceback \(most recent call last\):|^\s+File \".*\", line \d+|^\s+at [\w.$<>]+\(.*\)\s*$"

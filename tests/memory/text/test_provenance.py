@@ -143,6 +143,11 @@ def test_python_and_java_stack_traces():
     assert own_text(java) == "help"
 
 
+def test_a_call_list_with_a_time_on_each_line_is_a_log():
+    text = "I keep getting these:\nMon 09:12 missed call from +44 7700 900311\nTue 08:03 missed call from +44 7700 900313\nspam?"
+    assert own_text(text) == "I keep getting these:\nspam?"
+
+
 def test_a_single_timestamp_in_a_sentence_is_own():
     text = "2026-11-02 12:00 is when my flight lands."
     assert own_text(text) == text
