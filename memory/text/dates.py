@@ -78,7 +78,7 @@ _TIME_EN = (
 _TIME_ZH = r"(?P<zpart>早上|早晨|上午|凌晨|中午|下午|傍晚|晚上|夜里)?(?P<zh>\d{1,2}|[一二两三四五六七八九十]{1,3})[点點时](?:(?P<zhalf>半)|(?P<zm>\d{1,2}|[一二三四五六七八九十]{1,3})分?)?"
 _TIME_AFTER = re.compile(rf"[^\S\n]*,?[^\S\n]*(?:at|@|around|about|by|from)?[^\S\n]*(?:{_TIME_EN})", re.IGNORECASE)
 _BARE_HOUR_AFTER = re.compile(
-    r"[^\S\n]*,?[^\S\n]*(?:at|@|around|about|by)[^\S\n]+(?P<h>\d{1,2})(?![\d:.]|\s*(?:%|days?|weeks?|hours?|people|of))",
+    r"[^\S\n]*,?[^\S\n]*(?:at|@|around|about|by)[^\S\n]+(?P<h>\d{1,2})(?![\d:]|[.,]\d|\s*(?:%|days?|weeks?|hours?|people|of))",
     re.IGNORECASE,
 )
 _TIME_BEFORE = re.compile(rf"(?:(?:at|@|around|by)[^\S\n]+)?(?:{_TIME_EN})[^\S\n]+(?:on[^\S\n]+)?$", re.IGNORECASE)

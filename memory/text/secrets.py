@@ -96,12 +96,15 @@ _IBAN = re.compile(r"(?<![A-Za-z0-9])[A-Z]{2}\d{2}(?:[ ]?[A-Z0-9]{4}){2,7}(?:[ ]
 _DIGIT_CLUSTER = re.compile(r"\d[\d -]{8,}\d")
 _CARD = re.compile(r"(?<![\w+.,/-])(?<!\d[ -])\d(?:[ -]?\d){12,18}(?![\w/-]|[.,]\d|[ -]\d)")
 _SSN = re.compile(r"(?<![\w-])(\d{3})-(\d{2})-(\d{4})(?![\w-])")
-# A long digit run after these words is a reference, not a card (unless a card word is closer).
+# A long digit run labelled by these words is a reference, not a card (unless a card word is closer).
 _NOT_CARD_CUE = re.compile(
     r"\b(?:tracking|order|booking|reservation|reference|ref|invoice|account|ticket|confirmation|parcel|shipment"
     r"|policy|case|customer|member(?:ship)?|loyalty|imei|serial)\b|运单|订单|快递|单号",
     re.IGNORECASE,
 )
+# Printed as a card is: four groups of four, or Amex's 4-6-5.
+_CARD_GROUPS = re.compile(r"\d{4}([ -])\d{4}\1\d{4}\1\d{4}(?:\1\d{1,3})?|\d{4}([ -])\d{6}\2\d{5}")
+_LABEL = re.compile(r"(?:[\s#:：.-]|number|num|no|nr|id|is|was|ref)*", re.IGNORECASE)
 _CARD_CUE = re.compile(r"\b(?:card|visa|mastercard|amex|credit|debit)\b|卡号|信用卡|karte|carte|tarjeta", re.IGNORECASE)
 _SSN_CUE = re.compile(
     r"(?:ssn|social security(?: number| no\.?)?|social insurance number|sozialversicherungsnummer)"
@@ -328,10 +331,13 @@ def _card_number(text: str, match: re.Match[str]) -> bool:
     digits = re.sub(r"\D", "", match.group())
     if digits[0] not in "23456" or not _luhn_valid(digits) or _looks_like_timestamp(digits):
         return False
+    if _CARD_GROUPS.fullmatch(match.group()):
+        return True
     before = re.split(r"[.;!?\n。；！？]", text[max(0, match.start() - 40) : match.start()])[-1]
-    reference = list(_NOT_CARD_CUE.finditer(before))
     card = list(_CARD_CUE.finditer(before))
-    return not reference or bool(card and card[-1].start() > reference[-1].start())
+    # A reference word counts only where it labels this number ("order number 4000…", "tracking: …").
+    labels = [cue for cue in _NOT_CARD_CUE.finditer(before) if _LABEL.fullmatch(before[cue.end() :])]
+    return not labels or bool(card and card[-1].start() > labels[-1].start())
 
 
 def _luhn_valid(digits: str) -> bool:

@@ -22,6 +22,7 @@ CASES = [
     (SUNDAY, "today", "today", "2026-11-22", "day"),
     (SUNDAY, "can we talk tonight?", "tonight", "2026-11-22", "day"),
     (SUNDAY, "tonight at 8", "tonight at 8", "2026-11-22 20:00", "minute"),
+    (SUNDAY, "the book club is tonight at 8.", "tonight at 8", "2026-11-22 20:00", "minute"),
     (SUNDAY, "it was yesterday", "yesterday", "2026-11-21", "day"),
     (SUNDAY, "the day after tomorrow works", "the day after tomorrow", "2026-11-24", "day"),
     (SUNDAY, "the day before yesterday", "the day before yesterday", "2026-11-20", "day"),
