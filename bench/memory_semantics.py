@@ -24,9 +24,9 @@ several conversations; always an assistant turn), ``filler_pairs`` user/assistan
 - ``provenance``: ``{value: provenance}``: every current fact holding the value has it.
 
 Current facts are the record's ``facts.entries`` (``{"id", "kind", "key", "value", "polarity",
-"provenance", "status", "note"}``). A record without them is read from the key-facts block's text
-(pinned facts only; polarity, provenance and status cannot be read there, so checks that need them
-fail, saying why).
+"provenance", "status", "note"}``). A record without them is read from the key-facts block's text:
+pinned facts only, polarity guessed from the slot name (``dislikes`` is negative); provenance and
+other statuses cannot be read there, so checks that need them fail, saying why.
 
     python bench/memory_semantics.py [--kinds update,withdrawal] [--names withdrawal-03]
         [--extraction rule|llm] [--context-window 2048] [--jobs N] [--embedding per-kind|none|local|auto]
@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -81,7 +82,8 @@ FILLER_PAIRS = 12
 # Kinds replayed with the bundled embedder under ``--embedding per-kind``.
 EMBEDDER_KINDS = frozenset({"paraphrase"})
 QUESTION_CATEGORIES = (1, 2, 3, 4)
-FACTS_HEADER = "[Key facts of this conversation"
+# Slot names of negative preferences or states, for records without ``facts.entries``.
+NEGATIVE_SLOT = re.compile(r"dislike|hate|avoid|no_longer|not_|former", re.IGNORECASE)
 
 Scenario = dict[str, Any]
 Record = dict[str, Any]
@@ -255,13 +257,19 @@ def scenario_check(scenario: Scenario, record: Record) -> list[CheckResult]:
 def fact_entries(record: Record) -> tuple[list[dict[str, Any]], str]:
     """The request's current facts and where they were read: ``("entries")`` from
     ``facts.entries``, else ``("block")`` from the key-facts block's text (pinned facts only,
-    without polarity, provenance or status)."""
+    without provenance; polarity guessed from the slot name)."""
     facts = record.get("facts") or {}
     if isinstance(facts.get("entries"), list):
         return facts["entries"], "entries"
     return [
-        {"key": key, "value": value, "status": "pinned"} for key, value in block_facts(memory_text(record))
+        {"key": key, "value": value, "status": "pinned", "polarity": _slot_polarity(key)}
+        for key, value in block_facts(memory_text(record))
     ], "block"
+
+
+def _slot_polarity(key: str) -> str:
+    """A block line's polarity guessed from its slot name (``dislikes`` → negative)."""
+    return "negative" if NEGATIVE_SLOT.search(key) else "positive"
 
 
 def block_facts(memory: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -323,11 +331,13 @@ def _shown(entry: dict[str, Any]) -> str:
 def _current(item: dict[str, Any], entries: list[dict[str, Any]], source: str, *, present: bool) -> CheckResult:
     check = "current" if present else "not_current"
     target = _describe(item)
-    unreadable = [field for field in ("polarity", "provenance", "status") if field in item]
+    unreadable = [field for field in ("provenance", "status") if field in item]
     if source == "block" and unreadable and not (unreadable == ["status"] and item["status"] == "pinned"):
         return CheckResult(check, target, False, f"needs facts.entries ({', '.join(unreadable)}); the record has none")
     matched = [entry for entry in entries if _matches(entry, item)]
     note = "" if source == "entries" else " (read from the block text: the record has no facts.entries)"
+    if source == "block" and "polarity" in item:
+        note = note[:-1] + "; polarity from the slot name)"
     if present:
         if matched:
             return CheckResult(check, target, True, f"current as {_shown(matched[0])}{note}")

@@ -170,15 +170,31 @@ def test_without_entries_the_block_text_is_read():
     assert "read from the block text" in results[1].reason
 
 
-def test_without_entries_polarity_and_provenance_cannot_be_checked():
-    block = "[Key facts of this conversation, verbatim]\n- likes: jazz (msg 1)"
+def test_without_entries_polarity_comes_from_the_slot_name_and_provenance_cannot_be_checked():
+    block = "[Key facts of this conversation, verbatim]\n- likes: jazz (msg 1)\n- dislikes: tea (msg 2)"
     results = scenario_check(
-        scenario(current=[{"value": "jazz", "polarity": "negative"}], provenance={"jazz": "user"}),
+        scenario(
+            current=[{"value": "jazz", "polarity": "negative"}, {"value": "tea", "polarity": "negative"}],
+            not_current=[{"value": "jazz", "polarity": "positive"}, {"value": "x", "status": "over_budget"}],
+            provenance={"jazz": "user"},
+        ),
         record(facts_text=block),
     )
-    assert [result.reason for result in results] == [
-        "needs facts.entries (polarity); the record has none",
-        "needs facts.entries (provenance); the record has none",
+    assert [(result.ok, result.reason) for result in results] == [
+        (
+            False,
+            "not current; same value as likes=jazz (pinned, positive) (read from the block text: the record has no facts.entries; polarity from the slot name)",
+        ),
+        (
+            True,
+            "current as dislikes=tea (pinned, negative) (read from the block text: the record has no facts.entries; polarity from the slot name)",
+        ),
+        (
+            False,
+            "still current as likes=jazz (pinned, positive) (read from the block text: the record has no facts.entries; polarity from the slot name)",
+        ),
+        (False, "needs facts.entries (status); the record has none"),
+        (False, "needs facts.entries (provenance); the record has none"),
     ]
 
 
