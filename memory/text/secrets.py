@@ -73,7 +73,10 @@ _PRIVATE_KEY = re.compile(
     re.DOTALL,
 )
 # Provider key formats (prefixes the providers document); each is a secret wherever it appears.
-_KEY_SHAPE_NEEDLES = ("sk-", "sk_", "rk_", "gh", "glpat-", "xox", "AKIA", "ASIA", "AIza", "hf_", "npm_")
+_KEY_SHAPE_NEEDLES = (
+    *("sk-", "sk_", "rk_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+    *("glpat-", "xox", "AKIA", "ASIA", "AIza", "hf_", "npm_"),
+)
 _KEY_SHAPES = re.compile(
     r"(?<![A-Za-z0-9_-])(?:"
     r"sk-[A-Za-z0-9_-]{20,}"
