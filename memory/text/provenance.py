@@ -120,6 +120,7 @@ _QUOTE_BEFORE_CUE = re.compile(
 )
 # "he said: my name is Tom" (a reported line without quotation marks, to the end of the line).
 _SAID_COLON = re.compile(rf"\b(?:he|she|they|it|[A-Z][a-z]+|my \w+|the \w+)\s+{_SAYS}\s*:\s*(?P<rest>[^\"“«„\s][^\n]*)")
+_ALNUM_RUN = re.compile(r"[^\W_]+")
 _CLOSING = {'"': '"', "“": "”", "«": "»", "„": "“", "「": "」", "『": "』"}
 
 
@@ -168,9 +169,6 @@ def value_shape(value: str) -> str:
     letters and digits ``x``; other characters stay (``#W2378156`` → ``#x``, ``09:30`` →
     ``9:9``, ``KX-55190`` → ``a-9``)."""
     return _ALNUM_RUN.sub(lambda m: "9" if m[0].isdigit() else "a" if m[0].isalpha() else "x", value.strip())
-
-
-_ALNUM_RUN = re.compile(r"[^\W_]+")
 
 
 def repetitive_values(values: Sequence[str], *, min_count: int = BURST_MIN_VALUES) -> list[ValueBurst]:
