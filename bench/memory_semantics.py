@@ -33,8 +33,10 @@ other statuses cannot be read there, so checks that need them fail, saying why.
         [--keep DIR]
     python bench/memory_semantics.py --check RECORDS.jsonl --scenario NAME
 
-Prints one line per failing check, ``kind_<kind>=k/n`` per kind, and as its last line
-``semantics_pass=<k>/<n>`` followed by the per-kind figures, the extraction and the window.
+Prints one line per failing check (``FAIL``) and per vacuous pass (``VACUOUS``: a ``not_current``
+value that no request of the replay ever held), ``kind_<kind>=k/n`` per kind, and as its last line
+``semantics_pass=<k>/<n>`` followed by the per-kind figures, ``vacuous_checks``, the extraction and
+the window.
 ``--extraction llm`` (the default) is the memory job's extraction with the configured model (the
 offline engine unless one is configured); ``rule`` turns it off (``MEMORY_FACTS_EXTRACTION=0``).
 ``--embedding per-kind`` (the default) uses the bundled embedder for the ``paraphrase`` kind only
@@ -55,7 +57,7 @@ import time
 import zlib
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -92,12 +94,15 @@ Record = dict[str, Any]
 @dataclass(frozen=True)
 class CheckResult:
     """One check of a scenario on a record: ``check`` (an ``expect`` key), ``target`` (what was
-    checked, as shown), ``ok``, and ``reason`` (why it failed, or what matched)."""
+    checked, as shown), ``ok``, and ``reason`` (why it failed, or what matched); ``vacuous``: a
+    ``not_current`` pass for a value no earlier request held as a current fact either (the
+    replay never stored it, so the pass says nothing)."""
 
     check: str
     target: str
     ok: bool
     reason: str
+    vacuous: bool = False
 
 
 # --- scenarios -------------------------------------------------------------------------------
@@ -223,8 +228,9 @@ def _pick(lines: Sequence[str], n: int) -> str:
 # --- checks ----------------------------------------------------------------------------------
 
 
-def scenario_check(scenario: Scenario, record: Record) -> list[CheckResult]:
-    """Every check of the scenario's ``expect`` on ``record`` (the final question's replay record)."""
+def scenario_check(scenario: Scenario, record: Record, earlier: Sequence[Record] = ()) -> list[CheckResult]:
+    """Every check of the scenario's ``expect`` on ``record`` (the final question's replay record);
+    ``earlier``: the replay's records before it, to tell a vacuous ``not_current`` pass."""
     expect = scenario.get("expect", {})
     if "question" not in record:
         return [CheckResult("record", "question", False, "the last record is not the question's request")]
@@ -233,7 +239,11 @@ def scenario_check(scenario: Scenario, record: Record) -> list[CheckResult]:
     for item in expect.get("current", []):
         results.append(_current(item, entries, source, present=True))
     for item in expect.get("not_current", []):
-        results.append(_current(item if isinstance(item, dict) else {"value": item}, entries, source, present=False))
+        item = item if isinstance(item, dict) else {"value": item}
+        result = _current(item, entries, source, present=False)
+        if result.ok and earlier and not any(_matches(e, item) for r in earlier for e in fact_entries(r)[0]):
+            result = replace(result, reason=result.reason + "; never current earlier either", vacuous=True)
+        results.append(result)
     memory = memory_text(record)
     for text in expect.get("absent", []):
         where = [kind for kind, content in memory if text in content]
@@ -362,10 +372,9 @@ def _provenance(value: str, wanted: str, entries: list[dict[str, Any]], source: 
     return CheckResult("provenance", target, True, f"{len(matched)} fact(s) from {wanted}")
 
 
-def records_last(path: Path) -> Record | None:
-    """The last record of a replay's JSON Lines (None for an empty file)."""
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return json.loads(lines[-1]) if lines else None
+def records_read(path: Path) -> list[Record]:
+    """The records of a replay's JSON Lines, in order."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 # --- replays ---------------------------------------------------------------------------------
@@ -395,9 +404,9 @@ def scenario_replay(
     extraction: str,
     embedding: str,
     context_window: int,
-) -> tuple[Record | None, str]:
+) -> tuple[list[Record], str]:
     """Replay a scenario in ``directory`` (its LoCoMo file, records and database) from a copy of
-    ``template``; returns the last record and, when the replay failed, why."""
+    ``template``; returns its records and, when the replay failed, why."""
     directory.mkdir(parents=True, exist_ok=True)
     database = directory / "replay.sqlite3"
     shutil.copyfile(template, database)
@@ -413,9 +422,9 @@ def scenario_replay(
     command += ["--context-window", str(context_window), "--mode", "quick-answer", "--out", str(records)]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
-        return None, f"replay exited {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"
-    record = records_last(records) if records.exists() else None
-    return record, "" if record is not None else "the replay wrote no record"
+        return [], f"replay exited {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"
+    written = records_read(records) if records.exists() else []
+    return written, "" if written else "the replay wrote no record"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -451,7 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def run(scenario: Scenario) -> tuple[Scenario, list[CheckResult]]:
         directory = (keep or work) / scenario["name"]
         began = time.perf_counter()
-        record, error = scenario_replay(
+        written, error = scenario_replay(
             scenario,
             directory=directory,
             template=template,
@@ -459,7 +468,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             embedding=args.embedding,
             context_window=args.context_window,
         )
-        results = scenario_check(scenario, record) if record else [CheckResult("replay", "", False, error)]
+        results = (
+            scenario_check(scenario, written[-1], written[:-1])
+            if written
+            else [CheckResult("replay", "", False, error)]
+        )
         verdict = "pass" if all(r.ok for r in results) else "fail"
         print(f"  {scenario['name']}: {verdict} ({time.perf_counter() - began:.1f} s)", file=sys.stderr, flush=True)
         return scenario, results
@@ -469,17 +482,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             outcomes = list(pool.map(run, scenarios))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(_report(outcomes, extraction=args.extraction, context_window=args.context_window))
+    print(report_text(outcomes, extraction=args.extraction, context_window=args.context_window))
     print(f"{len(outcomes)} scenarios in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     return 0
 
 
-def _report(outcomes: list[tuple[Scenario, list[CheckResult]]], *, extraction: str, context_window: int) -> str:
+def report_text(outcomes: list[tuple[Scenario, list[CheckResult]]], *, extraction: str, context_window: int) -> str:
+    """The bench's output: ``FAIL``/``VACUOUS`` lines, a figure per kind, the last key=value line."""
     lines = []
     for scenario, results in outcomes:
         for result in results:
-            if not result.ok:
-                lines.append(f"FAIL {scenario['name']} {result.check} {result.target}: {result.reason}")
+            if not result.ok or result.vacuous:
+                verdict = "FAIL" if not result.ok else "VACUOUS"
+                lines.append(f"{verdict} {scenario['name']} {result.check} {result.target}: {result.reason}")
     figures = []
     for kind in KINDS:
         ran = [results for scenario, results in outcomes if scenario["kind"] == kind]
@@ -487,9 +502,10 @@ def _report(outcomes: list[tuple[Scenario, list[CheckResult]]], *, extraction: s
             figures.append(f"kind_{kind}={sum(all(r.ok for r in results) for results in ran)}/{len(ran)}")
     lines += figures
     passed = sum(all(r.ok for r in results) for _, results in outcomes)
+    vacuous = sum(r.vacuous for _, results in outcomes for r in results)
     lines.append(
-        f"semantics_pass={passed}/{len(outcomes)} {' '.join(figures)} extraction={extraction} "
-        f"context_window={context_window}"
+        f"semantics_pass={passed}/{len(outcomes)} {' '.join(figures)} vacuous_checks={vacuous} "
+        f"extraction={extraction} context_window={context_window}"
     )
     return "\n".join(lines)
 
@@ -499,10 +515,15 @@ def _check_file(path: Path, name: str) -> int:
     if not matched:
         print(f"no scenario named {name}", file=sys.stderr)
         return 2
-    record = records_last(path)
-    results = scenario_check(matched[0], record) if record else [CheckResult("record", "", False, "no record")]
+    written = records_read(path)
+    results = (
+        scenario_check(matched[0], written[-1], written[:-1])
+        if written
+        else [CheckResult("record", "", False, "no record")]
+    )
     for result in results:
-        print(f"{'PASS' if result.ok else 'FAIL'} {name} {result.check} {result.target}: {result.reason}")
+        verdict = "FAIL" if not result.ok else "VACUOUS" if result.vacuous else "PASS"
+        print(f"{verdict} {name} {result.check} {result.target}: {result.reason}")
     passed = all(result.ok for result in results)
     print(f"semantics_pass={int(passed)}/1 scenario={name}")
     return 0 if passed else 1

@@ -16,6 +16,7 @@ from bench.memory_semantics import (
     block_facts,
     filler_texts,
     main,
+    report_text,
     scenario_check,
     scenario_problems,
     scenarios_load,
@@ -110,6 +111,15 @@ def test_not_current_fails_while_the_value_is_current_and_passes_once_it_is_not(
     (still,) = scenario_check(expect, record(entries=[entry("allergy", "penicillin")]))
     assert not still.ok and still.reason == "still current as allergy=penicillin (pinned, positive, user)"
     assert scenario_check(expect, record(entries=[entry("allergy", "shellfish")]))[0].ok
+
+
+def test_a_not_current_pass_is_vacuous_when_no_earlier_request_held_the_value():
+    expect = scenario(not_current=["Leeds"])
+    last = record(entries=[])
+    (vacuous,) = scenario_check(expect, last, [record(entries=[entry("phone", "0151")])])
+    assert vacuous.ok and vacuous.vacuous and vacuous.reason == "not current; never current earlier either"
+    (real,) = scenario_check(expect, last, [record(entries=[entry("home_address", "Leeds")])])
+    assert real.ok and not real.vacuous
 
 
 def test_not_current_with_a_provenance_allows_a_mentioned_fact():
@@ -210,7 +220,9 @@ def test_check_mode_reads_a_records_file(tmp_path, capsys):
     good = record(entries=[entry("allergy", "shellfish")])
     records.write_text(json.dumps({"call": 0}) + "\n" + json.dumps(good) + "\n", encoding="utf-8")
     assert main(["--check", str(records), "--scenario", name]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == f"semantics_pass=1/1 scenario={name}"
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == f"semantics_pass=1/1 scenario={name}"
+    assert "VACUOUS withdrawal-01 not_current 'penicillin': not current; never current earlier either" in out
     records.write_text(json.dumps(record(entries=[entry("allergy", "penicillin"), entry("allergy", "shellfish")])))
     assert main(["--check", str(records), "--scenario", name]) == 1
     out = capsys.readouterr().out
@@ -258,4 +270,20 @@ def test_a_filler_place_must_be_an_assistant_turn():
     ]
     assert scenario_problems({**s, "filler_after": ["D9:9"]}) == [
         "update-01: filler_after 'D9:9' names 0 turns, not one"
+    ]
+
+
+def test_report_counts_passes_per_kind_and_vacuous_checks():
+    failing = CheckResult("not_current", "'x'", False, "still current as a=x")
+    vacuous = CheckResult("not_current", "'y'", True, "not current; never current earlier either", vacuous=True)
+    report = report_text(
+        [({"name": "update-01", "kind": "update"}, [failing]), ({"name": "update-02", "kind": "update"}, [vacuous])],
+        extraction="rule",
+        context_window=2048,
+    ).splitlines()
+    assert report == [
+        "FAIL update-01 not_current 'x': still current as a=x",
+        "VACUOUS update-02 not_current 'y': not current; never current earlier either",
+        "kind_update=1/2",
+        "semantics_pass=1/2 kind_update=1/2 vacuous_checks=1 extraction=rule context_window=2048",
     ]
