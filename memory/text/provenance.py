@@ -63,6 +63,19 @@ _FORWARD = re.compile(
     r"|(?P<cue>\b(?:forwarded|forwarding|fwd?)\b[^\n:：.!?]{0,40}[:：]|转发(?:了|给我)?[^\n:：。]{0,20}[:：])",
     re.IGNORECASE,
 )
+# Substrings without which _FORWARD cannot match (a cheap test before the slow alternation).
+_FORWARD_NEEDLES = (
+    "forward",
+    "fwd",
+    "fw",
+    "original message",
+    "---",
+    "weitergeleitet",
+    "transféré",
+    "reenviado",
+    "转发",
+    "原始邮件",
+)
 _FORWARD_END = re.compile(
     r"-{2,}\s*end (?:of )?forwarded message\s*-{2,}|\(end of forwarded message\)|^\s*end of forwarded message\.?\s*$",
     re.IGNORECASE | re.MULTILINE,
@@ -131,7 +144,8 @@ def text_spans(text: str) -> list[ProvenanceSpan]:
     the user's own lines per character. Never raises."""
     if not text:
         return []
-    forward = _FORWARD.search(text)
+    lower = text.lower()
+    forward = _FORWARD.search(text) if any(needle in lower for needle in _FORWARD_NEEDLES) else None
     if forward:
         cut = forward.start() if forward["marker"] else forward.end()
         end = _FORWARD_END.search(text, cut)
@@ -337,7 +351,8 @@ def _mark_documents(lines: list[str], kinds: list[ProvenanceKind | None]) -> Non
     """After a line announcing a pasted text ("here is the document:"), the rest of the message;
     anywhere, a paragraph of :data:`DOCUMENT_CHARS` or more."""
     for index, line in enumerate(lines):
-        if kinds[index] is None and _DOCUMENT_CUE.search(line) and index + 1 < len(lines):
+        announces = line.rstrip().endswith((":", "：")) and _DOCUMENT_CUE.search(line)
+        if kinds[index] is None and announces and index + 1 < len(lines):
             for following in range(index + 1, len(lines)):
                 if kinds[following] is None:
                     kinds[following] = "document"
@@ -371,14 +386,17 @@ def _mark_runs(
 def _inline_quotes(text: str, start: int, end: int) -> list[ProvenanceSpan]:
     """The own line ``text[start:end]`` split around the quotations it reports."""
     quoted: list[tuple[int, int]] = []
-    for match in _QUOTE_AFTER_CUE.finditer(text, start, end):
-        opening = match["open"] or match["zhopen"]
-        close = text.find(_CLOSING[opening], match.end(), end)
-        quoted.append((match.end() - 1, close + 1 if close >= 0 else end))
-    for match in _QUOTE_BEFORE_CUE.finditer(text, start, end):
-        quoted.append(match.span("quote"))
-    for match in _SAID_COLON.finditer(text, start, end):
-        quoted.append((match.start("rest"), match.end("rest")))
+    line = text[start:end]
+    if any(mark in line for mark in _CLOSING):
+        for match in _QUOTE_AFTER_CUE.finditer(text, start, end):
+            opening = match["open"] or match["zhopen"]
+            close = text.find(_CLOSING[opening], match.end(), end)
+            quoted.append((match.end() - 1, close + 1 if close >= 0 else end))
+        for match in _QUOTE_BEFORE_CUE.finditer(text, start, end):
+            quoted.append(match.span("quote"))
+    if ":" in line:
+        for match in _SAID_COLON.finditer(text, start, end):
+            quoted.append((match.start("rest"), match.end("rest")))
     spans: list[ProvenanceSpan] = []
     position = start
     for q_start, q_end in sorted(quoted):
