@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from memory.fact_cues import (
+from memory.facts.cues import (
     CORRECTION,
     LANGUAGES,
     NEGATION,
