@@ -45,15 +45,19 @@ memory.facts         the inspector's Key facts section, rendered from    none: t
                                                                          feed remembers them
 chat.done            the live reply removed; the inspector, the          the inspector's state, once
                      changed marks, the turn status and a refresh of     per turn (summary,
-                     the composer's count                                timeline, health and the
-                                                                         provider's token counts
-                                                                         changed), and the turns in
-                                                                         flight
+                     the composer's count; the demo's last (or stopped)  timeline, health and the
+                     step also says in ``#thread-note`` that the demo    provider's token counts
+                     ended                                               changed), the turns in
+                                                                         flight and the turn's
+                                                                         client message id
 error                the error text; a rejected message's pending        none
                      bubble is marked
 chat.ack             nothing: the stored message arrives as              none
                      ``chat.message``
 ==================== ==================================================  ===========================
+
+The session's deletion (the group's ``session.deleted``) is not a server event: the consumer
+sends :meth:`PageFeed.deleted` before it closes the socket.
 
 Marks are recomputed for the messages the page shows (the feed remembers them), never by
 selecting every message of the session. :meth:`PageFeed.needs_database` says which events
@@ -71,6 +75,8 @@ from django.utils.html import format_html
 
 from chatapp.chats import selectors
 from chatapp.conversation import leases
+from chatapp.conversation.demo import CLIENT_ID_PREFIX as DEMO_CLIENT_ID_PREFIX
+from chatapp.conversation.demo import DEMO_SCRIPT
 from chatapp.llm.embeddings import embedder_choice
 from chatapp.models import ChatSession, Message
 from chatapp.realtime.protocol import (
@@ -107,6 +113,7 @@ from chatapp.ui.inspector import (
 from memory.api import summary_kind
 
 PAGE_TEMPLATE = "chat/session.html"
+CHAT_DELETED_TEXT = "This chat was deleted in another tab or window: nothing more can be sent here."
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -299,11 +306,42 @@ class PageFeed:
         if isinstance(event, ChatDoneEvent):
             self.modes.pop(event.turn_id, None)
             return (
-                self._stream_remove(event.turn_id) + self._inspector() + self._turn_status() + self._composer_refresh()
+                self._stream_remove(event.turn_id)
+                + self._inspector()
+                + self._turn_status()
+                + self._composer_refresh()
+                + self._demo_end(event)
             )
         if isinstance(event, ErrorEvent):
             return self._error(event)
         return ""
+
+    def deleted(self) -> str:
+        """The frame telling the page its chat was deleted (in another tab or window): the
+        composer disabled, an alert saying so, and the chat's entry gone from the sidebar."""
+        notice = format_html(
+            '<div id="errors" class="errors" role="alert" hx-swap-oob="true"><p>{}</p></div>', CHAT_DELETED_TEXT
+        )
+        return (
+            partial_render("composer", {"gone": True})
+            + notice
+            + format_html('<div hx-swap-oob="delete:#session-item-{}"></div>', self.session_id)
+        )
+
+    def _demo_end(self, event: ChatDoneEvent) -> str:
+        """The demo's end in ``#thread-note`` (a status region) when ``event`` ends its last step
+        or a step the user stopped (the demo stops with it, chatapp.conversation.demo); else ``""``."""
+        client_id = Message.objects.filter(pk=event.turn_id).values_list("client_message_id", flat=True).first()
+        step = (client_id or "").removeprefix(DEMO_CLIENT_ID_PREFIX)
+        if client_id == step or not step.isdigit():
+            return ""
+        if event.status == Message.Status.STOPPED:
+            text = f"The demo stopped at step {step} of {len(DEMO_SCRIPT)}. This chat is yours to go on with."
+        elif int(step) == len(DEMO_SCRIPT):
+            text = f"The demo has ended: all {len(DEMO_SCRIPT)} steps ran. This chat is yours to go on with."
+        else:
+            return ""
+        return format_html('<p id="thread-note" class="thread-note" role="status" hx-swap-oob="true">{}</p>', text)
 
     def _message(self, message: dict[str, Any]) -> str:
         """The fragments of a stored message, rendered from its ``chat.message`` dict

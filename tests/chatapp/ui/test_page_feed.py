@@ -26,7 +26,7 @@ from chatapp.realtime.protocol import (
     MemoryContextEvent,
     MemorySummaryEvent,
 )
-from chatapp.ui.page_feed import PageFeed, compression_sentence, partial_render
+from chatapp.ui.page_feed import CHAT_DELETED_TEXT, PageFeed, compression_sentence, partial_render
 from memory import services as memory_services
 from memory.api import Summary
 from tests.chatapp.conftest import (
@@ -174,7 +174,12 @@ async def test_deleting_a_session_closes_its_sockets_with_4404(ws, alice: Visito
         await socket.connect(timeout=TIMEOUT)
         if path_suffix:
             await socket.receive_from(timeout=TIMEOUT)
+        session_id = session.pk
         await sync_to_async(chat_session_delete)(session=session)
+        if path_suffix:  # the page is told first: its composer disabled, the chat gone from its sidebar
+            told = await socket.receive_from(timeout=TIMEOUT)
+            assert 'id="composer"' in told and "data-gone" in told and "disabled" in told
+            assert CHAT_DELETED_TEXT in told and f'hx-swap-oob="delete:#session-item-{session_id}"' in told
         assert await socket.receive_output(timeout=TIMEOUT) == {"type": "websocket.close", "code": 4404}
 
 
