@@ -110,14 +110,14 @@ def test_the_page_follows_the_system_and_keeps_aa_contrast(
     page = new_context(viewport=DESKTOP, color_scheme=scheme, reduced_motion="reduce").new_page()
     chat_open(page, daphne_server, mode="Quick answer")
     assert theme_of(page) == scheme
-    expect(page.get_by_label("Theme")).to_have_value("system")
     ask(page, "Is this right?\n\n```python\ndef total(items):\n    return sum(items)  # all of them\n```")
     ask(page, "What does the Team plan cost?")
     htmx_idle(page)
     results = page.evaluate(CONTRASTS, CHECKS)
-    assert not [r for r in results if r.get("missing")], results
-    failing = [r for r in results if r["ratio"] < r["needed"]]
+    failing = [r for r in results if not r.get("missing") and r["ratio"] < r["needed"]]
     assert not failing, failing
+    assert not [r for r in results if r.get("missing")], results
+    expect(page.get_by_label("Theme")).to_have_value("system")
     if scheme == "dark" and (directory := os.environ.get("SCREENSHOT_DIR")):
         page.screenshot(path=str(Path(directory) / "screenshot-dark.png"))
 
