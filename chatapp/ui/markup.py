@@ -89,7 +89,7 @@ class _RawHtmlAsText(Extension):
         md.inlinePatterns.deregister("html")
 
 
-class _CodeBlockFormatter(HtmlFormatter):  # type: ignore[type-arg]
+class _CodeBlockFormatter(HtmlFormatter):
     """Pygments' HTML with a head above the code: the fence's language (``text`` without one)
     and a "Copy" button. ``lang_str`` (``language-python``) is passed by ``codehilite``."""
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import BrowserContext, Page, expect
+from playwright.sync_api import BrowserContext, Page, ViewportSize, expect
 
 from tests.browser.conftest import Server
 from tests.browser.test_chat_page import ask, chat_open, htmx_idle
@@ -22,8 +22,8 @@ Context = Callable[..., BrowserContext]
 AXE = Path(__file__).resolve().parents[2] / "static/vendor/axe-core/axe.min.js"
 AXE_VERSION = "4.14.1"
 BLOCKING = {"serious", "critical"}
-DESKTOP = {"width": 1440, "height": 900}
-PHONE = {"width": 390, "height": 844}
+DESKTOP: ViewportSize = {"width": 1440, "height": 900}
+PHONE: ViewportSize = {"width": 390, "height": 844}
 
 
 def axe_violations(page: Page) -> list[dict[str, Any]]:

@@ -218,9 +218,7 @@ def test_a_failed_reply_can_be_retried_as_a_new_turn(start_server: Callable[...,
     expect(failed.locator(".status")).to_contain_text("This reply failed")
     answered = page.locator(FINAL_REPLIES).count()
     failed.get_by_role("button", name="Retry").click()
-    page.wait_for_function(
-        "n => document.querySelectorAll('#messages article.status-error').length >= n", arg=2
-    )
+    page.wait_for_function("n => document.querySelectorAll('#messages article.status-error').length >= n", arg=2)
     asked = page.locator("#messages article.user .content")
     expect(asked).to_have_count(2)
     assert [text.strip() for text in asked.all_inner_texts()] == ["What does the Team plan cost?"] * 2

@@ -104,9 +104,7 @@ def theme_of(page: Page) -> str:
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
-def test_the_page_follows_the_system_and_keeps_aa_contrast(
-    daphne_server: Server, new_context: Context, scheme: str
-):
+def test_the_page_follows_the_system_and_keeps_aa_contrast(daphne_server: Server, new_context: Context, scheme: str):
     page = new_context(viewport=DESKTOP, color_scheme=scheme, reduced_motion="reduce").new_page()
     chat_open(page, daphne_server, mode="Quick answer")
     assert theme_of(page) == scheme
