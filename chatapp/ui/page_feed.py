@@ -47,9 +47,8 @@ chat.done            the live reply removed; the inspector, the          the ins
                      changed marks, the turn status and a refresh of     per turn (summary,
                      the composer's count; the demo's last (or stopped)  timeline, health and the
                      step also says in ``#thread-note`` that the demo    provider's token counts
-                     ended                                               changed), the turns in
-                                                                         flight and the turn's
-                                                                         client message id
+                     ended                                               changed), and the turns in
+                                                                         flight
 error                the error text; a rejected message's pending        none
                      bubble is marked
 chat.ack             nothing: the stored message arrives as              none
@@ -235,7 +234,8 @@ class PageFeed:
     it has (``marks``), the basis of new marks, the turns it shows a live reply for
     (``streams``) and their modes, the last request's key-facts groups (``fact_request``,
     as :attr:`chatapp.ui.inspector.KeyFacts.request`) and the session's recall index status
-    (``recall_index``, as :attr:`chatapp.ui.inspector.RecallSection.index`)."""
+    (``recall_index``, as :attr:`chatapp.ui.inspector.RecallSection.index`) and the demo step
+    each of the page's demo turns is (``demo_steps``, by turn id)."""
 
     def __init__(self, *, session_id: int) -> None:
         self.session_id = session_id
@@ -245,6 +245,7 @@ class PageFeed:
         self.modes: dict[int, str] = {}
         self.fact_request: dict[str, Any] | None = None
         self.recall_index: dict[str, Any] | None = None
+        self.demo_steps: dict[int, int] = {}
 
     def snapshot(self) -> str:
         """The page's whole state as stored; resets what the feed remembers. Returns ``""``
@@ -258,6 +259,9 @@ class PageFeed:
         self.streams = set(state.running)
         self.fact_request = state.inspector.key_facts.request
         self.recall_index = state.inspector.recall.index if state.inspector.recall else None
+        self.demo_steps = {}
+        for message, _ in state.transcript:
+            self._demo_step_note(message.pk, message.client_message_id)
         context = {"chat_session": session, "page": state, "inspector": state.inspector, "oob": True}
         return "".join(
             [
@@ -328,16 +332,21 @@ class PageFeed:
             + format_html('<div hx-swap-oob="delete:#session-item-{}"></div>', self.session_id)
         )
 
+    def _demo_step_note(self, message_id: int, client_id: str | None) -> None:
+        """Remember the demo step of a user message whose client id is ``demo-<step>``."""
+        step = (client_id or "").removeprefix(DEMO_CLIENT_ID_PREFIX)
+        if client_id != step and step.isdigit():
+            self.demo_steps[message_id] = int(step)
+
     def _demo_end(self, event: ChatDoneEvent) -> str:
         """The demo's end in ``#thread-note`` (a status region) when ``event`` ends its last step
         or a step the user stopped (the demo stops with it, chatapp.conversation.demo); else ``""``."""
-        client_id = Message.objects.filter(pk=event.turn_id).values_list("client_message_id", flat=True).first()
-        step = (client_id or "").removeprefix(DEMO_CLIENT_ID_PREFIX)
-        if client_id == step or not step.isdigit():
+        step = self.demo_steps.get(event.turn_id)
+        if step is None:
             return ""
         if event.status == Message.Status.STOPPED:
             text = f"The demo stopped at step {step} of {len(DEMO_SCRIPT)}. This chat is yours to go on with."
-        elif int(step) == len(DEMO_SCRIPT):
+        elif step == len(DEMO_SCRIPT):
             text = f"The demo has ended: all {len(DEMO_SCRIPT)} steps ran. This chat is yours to go on with."
         else:
             return ""
@@ -358,6 +367,8 @@ class PageFeed:
             rendered = partial_render("message", {"message": message, "mark": mark})
             parts.append(f'<div hx-swap-oob="beforeend:#messages">{rendered}</div>')
         role, turn_id = message.get("role"), message.get("reply_to")
+        if role == Message.Role.USER:
+            self._demo_step_note(message_id, message.get("client_message_id"))
         if role == Message.Role.USER:
             session = ChatSession.objects.filter(pk=self.session_id).first()
             if session is not None:

@@ -15,6 +15,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from chatapp.chats.services import chat_session_delete
+from chatapp.conversation.demo import DEMO_SCRIPT
 from chatapp.conversation.compress import session_memory_compress
 from chatapp.models import ChatSession, Message
 from chatapp.realtime.protocol import (
@@ -373,6 +374,28 @@ def test_only_user_messages_and_turn_ends_query_the_database(alice: Visitor):
     assert not feed.needs_database(ChatMessageEvent(message=reply.as_dict(), step=1))
     done = feed.render(ChatDoneEvent(turn_id=user.pk, status="complete", message_id=reply.pk))
     assert done.count('<aside id="inspector"') == 1
+
+
+def test_the_demos_last_or_stopped_step_says_the_demo_ended(alice: Visitor):
+    session = chat_session_make(alice.owner)
+    first = message_make(session, "user", DEMO_SCRIPT[0].text, client_message_id="demo-1")
+    feed = PageFeed(session_id=session.pk)
+    feed.snapshot()  # the first step is on the page already; the last one arrives as chat.message
+    last = message_make(session, "user", DEMO_SCRIPT[-1].text, client_message_id=f"demo-{len(DEMO_SCRIPT)}")
+    own = message_make(session, "user", "A question of mine.", client_message_id="c-1")
+    for message in (last, own):
+        feed.render(ChatMessageEvent(message=message.as_dict()))
+
+    def note(turn: Message, status: str) -> str:
+        frame = feed.render(ChatDoneEvent(turn_id=turn.pk, status=status, message_id=turn.pk + 100))
+        found = re.search(r'<p id="thread-note"[^>]*>([^<]*)</p>', frame)
+        return found.group(1) if found else ""
+
+    assert note(first, "complete") == "" and note(own, "stopped") == ""
+    assert (
+        note(first, "stopped") == f"The demo stopped at step 1 of {len(DEMO_SCRIPT)}. This chat is yours to go on with."
+    )
+    assert note(last, "complete").startswith(f"The demo has ended: all {len(DEMO_SCRIPT)} steps ran.")
 
 
 async def test_the_json_route_with_ui_html_is_the_page_socket(ws, alice: Visitor):
