@@ -15,8 +15,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from chatapp.chats.services import chat_session_delete
-from chatapp.conversation.demo import DEMO_SCRIPT
 from chatapp.conversation.compress import session_memory_compress
+from chatapp.conversation.demo import DEMO_SCRIPT
 from chatapp.models import ChatSession, Message
 from chatapp.realtime.protocol import (
     ChatDeltaEvent,
