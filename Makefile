@@ -35,14 +35,13 @@ run: migrate
 	$(BIN)/python manage.py load_demo_kb
 	$(BIN)/python -m chatapp.serve -b $(HOST) -p $(PORT) chatapp.asgi:application
 
-# The demo walk-through (docs/demo.md): set up and serve exactly like `make run`; the printed /demo/
-# address leads to "Run the demo", which starts a chat that talks to the assistant by itself for about a minute
-# (DEMO_SECONDS). A wildcard HOST is opened through the loopback address.
-DEMO_HOST = $(if $(filter 0.0.0.0 ::,$(HOST)),127.0.0.1,$(HOST))
+# The demo walk-through (docs/demo.md): set up and serve exactly like `make run`; the server's last
+# line is the /demo/ address (a wildcard HOST through the loopback address), which leads to "Run the
+# demo": a chat that talks to the assistant by itself for about a minute (DEMO_SECONDS).
 demo: migrate
 	$(BIN)/python manage.py load_demo_kb
-	@echo "Demo walk-through: open http://$(DEMO_HOST):$(PORT)/demo/ once the server listens and press Run the demo."
-	$(BIN)/python -m chatapp.serve -b $(HOST) -p $(PORT) chatapp.asgi:application
+	@echo "Demo walk-through: open the address printed last and press Run the demo."
+	$(BIN)/python -m chatapp.serve --open-path /demo/ -b $(HOST) -p $(PORT) chatapp.asgi:application
 
 test: install-dev
 	$(BIN)/python -m pytest

@@ -9,7 +9,8 @@ is ready at that address. The address is the one bound (``-p 0`` prints the port
 chose), written as a browser needs it: a wildcard host (``0.0.0.0``, ``::``) is reached here
 through the loopback address, and from other machines through this machine's name, which must be
 listed in ``DJANGO_ALLOWED_HOSTS`` (docs/configuration.md); a host Django would refuse gets a
-warning.
+warning. ``--open-path PATH`` (before Daphne's own arguments) names the page to open: ``make demo``
+passes ``/demo/``, so the last line printed is the demo's address.
 """
 
 from __future__ import annotations
@@ -27,33 +28,47 @@ from django.http.request import validate_host
 WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
 
-def open_url(host: str, port: int) -> str:
-    """The URL a browser on this machine opens for a server bound to ``host``:``port``: a wildcard
-    host becomes its loopback address, an IPv6 address is bracketed (``http://[::1]:8000/``)."""
+OPEN_PATH_OPTION = "--open-path"
+
+
+def open_url(host: str, port: int, path: str = "/") -> str:
+    """The URL a browser on this machine opens for ``path`` on a server bound to ``host``:``port``:
+    a wildcard host becomes its loopback address, an IPv6 address is bracketed
+    (``http://[::1]:8000/``)."""
     host = WILDCARD_HOSTS.get(host, host)
     if ":" in host:
         host = f"[{host}]"
-    return f"http://{host}:{port}/"
+    return f"http://{host}:{port}{path}"
 
 
-def ready_lines(addresses: Iterable[tuple[str, int]], *, allowed_hosts: Sequence[str]) -> list[str]:
+def ready_lines(addresses: Iterable[tuple[str, int]], *, allowed_hosts: Sequence[str], path: str = "/") -> list[str]:
     """What start-up prints for the bound ``(host, port)`` addresses (in order, duplicates once):
-    ``Open <url>`` per address, a hint for a wildcard host, and a warning for a host that
-    ``allowed_hosts`` (Django's ``ALLOWED_HOSTS``) would refuse, since every page would then
-    answer 400."""
+    a warning for a host that ``allowed_hosts`` (Django's ``ALLOWED_HOSTS``) would refuse, since
+    every page would then answer 400, a hint for a wildcard host, and last ``Open <url>`` of
+    ``path`` per address, so that the address to open ends the output."""
     lines: list[str] = []
     for host, port in dict.fromkeys(addresses):
-        url = open_url(host, port)
-        lines.append(f"Open {url} in a browser.")
-        if host in WILDCARD_HOSTS:
-            lines.append(
-                f"Listening on every interface: from another machine open http://<this machine's name>:{port}/, "
-                "with that name listed in DJANGO_ALLOWED_HOSTS."
-            )
         shown = WILDCARD_HOSTS.get(host, host)
         if not _host_allowed(shown, allowed_hosts):
             lines.append(f"Warning: {shown} is not in DJANGO_ALLOWED_HOSTS, so that address answers 400 Bad Request.")
+        if host in WILDCARD_HOSTS:
+            lines.append(
+                f"Listening on every interface: from another machine open http://<this machine's name>:{port}{path}, "
+                "with that name listed in DJANGO_ALLOWED_HOSTS."
+            )
+        lines.append(f"Open {open_url(host, port, path)} in a browser.")
     return lines
+
+
+def open_path_split(argv: Sequence[str]) -> tuple[str, list[str]]:
+    """``(path, the rest of argv)``: the value of a leading ``--open-path PATH`` (``/`` without
+    one) and Daphne's arguments. Raises ``SystemExit`` for a path that does not start with ``/``."""
+    args = list(argv)
+    if args[:1] != [OPEN_PATH_OPTION]:
+        return "/", args
+    if len(args) < 2 or not args[1].startswith("/"):
+        raise SystemExit(f"{OPEN_PATH_OPTION} needs a path starting with /, such as /demo/")
+    return args[1], args[2:]
 
 
 def _host_allowed(host: str, allowed_hosts: Sequence[str]) -> bool:
@@ -71,6 +86,8 @@ class AnnouncingServer(Server):
     codes"). Nothing of such a frame is read or stored.
     """
 
+    open_path = "/"  # the page the printed address opens (``--open-path``)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["ready_callable"] = self.announce
         super().__init__(*args, **kwargs)
@@ -79,7 +96,7 @@ class AnnouncingServer(Server):
         # Daphne builds its WebSocket factory in run(), before the endpoints are bound and this runs.
         self.ws_factory.setProtocolOptions(failByDrop=False)
         # The application (chatapp.asgi) is imported before the server is built: settings are set up.
-        for line in ready_lines(self.listening_addresses, allowed_hosts=settings.ALLOWED_HOSTS):
+        for line in ready_lines(self.listening_addresses, allowed_hosts=settings.ALLOWED_HOSTS, path=self.open_path):
             print(line, flush=True)
 
 
@@ -90,4 +107,5 @@ class AnnouncingCommandLine(CommandLineInterface):
 
 
 if __name__ == "__main__":
-    sys.exit(AnnouncingCommandLine.entrypoint())
+    AnnouncingServer.open_path, daphne_args = open_path_split(sys.argv[1:])
+    sys.exit(AnnouncingCommandLine().run(daphne_args))

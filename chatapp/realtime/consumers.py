@@ -96,6 +96,9 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
     async def opened(self, session: ChatSession) -> None:
         """Called once the socket is accepted and in the session's group."""
 
+    async def deleted(self) -> None:
+        """Called when the session was deleted, before the socket closes (4404)."""
+
     # --- the socket's life -------------------------------------------------------------------
 
     async def dispatch(self, message: dict[str, Any]) -> None:
@@ -242,6 +245,7 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
             chat_turn_stop(session_id=self.chat_session.pk)
             await self.channel_layer.group_discard(session_group_name(self.chat_session.pk), self.channel_name)
             self.chat_session = None
+            await self.deleted()
         await self.close(code=CLOSE_NOT_FOUND)
 
     # --- turns interrupted while this socket is open ---------------------------------------------
@@ -319,6 +323,10 @@ class ChatPageConsumer(ChatSocket):
     async def opened(self, session: ChatSession) -> None:
         self.feed = PageFeed(session_id=session.pk)
         await self._snapshot_send()
+
+    async def deleted(self) -> None:
+        """Tell the page before the close: its composer is disabled and the chat leaves its sidebar."""
+        await self.send(text_data=self.feed.deleted())
 
     async def deliver(self, event: ServerEvent) -> None:
         if self.feed.needs_database(event):

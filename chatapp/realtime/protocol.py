@@ -13,8 +13,9 @@ server event arrives as server-rendered HTML fragments for htmx (:mod:`chatapp.u
 with a snapshot of the page on connect and on ``chat.sync``; ``/ws/chat/<session id>/?ui=html``
 is an alias of it. A socket on a session that is not the caller's or does not exist (or is
 deleted while the socket is open), and any other path, is accepted and then closed with code
-4404 (:data:`CLOSE_NOT_FOUND`). A session is opened over HTTP as the chat page does it: a
-``POST`` to ``/s/new/`` (form field ``mode``, ``agent`` or ``quick-answer``, optional), with the
+4404 (:data:`CLOSE_NOT_FOUND`); a page socket whose session is deleted first gets one frame
+that disables its composer, says so and removes the chat from its list. A session is opened
+over HTTP as the chat page does it: a ``POST`` to ``/s/new/`` (form field ``mode``, ``agent`` or ``quick-answer``, optional), with the
 CSRF token of a page fetched with the same cookies (e.g. ``/``), redirects to
 ``/s/<session id>/``; its owner is the signed-in user, else the browser session of those cookies.
 

@@ -2,18 +2,29 @@
 
 Raw HTML written in a message is shown as text, never interpreted: the Markdown parser's HTML
 block and inline-HTML rules are switched off, so ``<script>`` arrives as ``&lt;script&gt;``. The
-sanitizer then keeps only the tags and attributes below and only ``http``, ``https`` and
+sanitizer then keeps only the tags, attributes and classes below and only ``http``, ``https`` and
 ``mailto`` links (a ``[x](javascript:...)`` link loses its ``href``), as a second line of defence.
+
+Fenced code blocks are highlighted on the server by Pygments (Markdown's ``codehilite``), with
+CSS classes only: the colours are in ``static/chat/highlight.css`` (:func:`highlight_css`), one
+light and one dark style chosen for WCAG AA contrast. Each block gets a head with its language
+and a "Copy" button (``static/chat/chat.js`` copies the code).
 """
 
 from __future__ import annotations
 
 import re
+from html import escape
+from typing import IO, Any
 
 import markdown
 import nh3
 from django.utils.safestring import SafeString, mark_safe
 from markdown.extensions import Extension
+from pygments.formatters import HtmlFormatter
+from pygments.style import StyleMeta
+from pygments.styles import get_style_by_name
+from pygments.token import STANDARD_TYPES, Token, _TokenType
 
 ALLOWED_TAGS = frozenset(
     [
@@ -49,8 +60,25 @@ ALLOWED_TAGS = frozenset(
         "ul",
     ]
 )
-ALLOWED_ATTRIBUTES = {"a": {"href", "title"}, "abbr": {"title"}, "th": {"align"}, "td": {"align"}}
+ALLOWED_ATTRIBUTES = {
+    "a": {"href", "title"},
+    "abbr": {"title"},
+    "th": {"align"},
+    "td": {"align"},
+    "button": {"type", "aria-label"},
+}
 URL_SCHEMES = frozenset({"http", "https", "mailto"})
+# Classes survive sanitizing only on these tags and with these names: Pygments' token classes,
+# and the code block's frame (:class:`_CodeBlockFormatter`).
+ALLOWED_CLASSES = {
+    "span": frozenset(name for name in STANDARD_TYPES.values() if name) | {"code-lang"},
+    "div": frozenset({"code-block", "code-head", "highlight"}),
+    "button": frozenset({"copy", "copy-code"}),
+}
+# The Pygments styles of the two themes: every token colour at least 4.5:1 on the style's own
+# background (WCAG AA for text), which the code block uses too.
+LIGHT_STYLE = "xcode"
+DARK_STYLE = "lightbulb"
 
 
 class _RawHtmlAsText(Extension):
@@ -59,6 +87,25 @@ class _RawHtmlAsText(Extension):
     def extendMarkdown(self, md: markdown.Markdown) -> None:
         md.preprocessors.deregister("html_block")
         md.inlinePatterns.deregister("html")
+
+
+class _CodeBlockFormatter(HtmlFormatter):
+    """Pygments' HTML with a head above the code: the fence's language (``text`` without one)
+    and a "Copy" button. ``lang_str`` (``language-python``) is passed by ``codehilite``."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.language = str(options.get("lang_str", "")).removeprefix("language-") or "text"
+
+    def format_unencoded(self, tokensource: Any, outfile: IO[str]) -> None:
+        language = escape(self.language)
+        outfile.write(
+            '<div class="code-block"><div class="code-head">'
+            f'<span class="code-lang">{language}</span>'
+            '<button type="button" class="copy copy-code" aria-label="Copy the code">Copy</button></div>'
+        )
+        super().format_unencoded(tokensource, outfile)
+        outfile.write("</div>")
 
 
 _DIGIT_STAR = re.compile(r"(?<=\d)\*(?=\s*\d)|(?<=\d\s)\*(?=\d)")
@@ -85,22 +132,56 @@ def _multiplication_kept(text: str) -> str:
 def markdown_render(text: str | None) -> SafeString:
     """``text`` (Markdown written by a user or a model) as sanitized HTML, safe to insert as is.
 
-    Supports paragraphs, emphasis, lists, links, tables, block quotes and fenced code blocks
-    (code keeps its line breaks and is escaped). ``None`` or empty text gives an empty string.
+    Supports paragraphs, emphasis, lists, links, tables, block quotes and code blocks (they
+    keep their line breaks, are escaped and highlighted with classes, under a head naming the
+    fence's language). ``None`` or empty text gives an empty string.
     """
     if not text:
         return mark_safe("")
     html = markdown.markdown(
         _multiplication_kept(text),
-        extensions=["fenced_code", "tables", "sane_lists", _RawHtmlAsText()],
+        extensions=["fenced_code", "codehilite", "tables", "sane_lists", _RawHtmlAsText()],
+        extension_configs={
+            "codehilite": {"guess_lang": False, "css_class": "highlight", "pygments_formatter": _CodeBlockFormatter}
+        },
         output_format="html",
     )
     return mark_safe(
         nh3.clean(
             html,
-            tags=set(ALLOWED_TAGS),
+            tags=set(ALLOWED_TAGS) | set(ALLOWED_CLASSES),
             attributes={tag: set(names) for tag, names in ALLOWED_ATTRIBUTES.items()},
+            allowed_classes={tag: set(names) for tag, names in ALLOWED_CLASSES.items()},
             url_schemes=set(URL_SCHEMES),
             link_rel="noopener noreferrer nofollow",
         )
     )
+
+
+def highlight_css() -> str:
+    """The code blocks' colours (``static/chat/highlight.css``): one rule per Pygments token
+    class, each colour as ``light-dark(<LIGHT_STYLE's>, <DARK_STYLE's>)`` so that the page's
+    ``color-scheme`` (the theme) picks it; bold and italic come from the light style."""
+    light, dark = get_style_by_name(LIGHT_STYLE), get_style_by_name(DARK_STYLE)
+    rules = [
+        "/* Generated by chatapp.ui.markup.highlight_css(): code highlighting for both themes. */",
+        f".highlight {{ background: light-dark({light.background_color}, {dark.background_color}); "
+        f"color: light-dark({_colour(light, Token)}, {_colour(dark, Token)}); }}",
+    ]
+    for token, name in sorted(STANDARD_TYPES.items(), key=lambda item: item[1]):
+        own = light.style_for_token(token)
+        if not name or not (own["color"] or dark.style_for_token(token)["color"]):
+            continue
+        declarations = [f"color: light-dark({_colour(light, token)}, {_colour(dark, token)})"]
+        declarations += ["font-weight: bold"] if own["bold"] else []
+        declarations += ["font-style: italic"] if own["italic"] else []
+        rules.append(f".highlight .{name} {{ {'; '.join(declarations)}; }}")
+    return "\n".join(rules) + "\n"
+
+
+def _colour(style: StyleMeta, token: _TokenType) -> str:
+    """``token``'s colour in ``style``, else its text colour, else the block's own."""
+    for candidate in (token, Token.Text, Token):
+        if colour := style.style_for_token(candidate)["color"]:
+            return f"#{colour}"
+    return "currentcolor"

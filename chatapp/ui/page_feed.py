@@ -45,15 +45,18 @@ memory.facts         the inspector's Key facts section, rendered from    none: t
                                                                          feed remembers them
 chat.done            the live reply removed; the inspector, the          the inspector's state, once
                      changed marks, the turn status and a refresh of     per turn (summary,
-                     the composer's count                                timeline, health and the
-                                                                         provider's token counts
-                                                                         changed), and the turns in
+                     the composer's count; the demo's last (or stopped)  timeline, health and the
+                     step also says in ``#thread-note`` that the demo    provider's token counts
+                     ended                                               changed), and the turns in
                                                                          flight
 error                the error text; a rejected message's pending        none
                      bubble is marked
 chat.ack             nothing: the stored message arrives as              none
                      ``chat.message``
 ==================== ==================================================  ===========================
+
+The session's deletion (the group's ``session.deleted``) is not a server event: the consumer
+sends :meth:`PageFeed.deleted` before it closes the socket.
 
 Marks are recomputed for the messages the page shows (the feed remembers them), never by
 selecting every message of the session. :meth:`PageFeed.needs_database` says which events
@@ -70,6 +73,8 @@ from django.template.loader import render_to_string
 from django.utils.html import format_html
 
 from chatapp.chats import selectors, turns
+from chatapp.conversation.demo import CLIENT_ID_PREFIX as DEMO_CLIENT_ID_PREFIX
+from chatapp.conversation.demo import DEMO_SCRIPT
 from chatapp.llm.embeddings import embedder_choice
 from chatapp.models import ChatSession, Message
 from chatapp.realtime.protocol import (
@@ -106,6 +111,7 @@ from chatapp.ui.inspector import (
 from memory.api import CompressionRecord
 
 PAGE_TEMPLATE = "chat/session.html"
+CHAT_DELETED_TEXT = "This chat was deleted in another tab or window: nothing more can be sent here."
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,7 +233,8 @@ class PageFeed:
     it has (``marks``), the basis of new marks, the turns it shows a live reply for
     (``streams``) and their modes, the last request's key-facts groups (``fact_request``,
     as :attr:`chatapp.ui.inspector.KeyFacts.request`) and the session's recall index status
-    (``recall_index``, as :attr:`chatapp.ui.inspector.RecallSection.index`)."""
+    (``recall_index``, as :attr:`chatapp.ui.inspector.RecallSection.index`) and the demo step
+    each of the page's demo turns is (``demo_steps``, by turn id)."""
 
     def __init__(self, *, session_id: int) -> None:
         self.session_id = session_id
@@ -237,6 +244,7 @@ class PageFeed:
         self.modes: dict[int, str] = {}
         self.fact_request: dict[str, Any] | None = None
         self.recall_index: dict[str, Any] | None = None
+        self.demo_steps: dict[int, int] = {}
 
     def snapshot(self) -> str:
         """The page's whole state as stored; resets what the feed remembers. Returns ``""``
@@ -250,6 +258,9 @@ class PageFeed:
         self.streams = set(state.running)
         self.fact_request = state.inspector.key_facts.request
         self.recall_index = state.inspector.recall.index if state.inspector.recall else None
+        self.demo_steps = {}
+        for message, _ in state.transcript:
+            self._demo_step_note(message.pk, message.client_message_id)
         context = {"chat_session": session, "page": state, "inspector": state.inspector, "oob": True}
         return "".join(
             [
@@ -298,11 +309,47 @@ class PageFeed:
         if isinstance(event, ChatDoneEvent):
             self.modes.pop(event.turn_id, None)
             return (
-                self._stream_remove(event.turn_id) + self._inspector() + self._turn_status() + self._composer_refresh()
+                self._stream_remove(event.turn_id)
+                + self._inspector()
+                + self._turn_status()
+                + self._composer_refresh()
+                + self._demo_end(event)
             )
         if isinstance(event, ErrorEvent):
             return self._error(event)
         return ""
+
+    def deleted(self) -> str:
+        """The frame telling the page its chat was deleted (in another tab or window): the
+        composer disabled, an alert saying so, and the chat's entry gone from the sidebar."""
+        notice = format_html(
+            '<div id="errors" class="errors" role="alert" hx-swap-oob="true"><p>{}</p></div>', CHAT_DELETED_TEXT
+        )
+        return (
+            partial_render("composer", {"gone": True})
+            + notice
+            + format_html('<div hx-swap-oob="delete:#session-item-{}"></div>', self.session_id)
+        )
+
+    def _demo_step_note(self, message_id: int, client_id: str | None) -> None:
+        """Remember the demo step of a user message whose client id is ``demo-<step>``."""
+        step = (client_id or "").removeprefix(DEMO_CLIENT_ID_PREFIX)
+        if client_id != step and step.isdigit():
+            self.demo_steps[message_id] = int(step)
+
+    def _demo_end(self, event: ChatDoneEvent) -> str:
+        """The demo's end in ``#thread-note`` (a status region) when ``event`` ends its last step
+        or a step the user stopped (the demo stops with it, chatapp.conversation.demo); else ``""``."""
+        step = self.demo_steps.get(event.turn_id)
+        if step is None:
+            return ""
+        if event.status == Message.Status.STOPPED:
+            text = f"The demo stopped at step {step} of {len(DEMO_SCRIPT)}. This chat is yours to go on with."
+        elif step == len(DEMO_SCRIPT):
+            text = f"The demo has ended: all {len(DEMO_SCRIPT)} steps ran. This chat is yours to go on with."
+        else:
+            return ""
+        return format_html('<p id="thread-note" class="thread-note" role="status" hx-swap-oob="true">{}</p>', text)
 
     def _message(self, message: dict[str, Any]) -> str:
         """The fragments of a stored message, rendered from its ``chat.message`` dict
@@ -319,6 +366,8 @@ class PageFeed:
             rendered = partial_render("message", {"message": message, "mark": mark})
             parts.append(f'<div hx-swap-oob="beforeend:#messages">{rendered}</div>')
         role, turn_id = message.get("role"), message.get("reply_to")
+        if role == Message.Role.USER:
+            self._demo_step_note(message_id, message.get("client_message_id"))
         if role == Message.Role.USER:
             session = ChatSession.objects.filter(pk=self.session_id).first()
             if session is not None:

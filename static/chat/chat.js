@@ -3,15 +3,21 @@
 // chatapp/ui/page_feed.py and docs/protocol.md) or by HTTP. This file:
 //   - composer: Enter sends (not the Enter that confirms an IME composition), Shift+Enter adds a
 //     line; the token count under it is the server's (htmx posts the text, debounced); Send is
-//     disabled while the text is over the character limit; a sent
-//     message shows as a "pending" bubble
-//     in #outbox until the server's rendered copy arrives in #messages;
+//     disabled while the text is over the character limit or the count says the message would be
+//     refused; a sent message shows as a "pending" bubble in #outbox until the server's rendered
+//     copy arrives in #messages;
 //   - after every (re)connect, pending bubbles are sent again (the server ignores duplicates);
-//   - reflects the socket state in data-ws on #chat-page (browser tests wait on it);
+//     they are kept in sessionStorage until then, so a reload loses none: one the server refused
+//     ("Not sent", the cap of waiting messages) stays with Retry and Dismiss buttons;
+//   - Retry on a failed reply sends its turn's question again, as a new message;
+//   - reflects the socket state in data-ws on #chat-page (browser tests wait on it); a chat
+//     deleted elsewhere (close code 4404) disables the composer;
 //   - keeps focus, open <details>, text typed into the inspector's forms (a key fact's new value)
 //     and the scroll position across swaps;
 //   - drawers (chat list, inspector) on narrow screens, closing the export menu on a click outside
-//     it or Escape, "Copy" buttons, and dismissing the offline banner on a phone.
+//     it or Escape, "Copy" buttons (messages, code blocks, the inspector's texts), the theme
+//     toggle (stored in localStorage; base.html applies it before the first paint), and
+//     dismissing the offline banner on a phone.
 // Text is only ever inserted with textContent.
 (function () {
   "use strict";
@@ -34,13 +40,83 @@
     }));
   }
 
+  // --- the outbox, kept in sessionStorage per chat ------------------------------------------
+  // [{id, text, rejected}]: what #outbox shows, written after every change of it.
+  function outboxKey() { return "kestrel.outbox." + page().dataset.sessionId; }
+
+  function outboxSave() {
+    const kept = Array.from(document.querySelectorAll("#outbox [data-client-id]"), (bubble) => {
+      const rejected = bubble.querySelector(".rejected");
+      return { id: bubble.dataset.clientId, text: bubble.querySelector(".content").textContent,
+        rejected: rejected ? rejected.textContent : "" };
+    });
+    try {
+      if (kept.length) sessionStorage.setItem(outboxKey(), JSON.stringify(kept));
+      else sessionStorage.removeItem(outboxKey());
+    } catch (error) { /* storage blocked or full: this page only */ }
+  }
+
+  function bubbleCreate(id, text) {
+    const bubble = document.createElement("article");
+    bubble.className = "message user pending";
+    bubble.dataset.clientId = id;
+    const content = document.createElement("div");
+    content.className = "content plain";
+    content.textContent = text;
+    const note = document.createElement("p");
+    note.className = "pending-note";
+    note.textContent = socket ? "sending…" : "waiting for the connection…";
+    bubble.append(content, note);
+    document.getElementById("outbox").append(bubble);
+    return bubble;
+  }
+
+  // A refused message (the server's "Not sent" line, or one restored from storage) gets its buttons.
+  function rejectedActions(bubble) {
+    if (bubble.querySelector(".retry-actions")) return;
+    const actions = document.createElement("p");
+    actions.className = "retry-actions";
+    for (const [label, action] of [["Retry", "retry"], ["Dismiss", "dismiss"]]) {
+      const button = document.createElement("button");
+      button.type = "button";
+      button.className = "small";
+      button.dataset.pendingAction = action;
+      button.textContent = label;
+      actions.append(button);
+    }
+    bubble.append(actions);
+  }
+
+  function outboxRestore() {
+    let kept = [];
+    try { kept = JSON.parse(sessionStorage.getItem(outboxKey()) || "[]"); } catch (error) { kept = []; }
+    kept.forEach(({ id, text, rejected }) => {
+      if (document.querySelector('#outbox [data-client-id="' + CSS.escape(id) + '"]')) return;
+      const bubble = bubbleCreate(id, text);
+      if (rejected) {
+        const status = document.createElement("p");
+        status.className = "status rejected";
+        status.textContent = rejected;
+        bubble.append(status);
+        rejectedActions(bubble);
+      }
+    });
+  }
+
   // A pending bubble is done once the server's copy of the message is in the transcript.
   function reconcileOutbox() {
     const messages = document.getElementById("messages");
     document.querySelectorAll("#outbox [data-client-id]").forEach((bubble) => {
       const selector = '[data-client-id="' + CSS.escape(bubble.dataset.clientId) + '"]';
       if (messages && messages.querySelector(selector)) bubble.remove();
+      else if (bubble.querySelector(".rejected")) rejectedActions(bubble);
     });
+    if (page()) outboxSave();
+  }
+
+  function composerDisable() {
+    const form = document.getElementById("composer");
+    if (form) form.querySelectorAll("textarea, button").forEach((element) => { element.disabled = true; });
   }
 
   function setConnection(state, label) {
@@ -58,8 +134,10 @@
   });
   document.addEventListener("htmx:wsClose", (event) => {
     socket = null;
-    if (event.detail.event.code === 4404) setConnection("gone", "this chat no longer exists");
-    else setConnection("closed", "reconnecting…");
+    if (event.detail.event.code === 4404) {
+      setConnection("gone", "this chat no longer exists");
+      composerDisable();
+    } else setConnection("closed", "reconnecting…");
   });
 
   // --- keeping the reader's place across swaps ------------------------------------------------
@@ -131,23 +209,40 @@
   document.addEventListener("htmx:afterSettle", titleSync);
 
   document.addEventListener("DOMContentLoaded", () => {
+    if (page()) outboxRestore();
     const thread = document.getElementById("thread");
     if (thread) thread.scrollTop = thread.scrollHeight;
+    const choice = document.querySelector("[data-theme-choice]");
+    if (choice) choice.value = document.documentElement.dataset.theme || "system";
   });
 
   // --- composer -----------------------------------------------------------------------------
-  // A text over the character limit (data-max-chars, the socket's own check) would be refused:
-  // Send is disabled while it is, and the server's count under the composer says why.
-  function overCharLimit(form) {
-    return form.querySelector("textarea").value.length > Number(form.dataset.maxChars);
+  // A text over the character limit (data-max-chars, the socket's own check) would be refused,
+  // and so would one the server's count (#composer-count, data-state "over_window") finds larger
+  // than the room the context window leaves: Send is disabled while either holds, and the count
+  // under the composer says why.
+  function refused(form) {
+    const count = document.getElementById("composer-count");
+    return form.querySelector("textarea").value.length > Number(form.dataset.maxChars) ||
+      Boolean(count && count.dataset.state === "over_window");
   }
 
-  document.addEventListener("input", (event) => {
-    const form = event.target.form;
-    if (event.target.id !== "composer-text" || !form) return;
-    const send = form.querySelector("#send");
-    if (send) send.disabled = overCharLimit(form);
-  });
+  function sendUpdate() {
+    const form = document.getElementById("composer");
+    const send = form && form.querySelector("#send");
+    if (send && !form.hasAttribute("data-gone")) send.disabled = refused(form);
+  }
+  document.addEventListener("input", (event) => { if (event.target.id === "composer-text") sendUpdate(); });
+  document.addEventListener("htmx:afterSettle", sendUpdate);
+
+  function send(text) {
+    const bubble = bubbleCreate(newClientId(), text);
+    document.getElementById("errors").replaceChildren();
+    outboxSave();
+    sendPending(bubble);
+    const thread = document.getElementById("thread");
+    thread.scrollTop = thread.scrollHeight;
+  }
 
   document.addEventListener("submit", (event) => {
     const form = event.target;
@@ -155,25 +250,11 @@
     event.preventDefault();
     const input = form.querySelector("textarea");
     const text = input.value;
-    if (!text.trim() || overCharLimit(form)) return;
-    const bubble = document.createElement("article");
-    bubble.className = "message user pending";
-    bubble.dataset.clientId = newClientId();
-    const content = document.createElement("div");
-    content.className = "content plain";
-    content.textContent = text;
-    const note = document.createElement("p");
-    note.className = "pending-note";
-    note.textContent = socket ? "sending…" : "waiting for the connection…";
-    bubble.append(content, note);
-    document.getElementById("outbox").append(bubble);
-    document.getElementById("errors").replaceChildren();
+    if (!text.trim() || refused(form) || form.hasAttribute("data-gone")) return;
     input.value = "";
     // The composer's token count (server-rendered, it recounts on "input") goes back to the room left.
     input.dispatchEvent(new Event("input", { bubbles: true }));
-    sendPending(bubble);
-    const thread = document.getElementById("thread");
-    thread.scrollTop = thread.scrollHeight;
+    send(text);
   });
 
   // An Enter that confirms an IME composition (CJK input) must not send (docs/memory.md F-42):
@@ -250,12 +331,81 @@
       dismissBanner();
       return;
     }
-    const copy = event.target.closest("[data-copy]");
+    const copy = event.target.closest("[data-copy], .copy-code");
     if (copy) {
-      const source = document.getElementById(copy.dataset.copy);
-      if (source && navigator.clipboard) {
-        navigator.clipboard.writeText(source.textContent).then(() => { copy.textContent = "Copied"; });
-      }
+      copyText(copy, copiedText(copy));
+      return;
     }
+    // A refused message: Retry sends it again with the same client id (nothing was stored); Dismiss drops it.
+    const pending = event.target.closest("[data-pending-action]");
+    if (pending) {
+      const bubble = pending.closest("[data-client-id]");
+      if (pending.dataset.pendingAction === "retry") {
+        bubble.querySelectorAll(".rejected, .retry-actions").forEach((element) => element.remove());
+        bubble.querySelector(".pending-note").textContent = socket ? "sending…" : "waiting for the connection…";
+        sendPending(bubble);
+      } else bubble.remove();
+      outboxSave();
+      document.getElementById("composer-text").focus();
+      return;
+    }
+    // A failed reply: its turn's question again, as a new message (the failed turn stays as it was).
+    const retry = event.target.closest("[data-retry-of]");
+    if (retry) {
+      const source = document.getElementById("message-source-" + retry.dataset.retryOf);
+      if (source) send(source.content.textContent);
+    }
+  });
+
+  // --- copy buttons --------------------------------------------------------------------------
+  // data-copy names the element whose text is copied (a <template> holds a message's Markdown);
+  // a code block's button copies its code.
+  function copiedText(button) {
+    if (button.classList.contains("copy-code")) return button.closest(".code-block").querySelector("code").textContent;
+    const source = document.getElementById(button.dataset.copy);
+    if (!source) return "";
+    return source.tagName === "TEMPLATE" ? source.content.textContent : source.textContent;
+  }
+
+  // The Clipboard API where the page may use it (a secure context), else a selected <textarea>
+  // and execCommand("copy"). The button says "Copied" for two seconds, or "Copy failed".
+  function copyText(button, text) {
+    const done = (ok) => {
+      button.textContent = ok ? "Copied" : "Copy failed";
+      button.dataset.copied = ok ? "true" : "false";
+      clearTimeout(button.copyTimer);
+      button.copyTimer = setTimeout(() => { button.textContent = "Copy"; delete button.dataset.copied; }, 2000);
+    };
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(text).then(() => done(true), () => done(copyFallback(text)));
+    } else done(copyFallback(text));
+  }
+
+  function copyFallback(text) {
+    const focused = document.activeElement;
+    const area = document.createElement("textarea");
+    area.value = text;
+    area.setAttribute("readonly", "");
+    area.className = "visually-hidden";
+    document.body.append(area);
+    area.select();
+    let ok = false;
+    try { ok = document.execCommand("copy"); } catch (error) { ok = false; }
+    area.remove();
+    if (focused) focused.focus({ preventScroll: true });
+    return ok;
+  }
+
+  // --- the theme toggle ----------------------------------------------------------------------
+  const THEME = "kestrel.theme";
+  document.addEventListener("change", (event) => {
+    if (!event.target.matches("[data-theme-choice]")) return;
+    const theme = event.target.value;
+    if (theme === "light" || theme === "dark") document.documentElement.dataset.theme = theme;
+    else delete document.documentElement.dataset.theme;
+    try {
+      if (theme === "system") localStorage.removeItem(THEME);
+      else localStorage.setItem(THEME, theme);
+    } catch (error) { /* storage blocked: this page only */ }
   });
 })();

@@ -267,11 +267,11 @@ def test_sidebar_rename_mode_switch_and_delete(daphne_server: Server, new_contex
     htmx_idle(page)
 
     page.once("dialog", lambda dialog: dialog.accept())
-    item.get_by_role("link", name="Delete").click()
+    item.get_by_role("button", name="Delete").click()
     expect(item).to_have_count(0)
     htmx_idle(page)
     page.once("dialog", lambda dialog: dialog.accept())
-    page.locator(".session-item.current").get_by_role("link", name="Delete").click()
+    page.locator(".session-item.current").get_by_role("button", name="Delete").click()
     page.wait_for_url(daphne_server.url + "/")
     expect(page.locator("#session-list")).to_contain_text("No chats yet.")
 

@@ -74,6 +74,10 @@ def test_the_walk_through_shows_compression_degradation_key_facts_and_recall(
     )
     asked = page.locator("#messages article.user .content").all_inner_texts()
     assert [text.strip() for text in asked] == [step.text for step in DEMO_SCRIPT]
+    # Its end is said in the status region under the transcript.
+    expect(page.locator("#thread-note")).to_have_text(
+        f"The demo has ended: all {len(DEMO_SCRIPT)} steps ran. This chat is yours to go on with."
+    )
     expect(page.locator("#messages details.tool-call").first).to_contain_text("kb_search")
     expect(page.locator("#messages .mark[data-mark='summarized']").first).to_be_attached()
 

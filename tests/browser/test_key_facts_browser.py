@@ -49,13 +49,13 @@ def test_the_owner_pins_and_edits_a_fact_and_the_next_request_carries_it(daphne_
     expect(current.locator("li[data-extractor^='llm:']", has_text="Ada")).to_be_visible()
 
     # Keep the order id always pinned: the action says what it does, and its title explains it.
-    keep = order.get_by_role("button", name="Keep order_id #W2378156 always")
+    keep = order.get_by_role("button", name="Keep always: order_id #W2378156")
     expect(keep).to_have_text("Keep always")
     expect(keep).to_have_attribute("title", re.compile("in every request"))
     keep.click()
     htmx_idle(page)
     expect(order.get_by_test_id("fact-user-pinned")).to_have_text("always pinned by you")
-    expect(order.get_by_role("button", name="Stop keeping order_id #W2378156 always")).to_be_visible()
+    expect(order.get_by_role("button", name="Stop keeping always: order_id #W2378156")).to_be_visible()
     expect(page.locator("#announce")).to_have_text("Always pinned: order_id #W2378156.")
 
     # An empty value is refused and changes nothing.

@@ -63,7 +63,7 @@ def test_one_mode_control_and_a_new_chat_starts_in_the_last_used_mode(
 ):
     page = new_context(viewport=size, reduced_motion="reduce").new_page()
     page.goto(daphne_server.url + "/")
-    expect(page.locator("select")).to_have_count(0)  # no second, "new chat" mode control
+    expect(page.locator("select:not(#theme-choice)")).to_have_count(0)  # no second, "new chat" mode control
     expect(page.get_by_test_id("new-chat-mode")).to_contain_text("A new chat starts in Agent mode")
     first = start_new_chat(page, daphne_server)
     # The page's only mode control is the open chat's, showing its mode.

@@ -194,10 +194,11 @@ def test_the_composer_shows_the_servers_token_count_against_the_room(daphne_serv
             rf"^\s*[\d,]+\stokens: more than the {room:,} tokens this chat's context window leaves for a message, so it would probably be refused"
         )
     )
-    # Only a warning: the room is an estimate on the safe side, and Send stays enabled.
-    expect(page.locator("#send")).to_be_enabled()
+    # The message would be refused: Send is disabled until the text fits again.
+    expect(page.locator("#send")).to_be_disabled()
     composer.fill("And the Business plan?")
     expect(count).to_have_attribute("data-state", "ok")
+    expect(page.locator("#send")).to_be_enabled()
     typed = count.get_by_test_id("composer-tokens").inner_text()
     # The room depends on the mode (tool schemas in agent mode, passages in quick-answer): a mode
     # switch recounts what is typed, untouched.

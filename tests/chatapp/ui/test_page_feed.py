@@ -17,6 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from chatapp.chats.memory import memory_key_of
 from chatapp.chats.services import chat_session_delete
 from chatapp.conversation.compress import session_memory_compress
+from chatapp.conversation.demo import DEMO_SCRIPT
 from chatapp.models import ChatSession, Message
 from chatapp.realtime.protocol import (
     ChatDeltaEvent,
@@ -27,7 +28,7 @@ from chatapp.realtime.protocol import (
     MemoryContextEvent,
     MemorySummaryEvent,
 )
-from chatapp.ui.page_feed import PageFeed, compression_sentence, partial_render
+from chatapp.ui.page_feed import CHAT_DELETED_TEXT, PageFeed, compression_sentence, partial_render
 from memory.api import CompressionRecord, Summary
 from memory.storage import summaries as memory_services
 from tests.chatapp.conftest import (
@@ -175,7 +176,12 @@ async def test_deleting_a_session_closes_its_sockets_with_4404(ws, alice: Visito
         await socket.connect(timeout=TIMEOUT)
         if path_suffix:
             await socket.receive_from(timeout=TIMEOUT)
+        session_id = session.pk
         await sync_to_async(chat_session_delete)(session=session)
+        if path_suffix:  # the page is told first: its composer disabled, the chat gone from its sidebar
+            told = await socket.receive_from(timeout=TIMEOUT)
+            assert 'id="composer"' in told and "data-gone" in told and "disabled" in told
+            assert CHAT_DELETED_TEXT in told and f'hx-swap-oob="delete:#session-item-{session_id}"' in told
         assert await socket.receive_output(timeout=TIMEOUT) == {"type": "websocket.close", "code": 4404}
 
 
@@ -378,6 +384,28 @@ def test_only_user_messages_and_turn_ends_query_the_database(alice: Visitor):
     assert not feed.needs_database(ChatMessageEvent(message=reply.as_dict(), step=1))
     done = feed.render(ChatDoneEvent(turn_id=user.pk, status="complete", message_id=reply.pk))
     assert done.count('<aside id="inspector"') == 1
+
+
+def test_the_demos_last_or_stopped_step_says_the_demo_ended(alice: Visitor):
+    session = chat_session_make(alice.owner)
+    first = message_make(session, "user", DEMO_SCRIPT[0].text, client_message_id="demo-1")
+    feed = PageFeed(session_id=session.pk)
+    feed.snapshot()  # the first step is on the page already; the last one arrives as chat.message
+    last = message_make(session, "user", DEMO_SCRIPT[-1].text, client_message_id=f"demo-{len(DEMO_SCRIPT)}")
+    own = message_make(session, "user", "A question of mine.", client_message_id="c-1")
+    for message in (last, own):
+        feed.render(ChatMessageEvent(message=message.as_dict()))
+
+    def note(turn: Message, status: str) -> str:
+        frame = feed.render(ChatDoneEvent(turn_id=turn.pk, status=status, message_id=turn.pk + 100))
+        found = re.search(r'<p id="thread-note"[^>]*>([^<]*)</p>', frame)
+        return found.group(1) if found else ""
+
+    assert note(first, "complete") == "" and note(own, "stopped") == ""
+    assert (
+        note(first, "stopped") == f"The demo stopped at step 1 of {len(DEMO_SCRIPT)}. This chat is yours to go on with."
+    )
+    assert note(last, "complete").startswith(f"The demo has ended: all {len(DEMO_SCRIPT)} steps ran.")
 
 
 async def test_the_json_route_with_ui_html_is_the_page_socket(ws, alice: Visitor):

@@ -130,7 +130,7 @@ def test_messages_render_safe_markdown_tool_blocks_and_status(alice: Visitor):
     assert '<details id="tool-call-' in content and "Calls <code>kb_search</code>" in content
     assert '"query": "price"' in content or "&quot;query&quot;: &quot;price&quot;" in content
     assert "Result of <code>kb_search</code>" in content and "Team plan: 12 euros" in content
-    assert "<pre><code>if a &lt; b:" in content and "Stopped by the user" in content
+    assert "<pre><span></span><code>if a &lt; b:" in content and "Stopped by the user" in content
 
 
 def test_transcript_marks_follow_the_boundary_and_the_last_request(alice: Visitor):
