@@ -12,7 +12,7 @@ import copy
 import itertools
 
 from asgiref.sync import async_to_sync
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from memory.context.builder import CAS_ROUNDS
@@ -202,6 +202,7 @@ def test_f38_the_window_after_the_summary_never_starts_with_a_non_user_message(m
         window, ExtractiveSummarizer(COUNTER), attempts=1, summary_role=summary_role, store=InMemorySummaryStore()
     )
     store = Store()
+    checked = 0
     for message in messages:
         if message["role"] == "assistant" and store.rows:
             context = async_to_sync(engine.build_context)(
@@ -209,12 +210,16 @@ def test_f38_the_window_after_the_summary_never_starts_with_a_non_user_message(m
             )
             kinds = [source["kind"] for source in context.sources]
             if "summary" in kinds and kinds.index("summary") + 1 < len(kinds):
+                checked += 1
                 after = kinds.index("summary") + 1
                 assert context.messages[after]["role"] == "user", context.messages[after]
                 assert context.sources[after]["kind"] in ("history", "current")
                 stored = next(row for row in store.rows if row["id"] == context.sources[after]["id"])
                 assert stored["role"] == "user", "a turn starts at a user message, never a later system message"
         store.add(copy.deepcopy(message))
+    # An example that never had a summary followed by a window checked nothing: not one of the run's
+    # examples (a run where no example compresses fails as unsatisfiable instead of passing).
+    assume(checked > 0)
 
 
 class RecordingJobs:
