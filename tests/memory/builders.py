@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from memory.ports import SummaryRequest
+from memory.summary.extractive import ExtractiveSummarizer
 from memory.tokens.counter import get_counter
 
 COUNTER = get_counter("gpt-4o-mini")
@@ -80,3 +82,20 @@ class ScriptedSummarizer:
             text = f"{request.previous_summary}\n{request.prompt[-1]['content'][:200]}".strip()
             return COUNTER.truncate_text(text, request.max_tokens)
         return item
+
+
+class FlakySummarizer(ExtractiveSummarizer):
+    """Extractive summaries, except where the drawn script says fail or empty."""
+
+    def __init__(self, script):
+        super().__init__(COUNTER)
+        self.model = "flaky"
+        self.script = itertools.cycle(script)
+
+    async def summarize(self, request):
+        action = next(self.script)
+        if action == "fail":
+            raise RuntimeError("provider error")
+        if action == "empty":
+            return " "
+        return await super().summarize(request)

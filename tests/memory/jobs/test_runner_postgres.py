@@ -18,7 +18,7 @@ from memory.storage.job_state import memory_job_state_get
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RUNS_PER_WORKER = 5
 
 WORKER = """

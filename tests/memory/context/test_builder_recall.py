@@ -16,10 +16,9 @@ from memory.context.request import ContextRequest
 from memory.recall.block import RECALL_HEADER
 from memory.recall.values import RecallCandidate, RecallInput, RecallItem
 from memory.summary.store import InMemorySummaryStore
-from tests.memory.builders import COUNTER, Store, asst, user
+from tests.memory.builders import COUNTER, FlakySummarizer, Store, asst, user
 from tests.memory.conftest import make_engine
 from tests.memory.invariants import check_context
-from tests.memory.test_properties import FlakySummarizer
 
 SYSTEM = "You are the support assistant."
 NOW = datetime(2026, 12, 1, tzinfo=UTC)

@@ -19,7 +19,7 @@ from memory.context.builder import CAS_ROUNDS
 from memory.context.request import ContextRequest
 from memory.summary.extractive import ExtractiveSummarizer
 from memory.summary.store import InMemorySummaryStore
-from tests.memory.builders import COUNTER, Store, asst, system, tool, user
+from tests.memory.builders import COUNTER, FlakySummarizer, Store, asst, system, tool, user
 from tests.memory.conftest import make_engine
 from tests.memory.invariants import check_context
 
@@ -63,23 +63,6 @@ def conversation(draw):
         if draw(st.booleans()):
             messages.append(asst(draw(text)))
     return messages
-
-
-class FlakySummarizer(ExtractiveSummarizer):
-    """Extractive summaries, except where the drawn script says fail or empty."""
-
-    def __init__(self, script):
-        super().__init__(COUNTER)
-        self.model = "flaky"
-        self.script = itertools.cycle(script)
-
-    async def summarize(self, request):
-        action = next(self.script)
-        if action == "fail":
-            raise RuntimeError("provider error")
-        if action == "empty":
-            return " "
-        return await super().summarize(request)
 
 
 def dropped_wire_ids(rows):

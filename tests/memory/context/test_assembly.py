@@ -2,7 +2,7 @@
 strict alternation, an oversized stored summary shrunk, elision aimed at the window minus the
 reply reserve, and in-turn compaction instead of refusals. One test per fault kind, each on its
 small input with the right value; the property over generated conversations is in
-tests/memory/test_properties.py."""
+tests/memory/context/test_properties.py."""
 
 from __future__ import annotations
 

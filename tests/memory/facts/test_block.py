@@ -19,10 +19,9 @@ from memory.facts.block import FACTS_HEADER, block_order, fact_line, facts_block
 from memory.facts.rules import message_rule_facts, rule_facts, tool_call_facts
 from memory.facts.values import KeyFact
 from memory.summary.store import InMemorySummaryStore
-from tests.memory.builders import COUNTER, Store, asst, tool, user
+from tests.memory.builders import COUNTER, FlakySummarizer, Store, asst, tool, user
 from tests.memory.conftest import make_engine
 from tests.memory.invariants import check_context
-from tests.memory.test_properties import FlakySummarizer
 
 SYSTEM = "You are the support assistant."
 

@@ -18,7 +18,7 @@ from tests.memory.builders import COUNTER, Store
 from tests.memory.conftest import make_engine
 from tests.memory.invariants import check_context
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "tau-bench-airline" / "trajectories.json"
+DATA = Path(__file__).resolve().parents[4] / "shared" / "data" / "tau-bench-airline" / "trajectories.json"
 WIRE = ("role", "content", "tool_calls", "tool_call_id", "name")
 
 pytestmark = pytest.mark.replay
