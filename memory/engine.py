@@ -122,18 +122,8 @@ class MemoryEngine:
         )
 
     def _completed(self, request: ContextRequest) -> ContextRequest:
-        """``request`` with the engine's defaults: its compression mode and its key facts."""
-        fields: dict[str, Any] = {}
-        if request.compression is None:
-            fields["compression"] = self.config.compression
-        if request.load_facts is None:
-            memory_key = request.memory_key
-
-            async def load_facts() -> list[KeyFact]:
-                return await self.fact_store.active(memory_key)
-
-            fields["load_facts"] = load_facts
-        return replace(request, **fields) if fields else request
+        """``request`` with the engine's compression mode when it names none."""
+        return request if request.compression is not None else replace(request, compression=self.config.compression)
 
     async def builder(self) -> ContextBuilder:
         """The context builder of the chat model, budgeted with its calibration (read once)."""
@@ -146,6 +136,7 @@ class MemoryEngine:
                 counter=self.counter,
                 store=self.summaries,
                 jobs=self._compression_jobs or (self.jobs() if self.config.compression == "background" else None),
+                facts=self.fact_store,
                 sync_wait_seconds=self.config.sync_wait_seconds,
             )
         return self._builder
@@ -266,7 +257,7 @@ class MemoryEngine:
         """The builder pre-compression plans with: the live one, without handing work to jobs."""
         live = await self.builder()
         return ContextBuilder(
-            budget=live.budget, chain=self.chain, counter=self.counter, store=self.summaries, jobs=None
+            budget=live.budget, chain=self.chain, counter=self.counter, store=self.summaries, facts=self.fact_store
         )
 
     async def _forget(self, memory_key: str) -> None:

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
@@ -25,6 +25,7 @@ from memory.context.planner import (
     steps_note_room,
 )
 from memory.context.request import CompressionJobs, ContextRequest, MemoryContext
+from memory.facts.store import FactStore
 from memory.facts.values import KeyFact
 from memory.messages import Message
 from memory.recall.block import recall_report
@@ -72,6 +73,7 @@ class ContextBuilder:
         counter: TokenCounter,
         store: SummaryStore,
         jobs: CompressionJobs | None = None,
+        facts: FactStore | None = None,
         sync_wait_seconds: float = SYNC_WAIT_SECONDS,
     ) -> None:
         self.budget = budget
@@ -79,6 +81,7 @@ class ContextBuilder:
         self.counter = counter
         self.store = store
         self.jobs = jobs
+        self.facts = facts
         self.sync_wait_seconds = sync_wait_seconds
         self._steps: OrderedDict[tuple[str, int | None], StepsNote] = OrderedDict()
         # The last request's recall (request, boundary, (input, selection)): see _recall.
@@ -272,10 +275,18 @@ class ContextBuilder:
         """Hard cap of the summary text in tokens (:func:`memory.summary.incremental.summary_cap`)."""
         return summary_cap(self.budget.summary_reserve_tokens, self.counter)
 
+    def _facts(self, request: ContextRequest) -> Awaitable[list[KeyFact]]:
+        """The request's key facts: its own loader, else the builder's fact store, else none."""
+        if request.load_facts is not None:
+            return request.load_facts()
+        if self.facts is not None:
+            return self.facts.active(request.memory_key)
+        return _nothing()
+
     async def _plan(self, request: ContextRequest, summary: Summary) -> Plan:
         increment, facts, recall = await asyncio.gather(
             request.load_increment(summary.last_message_id),
-            request.load_facts() if request.load_facts is not None else _nothing(),
+            self._facts(request),
             self._recall(request, summary.last_message_id),
         )
 
