@@ -1,11 +1,6 @@
-"""The ASGI application, served by Daphne: HTTP through Django, WebSockets through Channels.
-
-Django is set up first (``get_asgi_application``) so that the consumer's imports may use models.
-Sockets pass the origin checks (the Origin's host is in ``ALLOWED_HOSTS``, and the Origin is this
-site itself or a trusted origin: :mod:`chatapp.realtime.origin`), then the session and auth middleware
-(which put ``session`` and ``user`` in the scope), then the router. With ``SERVE_STATIC`` (the embedded
-default) static files are served by Django itself, since a single Daphne process has no proxy in
-front of it; a production proxy serves ``STATIC_ROOT`` instead.
+"""The ASGI application: HTTP through Django, WebSockets through Channels behind the origin checks
+(:mod:`chatapp.realtime.origin`) and the session and auth middleware. ``SERVE_STATIC`` (the embedded default):
+Django serves static files, as a single Daphne process has no proxy in front of it.
 """
 
 from __future__ import annotations
@@ -27,8 +22,7 @@ from chatapp.realtime.origin import SameOriginValidator  # noqa: E402
 from chatapp.routing import websocket_urlpatterns  # noqa: E402
 from memory.api import get_counter  # noqa: E402
 
-# Load the chat model's token encoding now (a few hundred milliseconds of CPU holding the GIL)
-# rather than in the first turn, where it stalled every socket of the worker.
+# Load the token encoding now (CPU holding the GIL), not in the first turn where it stalled the worker's sockets.
 get_counter(settings.LLM_CHAT_MODEL)
 
 application = ProtocolTypeRouter(

@@ -1,19 +1,7 @@
-"""ORM work of sockets and turns, run from async code on a bounded set of threads.
-
-channels' ``database_sync_to_async`` runs synchronous code in asgiref's thread-sensitive mode:
-under Daphne, with no outer synchronous thread, that is one thread for the whole process, so
-every handshake, send and turn of a worker queued behind one another's queries (handshakes
-reached a p99 of 4.1 s under load). :func:`orm_async` runs a function on one of
-``settings.DB_THREADS`` threads instead (the least busy one), with the same connection handling
-as channels: connections older than ``CONN_MAX_AGE`` or broken (``CONN_HEALTH_CHECKS``) are
-closed before and after the call, and a kept one is reused by the next call on that thread.
-Each thread has its own connection, so a worker holds at most ``DB_THREADS`` connections for
-this work.
-
-Use it for self-contained units of ORM work (one service or selector call: its transaction
-opens and ends inside). Code that must run on the thread of the caller's other synchronous work
-(a transaction spanning calls) keeps asgiref's thread-sensitive ``sync_to_async``.
-"""
+"""ORM work of sockets and turns run from async code on ``settings.DB_THREADS`` threads, each with its own connection:
+channels' ``database_sync_to_async`` has one thread per process under Daphne, where every handshake, send and turn
+queued behind one another's queries. For self-contained units (one service or selector call); a transaction
+spanning calls keeps asgiref's thread-sensitive ``sync_to_async``."""
 
 from __future__ import annotations
 
@@ -32,9 +20,8 @@ R = TypeVar("R")
 
 
 class OrmExecutor(concurrent.futures.Executor):
-    """``size`` single-thread executors; each call goes to the one with the fewest calls queued
-    or running. Unlike one shared pool, every thread can be reached on its own
-    (:meth:`run_everywhere`), e.g. to close its connection."""
+    """``size`` single-thread executors, each call to the least loaded; unlike one shared pool, every thread can be
+    reached on its own (:meth:`run_everywhere`), e.g. to close its connection."""
 
     def __init__(self, size: int) -> None:
         if size < 1:
@@ -68,8 +55,7 @@ class OrmExecutor(concurrent.futures.Executor):
             self._load[index] -= 1
 
     def run_everywhere(self, fn: Callable[[], object], timeout: float = 30.0) -> None:
-        """Run ``fn`` once on every thread and wait (at most ``timeout`` seconds for each);
-        re-raises the first exception."""
+        """Run ``fn`` once on every thread and wait (``timeout`` seconds each); re-raises the first exception."""
         futures = [thread.submit(fn) for thread in self._threads]
         for future in futures:
             future.result(timeout=timeout)
@@ -80,10 +66,9 @@ class OrmExecutor(concurrent.futures.Executor):
 
 
 class _OrmSyncToAsync(SyncToAsync[P, R]):
-    """``SyncToAsync`` closing obsolete or broken connections of its thread before and after the
-    call, as channels' ``DatabaseSyncToAsync`` does; it calls Django's function itself, which
-    channels' test communicators never replace (they swap channels' reference for a no-op while
-    they wait, and concurrent waits can leave the no-op behind for the rest of a test run)."""
+    """``SyncToAsync`` closing obsolete or broken connections before and after the call, like channels'
+    ``DatabaseSyncToAsync``, but through Django's own function: channels' test communicators swap channels' for a
+    no-op while they wait, and concurrent waits can leave the no-op behind."""
 
     def thread_handler(self, loop: Any, *args: Any, **kwargs: Any) -> Any:
         db.close_old_connections()
@@ -108,16 +93,12 @@ def orm_executor() -> OrmExecutor:
 
 
 def orm_async(func: Callable[P, R], *, executor: OrmExecutor | None = None) -> Callable[P, Awaitable[R]]:
-    """``func`` (synchronous ORM code) as a coroutine function that runs it on ``executor``
-    (default: the process's, :func:`orm_executor`), closing obsolete or broken connections
-    before and after, like channels' ``database_sync_to_async``. Exceptions of ``func``
-    propagate; cancelling the caller waits for ``func`` to finish (a thread cannot be
-    interrupted)."""
+    """``func`` as a coroutine function run on ``executor`` (default :func:`orm_executor`), with channels' connection
+    handling; cancelling the caller waits for ``func`` to finish (a thread cannot be interrupted)."""
     return _OrmSyncToAsync(func, thread_sensitive=False, executor=cast(Any, executor or orm_executor()))
 
 
 def orm_connections_close() -> None:
-    """Close the database connections of every ORM thread (tests before dropping their database,
-    a graceful shutdown). Synchronous: call it from synchronous code, or through ``sync_to_async``."""
+    """Close every ORM thread's database connection (tests, shutdown); synchronous."""
     if _executor is not None:
         _executor.run_everywhere(connections.close_all)

@@ -1,17 +1,6 @@
-"""WebSocket routes (mounted by :mod:`chatapp.asgi` behind the origin check and auth); the
-protocol is docs/protocol.md.
-
-==============================  ==============================================================
-``ws/chat/<id>/``               :class:`~chatapp.realtime.consumers.ChatJsonConsumer` (JSON)
-``ws/chat/<id>/page/``          :class:`~chatapp.realtime.consumers.ChatPageConsumer` (the chat
-                                page's HTML fragments for htmx)
-``ws/chat/<id>/?ui=html``       the page socket too: the address pages opened before the page
-                                route existed still use (:func:`chat_socket`)
-anything else                   :class:`~chatapp.realtime.consumers.NotFoundConsumer` (4404)
-==============================  ==============================================================
-
-The last route takes every other path, so an unknown path is a clean 4404 close, not a server
-error.
+"""WebSocket routes (docs/protocol.md): the JSON socket, the page socket (htmx fragments; also at
+``ws/chat/<id>/?ui=html``, which pages opened before its route existed still use), and for any other path a clean
+4404 close rather than a server error.
 """
 
 from __future__ import annotations
@@ -35,8 +24,7 @@ chat_page_socket = ChatPageConsumer.as_asgi()
 async def chat_socket(
     scope: dict[str, Any], receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]
 ) -> None:
-    """``ws/chat/<id>/``: the JSON socket, or the page socket when the query string is
-    ``ui=html`` (the page route's alias)."""
+    """``ws/chat/<id>/``: the JSON socket, or the page socket for ``?ui=html``."""
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     application = chat_page_socket if query.get(UI_PARAMETER) == [UI_HTML] else chat_json_socket
     await application(scope, receive, send)

@@ -1,17 +1,6 @@
-"""``python -m chatapp.serve``: Daphne's command line (the same arguments as ``daphne``) that also
-prints the address to open once the server listens, which is what ``make run`` starts, and closes
-a socket that sends an oversized frame with a close code instead of dropping it.
-
-Daphne itself only logs ``Listening on TCP address HOST:PORT``. Its server calls a
-``ready_callable`` after every endpoint was bound and before it starts serving, and never when
-binding failed (a port in use ends the start-up instead), so the line printed here means the app
-is ready at that address. The address is the one bound (``-p 0`` prints the port the system
-chose), written as a browser needs it: a wildcard host (``0.0.0.0``, ``::``) is reached here
-through the loopback address, and from other machines through this machine's name, which must be
-listed in ``DJANGO_ALLOWED_HOSTS`` (docs/configuration.md); a host Django would refuse gets a
-warning. ``--open-path PATH`` (before Daphne's own arguments) names the page to open: ``make demo``
-passes ``/demo/``, so the last line printed is the demo's address.
-"""
+"""``python -m chatapp.serve`` (``make run``): Daphne's command line, printing the address to open once every
+endpoint is bound (Daphne's ``ready_callable``, never called when binding failed). ``--open-path PATH``, before
+Daphne's arguments, names the page to open (``make demo``: ``/demo/``)."""
 
 from __future__ import annotations
 
@@ -32,9 +21,7 @@ OPEN_PATH_OPTION = "--open-path"
 
 
 def open_url(host: str, port: int, path: str = "/") -> str:
-    """The URL a browser on this machine opens for ``path`` on a server bound to ``host``:``port``:
-    a wildcard host becomes its loopback address, an IPv6 address is bracketed
-    (``http://[::1]:8000/``)."""
+    """The URL a browser here opens for ``path`` on ``host``:``port`` (wildcard as loopback, IPv6 bracketed)."""
     host = WILDCARD_HOSTS.get(host, host)
     if ":" in host:
         host = f"[{host}]"
@@ -42,10 +29,8 @@ def open_url(host: str, port: int, path: str = "/") -> str:
 
 
 def ready_lines(addresses: Iterable[tuple[str, int]], *, allowed_hosts: Sequence[str], path: str = "/") -> list[str]:
-    """What start-up prints for the bound ``(host, port)`` addresses (in order, duplicates once):
-    a warning for a host that ``allowed_hosts`` (Django's ``ALLOWED_HOSTS``) would refuse, since
-    every page would then answer 400, a hint for a wildcard host, and last ``Open <url>`` of
-    ``path`` per address, so that the address to open ends the output."""
+    """Start-up lines per bound address: a warning for a host ``allowed_hosts`` refuses (every page would answer 400),
+    a hint for a wildcard host, and last ``Open <url>``, so that the address to open ends the output."""
     lines: list[str] = []
     for host, port in dict.fromkeys(addresses):
         shown = WILDCARD_HOSTS.get(host, host)
@@ -61,8 +46,7 @@ def ready_lines(addresses: Iterable[tuple[str, int]], *, allowed_hosts: Sequence
 
 
 def open_path_split(argv: Sequence[str]) -> tuple[str, list[str]]:
-    """``(path, the rest of argv)``: the value of a leading ``--open-path PATH`` (``/`` without
-    one) and Daphne's arguments. Raises ``SystemExit`` for a path that does not start with ``/``."""
+    """``(path, Daphne's arguments)`` from a leading ``--open-path PATH`` (default ``/``); ``SystemExit`` unless ``/...``."""
     args = list(argv)
     if args[:1] != [OPEN_PATH_OPTION]:
         return "/", args
@@ -77,14 +61,9 @@ def _host_allowed(host: str, allowed_hosts: Sequence[str]) -> bool:
 
 
 class AnnouncingServer(Server):
-    """Daphne's server, printing :func:`ready_lines` to stdout once every endpoint is bound.
-
-    A WebSocket frame or message over Daphne's size limit (``websocket_max_message_size``, 1 MiB)
-    is refused before the application sees it. autobahn's default for a server is to drop the TCP
-    connection then, which a client only sees as 1006 (no reason); here the socket is closed with
-    1009 ("message too big") and autobahn's reason naming the limit (docs/protocol.md "Close
-    codes"). Nothing of such a frame is read or stored.
-    """
+    """Daphne's server, printing :func:`ready_lines` once every endpoint is bound. A frame over Daphne's 1 MiB limit
+    closes the socket with 1009 and a reason (docs/protocol.md "Close codes") instead of autobahn's default TCP
+    drop, which a client only sees as 1006."""
 
     open_path = "/"  # the page the printed address opens (``--open-path``)
 
@@ -101,8 +80,6 @@ class AnnouncingServer(Server):
 
 
 class AnnouncingCommandLine(CommandLineInterface):
-    """``daphne``'s command line with :class:`AnnouncingServer`."""
-
     server_class = AnnouncingServer
 
 

@@ -1,5 +1,4 @@
-"""HTTP routes: the session list, chat pages with their partials and actions (the inspector's key-fact
-controls and its Recall section among them), the knowledge base."""
+"""HTTP routes: the session list, chat pages with their partials and actions, the demo, the knowledge base."""
 
 from __future__ import annotations
 

@@ -11,8 +11,7 @@ WIRE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 
 
 def to_wire(message: Message) -> Message:
-    """A copy of ``message`` with only the keys the Chat Completions API accepts
-    (``content`` is ``None`` only on an assistant message carrying ``tool_calls``)."""
+    """A copy with only the keys the Chat Completions API accepts (``content`` None only beside ``tool_calls``)."""
     wire = {key: message[key] for key in WIRE_KEYS if message.get(key) not in (None, [])}
     wire.setdefault("content", None if wire.get("tool_calls") else "")
     return wire

@@ -1,10 +1,5 @@
-"""Who may see a chat session (healthchecks' ``_get_check_for_user`` pattern).
-
-A session belongs to a user, or to the browser session of an anonymous visitor. Every view and
-the consumer fetch sessions only through :func:`session_get_for_owner` (or its async twin), which
-answers ``Http404`` for anything that is not the caller's, so a stranger cannot even learn that a
-session id exists.
-"""
+"""Who may see a chat session (healthchecks' ``_get_check_for_user`` pattern): its user or anonymous browser session;
+any other caller gets ``Http404`` from :func:`session_get_for_owner`, so a stranger cannot even learn an id exists."""
 
 from __future__ import annotations
 
@@ -28,20 +23,15 @@ SESSION_ID_MAX = 2**63 - 1
 
 @dataclass(frozen=True)
 class Owner:
-    """The caller as an owner: a user id, or else an anonymous browser's session key (either
-    may be None when the caller has neither; such a caller owns nothing)."""
+    """The caller as an owner: a user id, else an anonymous browser's session key; with neither it owns nothing."""
 
     user_id: int | None
     session_key: str | None
 
 
 def owner_from(request_or_scope: HttpRequest | dict[str, Any]) -> Owner:
-    """The owner behind an HTTP request or a Channels scope (after ``AuthMiddlewareStack``).
-
-    The anonymous session key is only trusted once the session store has loaded it: a cookie
-    naming a session that does not exist (expired, forged) yields no key. Touches the database
-    (session load): async callers wrap it with :func:`chatapp.orm_threads.orm_async`.
-    """
+    """The owner behind an HTTP request or a Channels scope (after ``AuthMiddlewareStack``). An anonymous key counts
+    only once the store has loaded it (an expired or forged cookie yields none), so it touches the database."""
     # A scope may lack "user" and "session" (no middleware); a request always has both.
     user: AbstractBaseUser | AnonymousUser | None
     session: SessionBase | None
@@ -63,8 +53,7 @@ def _loaded_session_key(session: SessionBase | None) -> str | None:
 
 
 def owner_ensure(request: HttpRequest) -> Owner:
-    """The caller as an owner, first creating (and saving) the browser session of an anonymous
-    visitor who has none yet, so the sessions they create stay theirs on the next request."""
+    """The caller as an owner, first saving a new browser session for an anonymous visitor so their chats stay theirs."""
     owner = owner_from(request)
     if owner.user_id is None and owner.session_key is None:
         # Saving an empty session creates its key and marks it modified, so the cookie is set.
@@ -83,9 +72,8 @@ def session_queryset_for_owner(owner: Owner) -> QuerySet[ChatSession]:
 
 
 def session_get_for_owner(request_or_scope: HttpRequest | dict[str, Any], session_id: int) -> ChatSession:
-    """The chat session ``session_id`` if the caller owns it; raises ``Http404`` otherwise
-    (another user's, another browser's, or no such session, including an id too large for a
-    database key, which the URL's ``<int:...>`` lets through)."""
+    """The caller's chat session ``session_id``; ``Http404`` for any other (another owner's, missing, or an id too
+    large for a database key, which the URL's ``<int:...>`` lets through)."""
     if not 0 < session_id <= SESSION_ID_MAX:
         raise Http404("No such chat session.")
     session = session_queryset_for_owner(owner_from(request_or_scope)).filter(pk=session_id).first()
@@ -98,12 +86,10 @@ asession_get_for_owner = orm_async(session_get_for_owner)
 
 
 def kb_editor_allowed(request: HttpRequest) -> bool:
-    """Whether the caller may change the shared knowledge base: anyone when
-    ``settings.KB_EDITORS`` is ``anyone`` (the embedded demo), else staff users only."""
+    """Whether the caller may change the shared knowledge base: anyone if ``KB_EDITORS`` says so, else staff only."""
     return settings.KB_EDITORS == "anyone" or bool(request.user.is_authenticated and request.user.is_staff)
 
 
 def kb_editor_check(request: HttpRequest) -> None:
-    """Raise ``PermissionDenied`` (HTTP 403) unless :func:`kb_editor_allowed`."""
     if not kb_editor_allowed(request):
         raise PermissionDenied("Only staff users may change the knowledge base.")

@@ -1,5 +1,5 @@
-"""Turns in flight as the session's rows tell them (docs/memory.md F-26): a user message without a
-final reply is in flight while its lease is fresh, interrupted once it is not."""
+"""Turns in flight as the session's rows tell them (docs/memory.md F-26): a user message without a final reply (an
+assistant message without ``tool_calls``) is in flight while its lease is fresh, interrupted once it is not."""
 
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ from chatapp.models import Message, TurnLease
 
 
 def pending_turns_sql() -> str:
-    """The SQL of :func:`pending_turns` (one parameter: the session id), the same on SQLite and
-    PostgreSQL. Written out because every socket event and every turn asks it several times and
-    the ORM spent about 3 ms of CPU building each ``Exists`` query (SQLite ran it in 0.2 ms)."""
+    """The SQL of :func:`pending_turns` (parameter: the session id), for SQLite and PostgreSQL; written out because
+    every socket event and turn asks it several times and building the ORM's ``Exists`` cost more than running it."""
     quote = connection.ops.quote_name
     message, lease = quote(Message._meta.db_table), quote(TurnLease._meta.db_table)
     return (
@@ -30,9 +29,7 @@ def pending_turns_sql() -> str:
 
 
 def pending_turns(session_id: int) -> list[tuple[int, datetime | None]]:
-    """``(user message id, lease heartbeat or None)`` of every turn of the session without a final
-    reply (an assistant message without ``tool_calls``), ascending id: the turns in flight and the
-    interrupted ones. One query."""
+    """``(user message id, heartbeat or None)`` of each turn without a final reply, ascending."""
     with connection.cursor() as cursor:
         cursor.execute(pending_turns_sql(), [session_id])
         rows = cursor.fetchall()
@@ -49,9 +46,8 @@ def heartbeat_aware(value: datetime | str | None) -> datetime | None:
 
 
 def lease_cutoff() -> datetime:
-    """Heartbeats at or after this moment are fresh: within ``CHAT_TURN_LEASE_SECONDS`` and, when
-    the app is one process (``CHAT_TURN_LEASES_ONE_PROCESS``, the embedded default), not older
-    than this process (:data:`PROCESS_STARTED`): no other process can be renewing them."""
+    """Heartbeats from this moment on are fresh: within ``CHAT_TURN_LEASE_SECONDS`` and, when the app is one process
+    (``CHAT_TURN_LEASES_ONE_PROCESS``), not older than this process, as no other process can renew them."""
     cutoff = timezone.now() - timedelta(seconds=settings.CHAT_TURN_LEASE_SECONDS)
     return max(cutoff, PROCESS_STARTED) if settings.CHAT_TURN_LEASES_ONE_PROCESS else cutoff
 
@@ -65,24 +61,19 @@ def lease_alive(heartbeat: datetime | None, cutoff: datetime) -> bool:
 
 
 def turn_in_flight_list(*, session_id: int) -> list[int]:
-    """Ids of the session's user messages whose turn is in flight, ascending: no final reply (an
-    assistant message without ``tool_calls``) yet, and a fresh lease (:class:`TurnLease`), so
-    running or queued on some worker right now. These are the turns a client sees as pending."""
+    """Ids of the session's user messages in flight (running or queued on some worker), ascending: shown as pending."""
     cutoff = lease_cutoff()
     return [message_id for message_id, heartbeat in pending_turns(session_id) if lease_alive(heartbeat, cutoff)]
 
 
 def turn_in_flight_first_id(*, session_id: int) -> int | None:
-    """The id of the session's oldest user message whose turn is in flight (see
-    :func:`turn_in_flight_list`), or None. Memory compression must not summarize from there on
-    while that turn runs (docs/memory.md F-26); an interrupted turn pins nothing."""
+    """The oldest in-flight user message's id, or None: compression must not summarize from there on while it runs
+    (docs/memory.md F-26); an interrupted turn pins nothing."""
     return next(iter(turn_in_flight_list(session_id=session_id)), None)
 
 
 def turn_lease_next_expiry(*, session_id: int, exclude: Collection[int] = ()) -> datetime | None:
-    """When the first lease of the session's turns in flight runs out (its heartbeat plus
-    ``CHAT_TURN_LEASE_SECONDS``), leaving out the turns ``exclude`` (e.g. those running in this
-    process, which keep renewing theirs); None when there is no such turn."""
+    """When the first lease of the turns in flight but ``exclude`` (this process's, still renewing) runs out, or None."""
     excluded = set(exclude)
     heartbeats = [
         heartbeat
@@ -93,7 +84,6 @@ def turn_lease_next_expiry(*, session_id: int, exclude: Collection[int] = ()) ->
 
 
 def turn_interrupted_list(*, session_id: int) -> list[int]:
-    """Ids of the session's user messages whose turn was interrupted, ascending: no final reply,
-    and no fresh lease (the worker running it stopped, e.g. a server restart mid-reply)."""
+    """Ids of the session's interrupted turns (e.g. a server restart mid-reply), ascending."""
     cutoff = lease_cutoff()
     return [message_id for message_id, heartbeat in pending_turns(session_id) if not lease_alive(heartbeat, cutoff)]

@@ -1,9 +1,6 @@
-"""Agent mode (docs/memory.md §7): model call -> tool calls -> tool results -> model call ...
-
-The memory engine (``MemoryEngine.before_model``) runs before *every* model call, after the previous step's messages were stored, so the context of each
-step includes the tool chain of the current turn and is compressed as needed. The loop ends with
-a final answer, or at ``settings.AGENT_MAX_STEPS`` model calls: the last allowed call is offered no
-tools, so it must answer with what it has.
+"""Agent mode (docs/memory.md §7): model call -> tool calls -> tool results -> model call ..., with the memory
+engine before every call, so each step's context holds the turn's tool chain. The last of ``AGENT_MAX_STEPS``
+calls is offered no tools, so it must answer.
 """
 
 from __future__ import annotations
@@ -20,14 +17,9 @@ STOPPED_TOOL_RESULT = "error: not run, the user stopped the turn"
 
 
 async def agent_turn_run(turn: Turn) -> Message:
-    """Run the agent loop for the turn; returns the stored final assistant message.
-
-    Each step stores the assistant message with ``tool_calls`` and then one tool message per call
-    (tool errors are results starting with ``error:``, never crashes), so a stored tool group is
-    always complete, even when the user stops the turn mid-step. Ends with status ``complete``,
-    ``stopped``, or ``error`` (the model failed, the request overflowed the context window, or the
-    model still called tools at the step limit).
-    """
+    """Run the agent loop; returns the stored final assistant message (``complete``, ``stopped`` or ``error``).
+    Each step stores the tool-call message and one result per call (errors as ``error:`` results), so a stored
+    tool group is always complete, even when stopped mid-step."""
     max_steps = settings.AGENT_MAX_STEPS
     for step in range(1, max_steps + 1):
         if turn.stop_requested():

@@ -14,13 +14,8 @@ from memory.api import CompressionRecord, ContextRequest, Message, Notice
 
 
 async def session_memory_compress(*, session_id: int) -> list[CompressionRecord]:
-    """Fold every message of session ``session_id`` before its newest user message into the
-    summary, in the session's mode; returns the compression events (none without a user message).
-
-    Turns still running are never summarized (docs/memory.md F-26); interrupted turns are closed
-    first. A failing summarizer degrades to the raw archive. The session's sockets are told each
-    event, then the summary. Raises ``ChatSession.DoesNotExist``; database errors propagate.
-    """
+    """Fold every message before the newest user message into the summary (never a running turn, F-26) and
+    tell the sockets; returns the compression events. Raises ``ChatSession.DoesNotExist``."""
     session = await sync_to_async(selectors.chat_session_get)(session_id=session_id)
     last_user_id = await sync_to_async(selectors.message_last_user_id)(session_id=session_id)
     if last_user_id is None:

@@ -1,24 +1,6 @@
-"""The demo walk-through (docs/demo.md): a scripted conversation that shows memory at work.
-
-:func:`demo_start` runs :data:`DEMO_SCRIPT` in one of the visitor's chats as a background task of
-this process: each step stores a user message exactly as the composer would
-(:func:`chatapp.conversation.leases.user_message_submit`), runs its turn through the real turn
-runner (:func:`chatapp.conversation.runner.chat_turn_start`, so it streams to the page like any
-turn and queues behind the visitor's own), waits for the session's memory job (pre-compression,
-key-fact extraction, indexing: docs/memory.md §10), then pauses. The offline engine answers; for
-this chat only (:mod:`chatapp.llm.offline.faults`) it thinks a moment before each reply, and
-during :data:`OUTAGE_STEPS` every summarizer request fails with an injected outage, so the
-degradation chain ends in the raw archive (docs/memory.md §4) and the next compression after it
-recovers.
-
-Timing: ``DEMO_SECONDS`` (settings) is spread over the steps, :data:`THINKING_SHARE` of each
-step's share as the engine's thinking time (the Stop button stops that turn, and with it the
-demo), the rest as a pause after the memory job. Ending: the demo stops after its last step,
-when a turn ends ``stopped`` (the visitor pressed Stop), or when the chat is deleted (its turn
-raises :class:`chatapp.conversation.runner.ChatSessionDeleted`, or the chat is gone before the
-next step). At most one demo runs per chat in a process (:func:`demo_start` refuses a second),
-and its user messages carry the client ids ``demo-<step>``, so a step is stored once per chat
-even if a demo were started again on the same chat elsewhere.
+"""The demo walk-through (docs/demo.md): :data:`DEMO_SCRIPT` run in a visitor's chat through the real composer
+path and turn runner, each step followed by the memory job, with an injected summarizer outage during
+:data:`OUTAGE_STEPS`. It ends after the last step, on Stop, or when the chat is deleted.
 """
 
 from __future__ import annotations
@@ -49,14 +31,13 @@ DEMO_MODE = ChatSession.Mode.AGENT
 THINKING_SHARE = 0.6
 # Longest wait, in seconds, for the session's memory job after a step; past it the demo goes on.
 JOB_WAIT_SECONDS = 30.0
-# Client message ids of the demo's user messages: "demo-1", "demo-2" ...
+# "demo-1", "demo-2" ...: a step is stored once per chat even if a second demo runs on it elsewhere.
 CLIENT_ID_PREFIX = "demo-"
 
 
 @dataclass(frozen=True, kw_only=True)
 class DemoStep:
-    """One step of the walk-through: the user message ``text`` and what it shows (``shows``, for
-    docs/demo.md and the logs)."""
+    """One step of the walk-through: the user message and what it shows (for docs/demo.md and the logs)."""
 
     text: str
     shows: str
@@ -97,9 +78,7 @@ DemoStatus = Literal["complete", "stopped", "deleted"]
 
 @dataclass(kw_only=True)
 class DemoOutcome:
-    """How a walk-through ended: ``status`` ``complete`` (every step ran), ``stopped`` (a turn
-    was stopped) or ``deleted`` (the chat was deleted); ``steps``: the steps whose turn ran, in
-    order (1-based); ``replies``: the id of each step's final reply."""
+    """How a walk-through ended; ``steps``: the 1-based steps whose turn ran; ``replies``: their final replies' ids."""
 
     status: DemoStatus = "complete"
     steps: list[int] = field(default_factory=list)
@@ -107,18 +86,14 @@ class DemoOutcome:
 
 
 def demo_step_seconds() -> tuple[float, float]:
-    """``(thinking, pause)`` of one step in seconds: ``DEMO_SECONDS`` spread over the steps of
-    :data:`DEMO_SCRIPT`, :data:`THINKING_SHARE` of it thinking."""
+    """``(thinking, pause)`` of one step in seconds: ``DEMO_SECONDS`` spread over the steps."""
     share = settings.DEMO_SECONDS / len(DEMO_SCRIPT)
     return share * THINKING_SHARE, share * (1 - THINKING_SHARE)
 
 
 async def demo_run(*, session_id: int, script: tuple[DemoStep, ...] = DEMO_SCRIPT) -> DemoOutcome:
-    """Walk chat session ``session_id`` through ``script`` (see the module docstring); returns
-    how it ended. A step whose user message is already stored in the chat (its client id
-    ``demo-<step>``: a demo started on the same chat by another worker) is skipped. Raises only
-    what storing a user message raises when the database fails, and for cancellation of the
-    calling task."""
+    """Walk the chat through ``script``; returns how it ended. A step already stored (by a demo on another worker)
+    is skipped. Raises only what storing a user message raises when the database fails."""
     thinking, pause = demo_step_seconds()
     memory_key = memory_key_of(session_id)
     outcome = DemoOutcome()
@@ -164,9 +139,8 @@ async def demo_run(*, session_id: int, script: tuple[DemoStep, ...] = DEMO_SCRIP
 
 
 async def _memory_job_run(memory_key: str, number: int) -> None:
-    """Run the session's memory job to completion now, in this context (so an outage of this
-    step holds for its summarizer requests), waiting at most :data:`JOB_WAIT_SECONDS`; a job
-    that takes longer goes on in the background. Never raises but for cancellation."""
+    """Run the session's memory job now, in this context so the step's outage holds for its summarizer requests;
+    past :data:`JOB_WAIT_SECONDS` it goes on in the background. Never raises but for cancellation."""
     job = asyncio.ensure_future(memory_engine().run_jobs(memory_key))
     done, _ = await asyncio.wait({job}, timeout=JOB_WAIT_SECONDS)
     if not done:
@@ -175,21 +149,18 @@ async def _memory_job_run(memory_key: str, number: int) -> None:
         logger.error("demo of %s: the memory job of step %s failed", memory_key, number, exc_info=job.exception())
 
 
-# The demos running in this process, by chat session id (held so the loop cannot collect them).
+# By chat session id; held so the loop cannot collect them.
 _demos: dict[int, asyncio.Task[DemoOutcome]] = {}
-# Chat sessions whose demo demos_cancel asked to end.
+# Sessions whose demo demos_cancel asked to end.
 _cancelled: set[int] = set()
 
 
 def demo_start(*, session_id: int) -> asyncio.Task[DemoOutcome] | None:
-    """Start :func:`demo_run` on chat session ``session_id`` as a background task of the running
-    event loop, in a context of its own, and return the task; None (nothing started) when a
-    demo of that chat already runs in this process."""
+    """Start :func:`demo_run` as a task in a context of its own; None when the chat's demo already runs here."""
     running = _demos.get(session_id)
     if running is not None and not running.done():
         return None
-    # A fresh context: nothing of the caller's (an HTTP request's thread-sensitive context ends
-    # with its response) reaches the demo's turns and jobs.
+    # Nothing of the caller's context (an HTTP request's ends with its response) reaches the demo's turns and jobs.
     task = asyncio.get_running_loop().create_task(
         demo_run(session_id=session_id), name=f"demo:{session_id}", context=contextvars.Context()
     )
@@ -211,15 +182,12 @@ def demo_running_sessions() -> frozenset[int]:
 
 
 async def demos_cancel() -> int:
-    """Cancel every demo of this process, its running turn with it, and wait until they have
-    ended (tests, shutdown); returns how many were running. A cancelled turn leaves its user
-    message without a reply, closed later as interrupted
-    (:func:`chatapp.conversation.leases.turns_interrupted_close`)."""
+    """Cancel every demo of this process and its running turn, and wait for them (tests, shutdown); returns how many
+    ran. A cancelled turn's user message is closed later as interrupted."""
     tasks = [task for task in _demos.values() if not task.done()]
     _cancelled.update(session_id for session_id, task in _demos.items() if not task.done())
-    # A cancellation that reaches a turn while it streams is taken as a stop, and a task awaiting
-    # a task that swallowed its cancellation gets the result, not the cancellation: so cancel
-    # again until every demo has ended (demo_run also checks _cancelled before each step).
+    # A streaming turn takes a cancellation as a stop, so its awaiter gets a result, not the cancellation:
+    # cancel again until every demo has ended (demo_run also checks _cancelled before each step).
     while pending := [task for task in tasks if not task.done()]:
         for task in pending:
             task.cancel()
@@ -228,8 +196,7 @@ async def demos_cancel() -> int:
 
 
 async def demos_wait() -> None:
-    """Wait until every demo of this process has ended (tests, graceful shutdown); bound it with
-    ``asyncio.timeout``."""
+    """Wait until every demo of this process has ended (tests, shutdown); bound it with a timeout."""
     tasks = [task for task in _demos.values() if not task.done()]
     if tasks:
         with contextlib.suppress(Exception):

@@ -1,8 +1,5 @@
-"""Quick-answer mode (docs/memory.md §7): retrieve, then answer once.
-
-The knowledge base is searched for the question; the best passages that fit a share of the token
-budget go into the system prompt; the memory engine builds the context once (history compressed
-as needed); the model answers once, streamed.
+"""Quick-answer mode (docs/memory.md §7): the knowledge-base passages that fit a share of the token budget go
+into the system prompt, the memory engine builds the context once, and the model answers once, streamed.
 """
 
 from __future__ import annotations
@@ -19,22 +16,19 @@ from chatapp.realtime.protocol import ChatRetrievalEvent
 
 
 def quick_answer_system_prompt(passages: list[Passage]) -> str:
-    """The system prompt of a quick answer: the instructions, then the retrieved ``passages``
-    (``[n] title`` blocks, :func:`chatapp.kb.search.passages_format`) or a note that none matched."""
+    """The instructions, then the passages as ``[n] title`` blocks, or a note that none matched."""
     return system_prompt_with(passages_format(passages) if passages else NO_PASSAGES)
 
 
 def _question_search(*, message_id: int, question: str | None = None) -> list[Passage]:
-    """The knowledge-base passages found for ``question``, or when None for the text of user
-    message ``message_id`` (one trip to the database thread for both queries)."""
+    """Passages for ``question`` (read from the message when None), in one trip to the database thread."""
     if question is None:
         question = selectors.message_content_get(message_id=message_id)
     return kb_search(question, settings.QUICK_ANSWER_PASSAGES)
 
 
 async def quick_answer_run(turn: Turn) -> Message:
-    """Answer the turn's question in one model call; returns the stored final assistant message
-    (status complete, stopped, or error when the model failed or the request overflowed)."""
+    """Answer in one model call; returns the stored final message (``complete``, ``stopped`` or ``error``)."""
     found = await orm_async(_question_search)(message_id=turn.user_message_id, question=turn.question)
     passages = passages_fit(found, budget_tokens=turn.passages_max_tokens, counter=turn.engine.counter)
     await turn.emit(

@@ -1,24 +1,7 @@
-"""Running chat turns (docs/memory.md §2): :func:`chat_turn_run` is one turn end to end;
-:func:`chat_turn_start` runs it in the background of this process. :func:`session_memory_compress`
-is the inspector's "compress now", the same memory engine run outside a turn.
-
-A turn outlives the socket that asked for it: a tab that reconnects mid-reply gets the rest of the
-stream through the session's channel-layer group and the complete stored reply at the end (docs/memory.md
-F-27). Turns are tracked per process; ``chat.stop`` reaches them on any worker through the
-channel layer (:func:`chat_turn_stop_everywhere`, :mod:`chatapp.conversation.stopping`). The
-events a turn sends are defined in :mod:`chatapp.realtime.protocol` (docs/protocol.md).
-
-Within one process the started turns of a session run one after another, in the order they
-were sent (a burst of sends must not run dozens of turns at once; the consumer also bounds how
-many may wait, ``CHAT_MAX_PENDING_TURNS``). Turns of one session on different workers (two tabs
-behind a proxy) still run concurrently, which the memory engine allows for (docs/memory.md F-26).
-
-A turn proves it is alive, to every worker, through its lease (:class:`chatapp.models.TurnLease`):
-while it waits for its turn and while it runs, a background task renews the heartbeat every
-third of ``CHAT_TURN_LEASE_SECONDS``, whatever the turn is awaiting (a slow model, a long
-summarization). A turn whose process died stops renewing; once its lease expires it counts as
-interrupted and is closed with an error reply by the next request that looks
-(:func:`chatapp.chats.leases.turns_interrupted_close`).
+"""Running chat turns (docs/memory.md §2): :func:`chat_turn_run` runs one end to end, :func:`chat_turn_start` in the
+background, after the session's earlier turns in this process (other workers' turns run concurrently, F-26).
+A turn outlives its socket (F-27), shows it is alive through its lease (:class:`chatapp.models.TurnLease`), and is
+stopped on any worker through the channel layer (:mod:`chatapp.conversation.stopping`).
 """
 
 from __future__ import annotations
@@ -44,18 +27,15 @@ logger = logging.getLogger(__name__)
 INTERNAL_ERROR_TEXT = "[The assistant failed with an internal error. Your message is kept; please try again.]"
 
 
-# Turns running in this process, by the id of the user message that opened them, and their tasks
-# (held here so the event loop cannot garbage-collect a running turn).
+# This process's turns by their user message id; their tasks are held so the loop cannot garbage-collect them.
 _running: dict[int, Turn] = {}
 _tasks: set[asyncio.Task[Message]] = set()
 _session_queues: dict[int, _SessionQueue] = {}
 
 
 class _SessionQueue:
-    """The started turns of one session in this process: they take ``lock`` (first come, first
-    served) to run; ``waiting`` counts holders and waiters so the queue can go when unused;
-    ``stops`` counts the ``chat.stop`` requests that reached this process, so a turn that was
-    waiting when one came knows it was stopped before it ran."""
+    """One session's started turns in this process: ``lock`` runs them first come, first served; ``waiting`` lets
+    the queue go when unused; ``stops`` counts ``chat.stop`` requests, so a waiting turn knows it was stopped."""
 
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
@@ -66,25 +46,11 @@ class _SessionQueue:
 async def chat_turn_run(
     *, session_id: int, user_message_id: int, stopped: Callable[[], bool] | None = None, question: str | None = None
 ) -> Message:
-    """Answer the stored user message ``user_message_id`` of session ``session_id``.
-
-    Runs the session's mode (``agent``: :func:`chatapp.conversation.agent.agent_turn_run`; ``quick-answer``:
-    :func:`chatapp.conversation.quick_answer.quick_answer_run`), streaming events to the session's sockets and
-    storing every assistant message, tool-call message and tool result as its own row. Always
-    ends with a stored final assistant message, which it returns: status ``complete``,
-    ``stopped`` (``chat.stop``) or ``error`` (the chat model failed with ``LLMError``, the request
-    overflowed the context window, the agent hit its step limit, or a bug raised; the latter is
-    logged); what was stored before a failure stays. Concurrent turns of one session (on other
-    workers, or run directly) are independent (docs/memory.md F-26). The turn's lease is renewed while
-    it runs, and the session's interrupted turns are closed before it starts, so its history has
-    no dangling question. Raises :class:`ChatSessionDeleted` when the session was deleted before
-    or while the turn ran (nothing is left to store a reply in; logged at INFO, no traceback,
-    docs/memory.md F-41), and otherwise only when even the error reply cannot be stored (database
-    down) and for cancellation of the calling task. ``stopped``: whether the user stopped the
-    session's turns while this one waited behind another or opened (asked once the turn is
-    registered, so no stop falls between); such a turn ends as ``stopped`` at once (no search, no
-    context, no model call). ``question``: the user message's text when the caller has it (the
-    socket that stored it), so it is not read again.
+    """Answer the stored user message in the session's mode, streaming events and storing each message of the turn;
+    returns the final assistant message: ``complete``, ``stopped`` or ``error`` (model failure, context overflow,
+    step limit, or a logged bug). What was stored before a failure stays; interrupted turns are closed first.
+    Raises :class:`ChatSessionDeleted` (F-41), or when even the error reply cannot be stored. ``stopped`` is asked
+    once the turn is registered: true ends it before any search or model call. ``question``: the text, if known.
     """
     async with (
         turn_lease_kept(user_message_id=user_message_id),
@@ -125,10 +91,8 @@ async def chat_turn_run(
                 reply = await agent_turn_run(turn)
             else:
                 reply = await quick_answer_run(turn)
-            # Off the request path (docs/memory.md §10 "when the job runs"): at once when the next
-            # request may cross the trigger (pre-compression, then key-fact extraction and
-            # indexing of what is about to leave the retained window); otherwise batched: when
-            # the chat goes idle, or every MEMORY_JOB_BATCH_TURNS replies.
+            # Off the request path (docs/memory.md §10 "when the job runs"): now if the next request may cross
+            # the trigger, else batched (idle chat, or every MEMORY_JOB_BATCH_TURNS replies).
             engine.schedule(turn.memory_key, idle=not turn.precompression_may_help(reply))
             return reply
         except Exception:
@@ -154,11 +118,9 @@ async def chat_turn_run(
 def _turn_open(
     *, session_id: int, user_message_id: int, exclude: frozenset[int], engine: MemoryEngine, question: str | None = None
 ) -> tuple[ChatSession, int | None, float, str | None]:
-    """Close the session's interrupted turns but those in ``exclude``, then load the session; also
-    the first turn in flight (``turns.turn_in_flight_first_id``), the chat model's estimate
-    calibration (no query for the offline engine) and the text of the turn's user message (``question`` when given, else read; None
-    when it is gone). One trip to the database thread instead of five. Raises
-    ``ChatSession.DoesNotExist``."""
+    """Close the session's interrupted turns (not ``exclude``), load the session, its first turn in flight, the token
+    factor and the question (read unless given; None if gone): one trip to the database thread instead of five.
+    Raises ``ChatSession.DoesNotExist``."""
     first = leases.turns_interrupted_close_first_in_flight(session_id=session_id, exclude=exclude)
     session = selectors.chat_session_get(session_id=session_id)
     if question is None:
@@ -170,9 +132,8 @@ def _turn_open(
 
 
 class ChatSessionDeleted(Exception):
-    """The chat session of a turn was deleted before or while the turn ran: the turn ended
-    without a reply and left nothing behind (docs/memory.md F-41). Its sockets were closed with
-    code 4404 by the delete."""
+    """The turn's session was deleted before or while it ran: no reply, nothing left behind (docs/memory.md F-41);
+    the delete closed its sockets with code 4404."""
 
     def __init__(self, session_id: int, user_message_id: int) -> None:
         super().__init__(f"chat session {session_id} was deleted during turn {user_message_id}")
@@ -188,12 +149,9 @@ def _deleted(session_id: int, user_message_id: int) -> ChatSessionDeleted:
 def chat_turn_start(
     *, session_id: int, user_message_id: int, lease_fresh: bool = False, question: str | None = None
 ) -> asyncio.Task[Message]:
-    """Run :func:`chat_turn_run` as a background task of the running event loop, after the
-    session's turns started earlier in this process have ended; returns the task. The turn's
-    lease is renewed while it waits; ``lease_fresh``: it was stored a moment ago (by
-    :func:`chatapp.conversation.leases.user_message_submit`), so the first renewal waits a beat.
-    From the call on, the turn counts as this process's (``leases.turns_leased_here``).
-    ``question``: the user message's text, when the caller has it (:func:`chat_turn_run`)."""
+    """Run :func:`chat_turn_run` as a task after the session's earlier turns in this process; returns the task. The
+    lease is renewed while it waits (``lease_fresh``: stored a moment ago, so the first renewal waits a beat); from
+    the call on the turn counts as this process's (``leases.turns_leased_here``)."""
     leases.turn_lease_claim(user_message_id=user_message_id)
     task = asyncio.create_task(
         _chat_turn_queued(
@@ -236,10 +194,8 @@ def _task_done(task: asyncio.Task[Message]) -> None:
 
 
 def chat_turn_stop(*, session_id: int) -> int:
-    """Ask every turn of session ``session_id`` running in this process to stop, and those started
-    here and still waiting behind one (each ends as ``stopped`` when its time comes, without
-    calling the model: a user who presses Stop stops what they have in flight); returns how many
-    were running."""
+    """Stop the session's turns running in this process and those queued here behind them (they end as ``stopped``
+    without a model call: Stop stops everything in flight); returns how many were running."""
     queue = _session_queues.get(session_id)
     if queue is not None:
         queue.stops += 1
@@ -254,12 +210,8 @@ def _stop_here(session_id: int) -> None:
 
 
 async def chat_turn_stop_everywhere(*, session_id: int) -> int:
-    """Ask every running turn of session ``session_id`` to stop, on whichever worker it runs
-    (:mod:`chatapp.conversation.stopping`): those of this process at once, the others when their
-    worker's listener gets the channel layer's ``turn.stop`` (milliseconds). Returns how many
-    were running in this process; turns queued behind them are stopped too
-    (:func:`chat_turn_stop`). A channel layer that fails is logged: the local turns are stopped all
-    the same."""
+    """Stop the session's turns on every worker: here at once, elsewhere when the listener gets ``turn.stop``
+    (:mod:`chatapp.conversation.stopping`). Returns how many ran here; a failing channel layer is only logged."""
     stopped = chat_turn_stop(session_id=session_id)
     try:
         await stopping.turn_stop_broadcast(session_id=session_id)
@@ -269,7 +221,6 @@ async def chat_turn_stop_everywhere(*, session_id: int) -> int:
 
 
 async def chat_turns_wait() -> None:
-    """Wait until every background turn of this process has ended (tests, graceful shutdown);
-    bound it with ``asyncio.timeout``."""
+    """Wait until every background turn of this process has ended (tests, shutdown); bound it with a timeout."""
     if _tasks:
         await asyncio.wait(set(_tasks))

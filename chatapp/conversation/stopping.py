@@ -1,13 +1,6 @@
-"""``chat.stop`` reaching a turn on whichever worker runs it.
-
-A turn runs on the worker whose socket sent it, and outlives that socket (docs/memory.md F-27),
-so a stop sent later, from another tab or after a reconnect that landed on another worker, must
-find it through the channel layer rather than through the session's sockets. Each worker process
-(each event loop) opens one process channel (``layer.new_channel()``) with a listener task the
-first time it runs a turn. While the worker runs turns of session S, that channel is in the group
-:func:`turns_group_name` ``chat.turns.S``; :func:`turn_stop_broadcast` sends ``turn.stop`` to
-the group, and each listener stops the session's turns it runs. The stop itself is the runner's
-(:func:`chatapp.conversation.runner.chat_turn_stop_everywhere`).
+"""``chat.stop`` reaching a turn on whichever worker runs it: a turn outlives its socket (docs/memory.md F-27), so
+each event loop listens on one process channel, in the group ``chat.turns.S`` while it runs turns of session S,
+and :func:`turn_stop_broadcast` sends ``turn.stop`` to that group.
 """
 
 from __future__ import annotations
@@ -37,8 +30,8 @@ def turns_group_name(session_id: int) -> str:
 
 
 class _Listener:
-    """This event loop's process channel, its listener task, and how many turns of each session
-    it runs (the channel is in the session's group while that count is above zero)."""
+    """This event loop's process channel and listener task; ``sessions``: turns run here per session (the channel
+    is in the session's group while above zero)."""
 
     def __init__(self, layer: BaseChannelLayer, channel: str, on_stop: StopHandler) -> None:
         self.layer = layer
@@ -84,9 +77,8 @@ async def _listener(on_stop: StopHandler) -> _Listener | None:
         if listener is None or listener.layer is not layer or listener.task.done():
             if listener is not None:
                 listener.task.cancel()
-            # The default prefix: channels_redis receives every process channel of one prefix
-            # through a single blocking read, shared with the sockets' channels; a channel of
-            # another prefix would hold that read for 5 s at a time and starve the sockets.
+            # The default prefix: channels_redis reads all of a prefix's process channels in one blocking read,
+            # shared with the sockets; another prefix would hold that read for 5 s at a time and starve them.
             listener = _Listener(layer, await layer.new_channel(), on_stop)
             _listeners[loop] = listener
     return listener
@@ -94,11 +86,8 @@ async def _listener(on_stop: StopHandler) -> _Listener | None:
 
 @contextlib.asynccontextmanager
 async def turn_stop_listening(*, session_id: int, on_stop: StopHandler) -> AsyncIterator[None]:
-    """While the block runs, a ``turn.stop`` for session ``session_id`` sent from any worker
-    (:func:`turn_stop_broadcast`) calls ``on_stop(session_id)`` in this process. Joining and
-    leaving the group cost one channel-layer call each for the first and last turn of a session
-    running here at once; a layer that fails is logged and the turn runs on (only a stop from
-    another worker is lost)."""
+    """While the block runs, a ``turn.stop`` for the session from any worker calls ``on_stop(session_id)`` here.
+    A failing layer is logged and the turn runs on (only a stop from another worker is lost)."""
     listener = None
     try:
         listener = await _listener(on_stop)
@@ -124,8 +113,7 @@ async def turn_stop_listening(*, session_id: int, on_stop: StopHandler) -> Async
 
 
 async def turn_stop_broadcast(*, session_id: int) -> None:
-    """Send ``turn.stop`` for session ``session_id`` to every worker running turns of it.
-    Raises what the channel layer raises (e.g. Redis unreachable)."""
+    """Send ``turn.stop`` to every worker running the session's turns; raises what the channel layer raises."""
     layer = get_channel_layer()
     if layer is not None:
         message: dict[str, Any] = {"type": TURN_STOP_TYPE, "session_id": session_id}

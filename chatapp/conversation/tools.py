@@ -1,9 +1,5 @@
-"""The agent's tools: ``kb_search`` and a safe ``calculator`` (docs/memory.md §7).
-
-:func:`tool_call_execute` runs one OpenAI tool call and always returns the tool result text: a
-failure of any kind (unknown tool, arguments that are not JSON, a calculator error, a search
-error) becomes a result starting with ``"error: "`` so the model can react; it never raises.
-"""
+"""The agent's tools, ``kb_search`` and a safe ``calculator`` (docs/memory.md §7); any failure becomes a result
+starting with ``"error: "`` so the model can react."""
 
 from __future__ import annotations
 
@@ -45,14 +41,9 @@ _UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.UAdd: operator.pos,
 
 
 def calculator_evaluate(expression: str) -> int | float:
-    """The value of an arithmetic ``expression`` (at most ``CALCULATOR_MAX_CHARS`` characters).
-
-    Parsed with :mod:`ast`, never ``eval``: only int/float literals, ``+ - * / // % **``, unary
-    ``+ -`` and parentheses are allowed. Integers are limited to ``CALCULATOR_MAX_INT_BITS`` bits
-    and exponents to ``CALCULATOR_MAX_EXPONENT``; floats must stay finite. Raises
-    :class:`CalculatorError` for anything else (names, calls, attributes, strings, division by
-    zero, overflow, syntax errors).
-    """
+    """The value of an arithmetic ``expression``, parsed with :mod:`ast`, never ``eval``: numbers,
+    ``+ - * / // % **``, unary ``+ -`` and parentheses, within the size bounds above. Raises
+    :class:`CalculatorError` for anything else (names, calls, division by zero, overflow, syntax errors)."""
     if len(expression) > CALCULATOR_MAX_CHARS:
         raise CalculatorError(f"expression is longer than {CALCULATOR_MAX_CHARS} characters")
     try:
@@ -113,13 +104,8 @@ def calculator_format(value: int | float) -> str:
 
 
 async def tool_call_execute(tool_call: dict[str, Any], *, passages_max_tokens: int, counter: TokenCounter) -> str:
-    """Run one OpenAI tool call ``{"id", "type": "function", "function": {"name", "arguments"}}``.
-
-    Returns the result text for the tool message. ``kb_search`` returns the best passages that
-    fit ``passages_max_tokens`` tokens (counted with ``counter``), so one result cannot crowd the
-    context window. Failures return ``"error: ..."``; never raises, except for cancellation of
-    the calling task.
-    """
+    """Run one OpenAI tool call; returns the tool message's text, ``"error: ..."`` on failure (never raises).
+    ``kb_search`` returns the passages that fit ``passages_max_tokens``, so one result cannot crowd the window."""
     function = tool_call.get("function") or {}
     name = function.get("name") or ""
     try:

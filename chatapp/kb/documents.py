@@ -1,9 +1,5 @@
-"""Knowledge-base documents: upload, load, list, delete, and the cutting of each document into
-chunks, the unit of full-text search (:mod:`chatapp.kb.search`).
-
-On SQLite, triggers on ``chatapp_chunk`` keep the FTS5 table in step with every write of a chunk
-row, including cascades and flushes that never pass through :func:`document_upsert`.
-"""
+"""Knowledge-base documents: upload, load, list, delete, and cutting each into chunks for full-text search. On SQLite,
+triggers on ``chatapp_chunk`` keep the FTS5 table in step with every chunk write, cascades and flushes included."""
 
 from __future__ import annotations
 
@@ -26,12 +22,8 @@ _HEADING = re.compile(r"^#{1,6}\s+(?P<title>.+?)\s*#*\s*$")
 
 
 def chunk_text(body: str, *, max_chars: int = CHUNK_MAX_CHARS) -> list[str]:
-    """Cut a Markdown/plain-text ``body`` into passages of at most about ``max_chars`` characters.
-
-    Paragraphs are packed together up to the limit; a paragraph longer than the limit is cut at
-    word boundaries. Each passage starts with the nearest preceding Markdown heading, so a hit
-    says what it is about. Empty bodies give no chunks.
-    """
+    """Cut a Markdown or plain-text ``body`` into passages of about ``max_chars`` at most: paragraphs packed, long ones
+    cut at words, each led by its nearest heading so that a hit says what it is about."""
     chunks: list[str] = []
     heading = ""
     current: list[str] = []
@@ -78,11 +70,7 @@ def _split_long(paragraph: str, max_chars: int) -> list[str]:
 
 @transaction.atomic
 def document_upsert(*, slug: str, title: str, body: str) -> tuple[Document, bool]:
-    """Create or replace the document ``slug`` and its chunks; returns ``(document, changed)``.
-
-    Idempotent: an unchanged title and body write nothing (``changed`` is False). A changed
-    document gets all its chunks rewritten; the full-text index follows the chunk rows.
-    """
+    """Create or replace document ``slug`` and its chunks; returns ``(document, changed)``. Unchanged writes nothing."""
     document = Document.objects.select_for_update().filter(slug=slug).first()
     if document is not None and document.title == title and document.body == body:
         return document, False
@@ -105,10 +93,8 @@ def document_title(body: str, *, fallback: str) -> str:
 
 
 def document_upload(*, filename: str, body: str, title: str = "") -> tuple[Document, bool]:
-    """Store an uploaded text/Markdown document; returns ``(document, changed)`` like
-    :func:`document_upsert`. Its slug is ``upload-`` plus the slugified file name (so uploading a
-    file of the same name again replaces it); ``title`` defaults to :func:`document_title`.
-    The caller validates size and encoding (:class:`chatapp.ui.forms.DocumentUploadForm`)."""
+    """Store an uploaded document as ``upload-<file name>`` (the same name again replaces it); returns ``(document,
+    changed)``. The caller validates size and encoding (:class:`chatapp.ui.forms.DocumentUploadForm`)."""
     stem = Path(filename).stem
     slug = f"{UPLOAD_SLUG_PREFIX}{slugify(stem) or 'document'}"[:100]
     return document_upsert(slug=slug, title=(title.strip() or document_title(body, fallback=stem))[:200], body=body)
@@ -120,16 +106,14 @@ def document_list() -> list[Document]:
 
 
 def document_delete(*, document_id: int) -> bool:
-    """Delete document ``document_id`` and its chunks (the full-text index follows); returns
-    whether it existed."""
+    """Delete the document and its chunks; returns whether it existed."""
     deleted, _ = Document.objects.filter(pk=document_id).delete()
     return deleted > 0
 
 
 def document_load_directory(directory: Path, *, slug_prefix: str = "") -> dict[str, int]:
-    """Upsert every ``*.md`` and ``*.txt`` file of ``directory`` (slug: ``slug_prefix`` + file stem,
-    title: the first Markdown heading, else the stem); returns ``{"changed": n, "unchanged": m}``.
-    Idempotent: loading the same files twice changes nothing the second time."""
+    """Upsert every ``*.md`` and ``*.txt`` of ``directory`` (slug: ``slug_prefix`` + stem); returns
+    ``{"changed": n, "unchanged": m}``."""
     counts = {"changed": 0, "unchanged": 0}
     for path in sorted([*directory.glob("*.md"), *directory.glob("*.txt")]):
         body = path.read_text(encoding="utf-8")

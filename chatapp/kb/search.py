@@ -1,13 +1,6 @@
-"""Knowledge-base search with the database's own full-text search.
-
-SQLite (the embedded default) indexes chunks in the FTS5 table ``chatapp_chunk_fts`` (porter
-stemming, ranked with ``bm25``); PostgreSQL uses ``to_tsvector('english', text)`` with a GIN
-index, ranked with ``ts_rank_cd``. Both are created by migration ``0002_chunk_fulltext``.
-
-User text never reaches either query language as syntax (:func:`fts5_query` quotes each word's
-letters and digits; PostgreSQL gets each word through ``plainto_tsquery``), so a question such as
-``"what's NEAR(a b) OR *?"`` cannot be a syntax error.
-"""
+"""Knowledge-base search with the database's own full-text search: SQLite FTS5 (``chatapp_chunk_fts``, porter, ``bm25``)
+or PostgreSQL ``to_tsvector`` with a GIN index (``ts_rank_cd``), both from migration ``0002_chunk_fulltext``. User
+text never reaches either query language as syntax, so no question (``NEAR(a b) OR *?``) is a syntax error."""
 
 from __future__ import annotations
 
@@ -31,8 +24,7 @@ _STOPWORDS = SEARCH_STOPWORDS
 
 @dataclass(frozen=True, kw_only=True)
 class Passage:
-    """One search hit: a chunk's text with its document. ``score``: higher is more relevant
-    (comparable only within one result list)."""
+    """One search hit: a chunk with its document; ``score``: higher is more relevant, within one result list."""
 
     chunk_id: int
     document_id: int
@@ -51,10 +43,8 @@ class Passage:
 
 
 def search_words(query: str) -> list[str]:
-    """The words of ``query`` a search uses: whitespace-separated, lower-cased, control characters
-    removed, only words with a letter or digit, stopwords dropped (unless nothing else is left),
-    duplicates removed, at most ``QUERY_MAX_TOKENS`` of at most ``WORD_MAX_CHARS`` characters.
-    Punctuation inside a word stays (``ks-312``): each backend tokenizes it like its documents."""
+    """The words of ``query`` a search uses: lower-cased, with a letter or digit, stopwords dropped unless nothing else
+    is left, deduplicated, bounded; inner punctuation stays (``ks-312``): each backend tokenizes it like its documents."""
     cleaned = _CONTROL.sub(" ", query).lower().split()
     words = [word[:WORD_MAX_CHARS] for word in cleaned if _WORD.search(word)]
     content_words = [word for word in words if " ".join(_WORD.findall(word)) not in _STOPWORDS] or words
@@ -62,20 +52,14 @@ def search_words(query: str) -> list[str]:
 
 
 def fts5_query(words: list[str]) -> str:
-    """An FTS5 MATCH expression matching any of ``words``: each word becomes a double-quoted
-    phrase of its letter/digit runs (``ks-312`` -> ``"ks 312"``), so no operator, column filter,
-    prefix or quote from user text survives."""
+    """An FTS5 MATCH of any of ``words``, each a quoted phrase of its letter/digit runs (``ks-312`` -> ``"ks 312"``), so
+    no operator, column filter, prefix or quote of user text survives."""
     return " OR ".join(f'"{" ".join(_WORD.findall(word))}"' for word in words)
 
 
 def kb_search(query: str, limit: int = 4) -> list[Passage]:
-    """The ``limit`` (1..20) chunks most relevant to ``query``, best first.
-
-    Matches any of the query's words (an OR query: natural-language questions rarely share every
-    word with the answer), ranked by ``bm25`` (SQLite FTS5) or ``ts_rank_cd`` (PostgreSQL).
-    Arbitrary user text is safe: an empty or punctuation-only query returns ``[]``, never a
-    database error. Raises ``NotImplementedError`` on a database without full-text search.
-    """
+    """The ``limit`` (1..20) chunks most relevant to ``query``, best first, matching any word (questions rarely share
+    every word with the answer). Raises ``NotImplementedError`` on a database without full-text search."""
     words = search_words(query)
     limit = max(1, min(limit, SEARCH_MAX_LIMIT))
     if not words:
@@ -89,8 +73,7 @@ def kb_search(query: str, limit: int = 4) -> list[Passage]:
         )
         params: list[str | int] = [fts5_query(words), limit]
     elif connection.vendor == "postgresql":
-        # plainto_tsquery parses a word like to_tsvector parses the text and has no syntax to get
-        # wrong; "||" ORs the words together.
+        # plainto_tsquery parses a word as to_tsvector parses the text, with no syntax to get wrong; "||" ORs them.
         any_word = " || ".join(["plainto_tsquery('english', %s)"] * len(words))
         sql = (
             "SELECT c.id, c.document_id, d.title, c.text, ts_rank_cd(to_tsvector('english', c.text), q.query) AS score "

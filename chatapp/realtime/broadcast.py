@@ -1,16 +1,5 @@
-"""Server-to-browser events of a chat session, fanned out through the channel layer.
-
-Every socket open on a session joins the group :func:`session_group_name`; a turn broadcasts its
-events there, so a reply streamed while a tab reconnects reaches the new socket, on whichever
-worker it landed. Events about stored rows are sent only after the database commit
-(:func:`event_broadcast_on_commit`), so no client is told about something that was rolled back.
-
-An event is one of the server events of :mod:`chatapp.realtime.protocol` (docs/protocol.md); it
-travels through the channel layer as its JSON object (``as_payload()``), which the JSON socket
-sends as is and the chat page's socket turns back into the typed event. This module does not
-import the protocol module (they sit side by side in the bottom layer, docs/architecture.md): it
-takes anything with an ``as_payload()``.
-"""
+"""Server-to-browser events of a chat session, sent as JSON to its sockets' channel-layer group, on any worker. Takes
+anything with an ``as_payload()``: the protocol module sits beside this one (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -23,14 +12,12 @@ from django.db import transaction
 
 # The channel-layer message type the consumer relays to its socket (handler ``session_event``).
 RELAY_TYPE = "session.event"
-# The channel-layer message that stops the session's turns and closes its sockets (handler
-# ``session_deleted``): the session is gone.
+# The channel-layer message that stops the deleted session's turns and closes its sockets (``session_deleted``).
 DELETED_TYPE = "session.deleted"
 
 
 class SessionEvent(Protocol):
-    """A server event (:class:`chatapp.realtime.protocol.ServerEvent`): anything that gives its
-    JSON object."""
+    """A server event (:class:`chatapp.realtime.protocol.ServerEvent`): anything that gives its JSON object."""
 
     def as_payload(self) -> dict[str, Any]: ...
 
@@ -46,9 +33,8 @@ async def event_broadcast(session_id: int, event: SessionEvent) -> None:
 
 
 def event_broadcast_on_commit(session_id: int, event: SessionEvent) -> None:
-    """From synchronous ORM code: send ``event`` to the session's sockets once the current
-    transaction commits (immediately when none is open), and never if it rolls back. The JSON
-    object is taken now, so later changes to what the event refers to do not leak into it."""
+    """Send ``event`` once the current transaction commits (now without one), never if it rolls back; its JSON is
+    taken now, so later changes to what it refers to do not leak into it."""
     transaction.on_commit(partial(async_to_sync(_payload_broadcast), session_id, event.as_payload()))
 
 
@@ -59,8 +45,7 @@ async def _payload_broadcast(session_id: int, payload: dict[str, Any]) -> None:
 
 
 def session_sockets_close_on_commit(session_id: int) -> None:
-    """From synchronous ORM code that deletes session ``session_id``: once the transaction
-    commits, every socket of the session stops the turns it runs and closes with code 4404."""
+    """Once the deleting transaction commits, every socket of the session stops its turns and closes with 4404."""
     layer = get_channel_layer()
     if layer is not None:
         transaction.on_commit(

@@ -1,13 +1,6 @@
-"""The embedded default's channel layer: Channels' in-memory layer without its per-message sweep.
-
-``channels.layers.InMemoryChannelLayer`` looks through every channel's queue and every group's
-members for expired entries on each ``receive`` and each ``group_send``: with 200 open sockets
-that sweep was 10-15% of a worker's CPU under load (``bench/ws_load.py``). This layer sweeps at
-most once every :data:`SWEEP_INTERVAL_SECONDS`, so messages and group memberships expire up to
-that much later than their ``expiry`` / ``group_expiry`` (60 s and a day by default), and sends a
-group message to its members one after another instead of through one task each. Everything
-else, including the copy of each message per receiver, is Channels' own.
-"""
+"""The embedded default's channel layer: Channels' in-memory layer sweeping expired entries at most once every
+:data:`SWEEP_INTERVAL_SECONDS` instead of on every receive and group send (messages and memberships may expire that
+much late), and sending a group message to its members in turn instead of one task each."""
 
 from __future__ import annotations
 
@@ -23,8 +16,7 @@ SWEEP_INTERVAL_SECONDS = 1.0
 
 
 class SweepingInMemoryChannelLayer(InMemoryChannelLayer):
-    """:class:`channels.layers.InMemoryChannelLayer` sweeping expired entries at most once every
-    :data:`SWEEP_INTERVAL_SECONDS` (see the module docstring); configured like it."""
+    """:class:`channels.layers.InMemoryChannelLayer` with the sweep above; configured like it."""
 
     _last_sweep = 0.0
 

@@ -1,16 +1,6 @@
-"""The WebSocket origin check: a socket may be opened only by a page of this very site.
-
-Browsers send cookies with a WebSocket handshake whatever page opens it, so the ``Origin`` header
-is the only defence against another site's page talking to the chat as the user
-(cross-site WebSocket hijacking). Channels' ``AllowedHostsOriginValidator`` compares host names
-only: a page on ``http://127.0.0.1:9999`` (another program on the same machine) or
-``https://127.0.0.1`` passed for an app on ``:8000``. :class:`SameOriginValidator` applies the
-rule of Django's own CSRF origin check instead: the Origin's scheme, host and port must equal
-those the browser used to reach this app (the scope's scheme and the ``Host`` header), or the
-Origin must be listed in ``settings.CSRF_TRUSTED_ORIGINS`` (a proxy that terminates TLS or
-rewrites ``Host``). A missing, ``null`` or malformed Origin is refused. The stack keeps
-``AllowedHostsOriginValidator`` in front, so the Origin's host must also be in ``ALLOWED_HOSTS``.
-"""
+"""The WebSocket origin check: browsers send cookies with any page's handshake, so ``Origin`` is the only defence
+against cross-site WebSocket hijacking. Channels' validator compares host names only (a page on another port passed);
+this is Django's CSRF rule: the scheme, host and port the browser used, or ``CSRF_TRUSTED_ORIGINS``."""
 
 from __future__ import annotations
 
@@ -29,8 +19,7 @@ SiteOrigin = tuple[str, str, int]
 
 
 def origin_parse(value: str) -> SiteOrigin | None:
-    """``value`` (an Origin such as ``https://chat.example.com:8443``) as ``(scheme, host, port)``,
-    or None when it is not an http(s) origin with a host (``null``, garbage, a bad port)."""
+    """An Origin as ``(scheme, host, port)``, or None unless it is an http(s) origin with a host (``null``, bad port)."""
     try:
         parts = urlsplit(value.strip())
         port = parts.port
@@ -43,8 +32,7 @@ def origin_parse(value: str) -> SiteOrigin | None:
 
 
 def request_origin(scope: dict[str, Any]) -> SiteOrigin | None:
-    """The origin a page served by this app at the socket's address has: the page's scheme (from
-    the scope's ``ws``/``wss``) with the ``Host`` header, or None without a usable ``Host``."""
+    """The origin of this app's pages at the socket's address (scheme from ``ws``/``wss``, ``Host``), or None."""
     host = _header(scope, b"host")
     scheme = PAGE_SCHEMES.get(str(scope.get("scheme", "ws")).lower())
     if not host or scheme is None:
@@ -53,9 +41,8 @@ def request_origin(scope: dict[str, Any]) -> SiteOrigin | None:
 
 
 def origin_allowed(scope: dict[str, Any]) -> bool:
-    """True when the socket's ``Origin`` is this site as the browser reached it, or matches an
-    entry of ``settings.CSRF_TRUSTED_ORIGINS`` (scheme, host and port; ``https://*.example.com``
-    matches the subdomains of ``example.com``, as for Django's CSRF check)."""
+    """Whether the socket's ``Origin`` is this site as the browser reached it or a trusted origin
+    (``https://*.example.com`` matches the subdomains, as for Django's CSRF check); a missing one is refused."""
     origin = origin_parse(_header(scope, b"origin") or "")
     if origin is None:
         return False
@@ -84,8 +71,7 @@ def _header(scope: dict[str, Any], name: bytes) -> str | None:
 
 
 class SameOriginValidator:
-    """ASGI middleware for WebSocket scopes: refuse the handshake (HTTP 403) unless
-    :func:`origin_allowed`; otherwise pass the connection on to ``application``."""
+    """ASGI middleware: refuse a WebSocket handshake (HTTP 403) unless :func:`origin_allowed`."""
 
     def __init__(self, application: Any) -> None:
         self.application = application

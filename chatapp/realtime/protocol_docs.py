@@ -1,13 +1,6 @@
-"""``docs/protocol.md``, generated from :mod:`chatapp.realtime.protocol` so that the reference
-cannot drift from the code: ``python manage.py protocol_docs`` writes it, and
-``tests/chatapp/realtime/test_protocol_docs.py`` fails when the file differs from
-:func:`protocol_markdown`.
-
-Everything comes from the protocol module itself: its docstring, each event class's docstring,
-its fields (in wire order) with their annotations and the docstring written under each field,
-and the error and close codes with their meanings. Pure: no database, no settings beyond
-importing the module.
-"""
+"""``docs/protocol.md`` generated from :mod:`chatapp.realtime.protocol` (its docstrings, the fields in wire order with
+the docstring under each, the error and close codes), so the reference cannot drift from the code; the protocol docs
+test fails when the file is stale."""
 
 from __future__ import annotations
 
@@ -33,9 +26,7 @@ EventClass = type[protocol.ServerEvent] | type[protocol.ClientEventBase]
 
 
 def protocol_markdown() -> str:
-    """The text of ``docs/protocol.md``: the module's introduction, an index of the events, every
-    client and server event with its fields (key, type, meaning), then the error and close codes.
-    Raises ``ValueError`` when an event class or one of its fields has no docstring."""
+    """The text of ``docs/protocol.md``. Raises ``ValueError`` when an event class or field has no docstring."""
     field_docs = _field_docstrings()
     lines = [
         "# WebSocket protocol",
@@ -118,8 +109,7 @@ def _event_section(cls: EventClass, field_docs: dict[tuple[str, str], str]) -> l
 
 
 def _field_docstrings() -> dict[tuple[str, str], str]:
-    """``{(class name, field name): docstring}``: the string literal written right under each
-    annotated field of the protocol module's classes."""
+    """``{(class name, field name): docstring}``: the string literal right under each annotated field."""
     tree = ast.parse(inspect.getsource(protocol))
     docs: dict[tuple[str, str], str] = {}
     for node in tree.body:

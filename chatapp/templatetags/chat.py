@@ -33,8 +33,7 @@ def pretty_json(value: Any) -> str:
 
 @register.filter
 def mark_label(mark: str) -> str:
-    """What a transcript mark (``summarized``/``retained``/``current``/``not-sent``/``next``,
-    :meth:`chatapp.ui.inspector.MarkBasis.mark`) says to people; ``""`` for none."""
+    """What a transcript mark (:meth:`chatapp.ui.inspector.MarkBasis.mark`) says to people; ``""`` for none."""
     return MARK_LABELS.get(mark, "")
 
 
@@ -46,7 +45,6 @@ def tokens(value: int | None) -> str:
 
 @register.filter
 def ms(value: int | None) -> str:
-    """A duration in milliseconds as the inspector shows it: thousands separators like
-    :func:`tokens`, and a no-break space before the unit so a line never splits the figure from it
-    (``1,509\u00a0ms``); ``—`` for None."""
+    """Milliseconds as the inspector shows them (``1,509\u00a0ms``: a no-break space keeps the unit with the figure);
+    ``—`` for None."""
     return "—" if value is None else f"{value:,}\u00a0ms"

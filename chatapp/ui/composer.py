@@ -1,21 +1,8 @@
-"""The composer's token count: how many tokens the message being typed takes, against the room
-the chat's context window leaves for one message, counted by the server with the chat model's
-own tokenizer (docs/memory.md §5) before anything is sent.
-
-The room is what the window keeps free for a new question once memory has done all it can: the
-context window (in estimated tokens, after the estimate calibration, docs/memory.md §5) minus
-what every request of this chat carries whatever happens -- the system prompt (in quick-answer
-mode with the share kept for the knowledge-base passages), the tool schemas (agent mode), the
-reply priming, the key-facts block as the last request had it, the summary block (the stored
-one, or the summary reserve when the history may still be folded into it) and the recall
-block's budget. The retained window is not counted: compression folds it into the summary to
-make room. A user message is never shortened (docs/memory.md I5), so a request over the window
-is not sent (the turn ends with a context-overflow error): that is the limit shown. The room is
-an estimate on the safe side (recall may take less than its budget), so a message over it is a
-warning and may still be sent. The character limit (``CHAT_MAX_MESSAGE_CHARS``) is the socket's
-own check (error ``too_long``): the page disables Send while the text is over it. The composer
-shows whichever limit the message breaks.
-"""
+"""The composer's token count (docs/memory.md §5): the typed message against the room one message has, the window
+minus what every request of the chat carries anyway (system prompt with the passages' share or the tool schemas, key
+facts as last sent, the summary or its reserve, the recall budget). A user message is never shortened (I5), so a
+request over the window fails; the retained window is not subtracted (compression makes room), so over the room is a
+warning. Over ``CHAT_MAX_MESSAGE_CHARS`` the socket refuses the message (``too_long``)."""
 
 from __future__ import annotations
 
@@ -36,15 +23,9 @@ STATE_OVER_CHARS = "over_chars"
 
 @dataclass(frozen=True, kw_only=True)
 class ComposerCount:
-    """The composer's count for one text in one chat.
-
-    ``tokens``: the text as a user message costs in a request (content and per-message
-    overhead), counted with the chat model's tokenizer; None when the text is over
-    ``max_chars`` (it is not counted: the socket refuses it anyway). ``room``: the most tokens
-    one message may take in this chat now (see the module docstring), at least 0.
-    ``chars``/``max_chars``: the text's length and the socket's limit, in characters.
-    ``context_window``: the chat model's window in tokens, for the explanation.
-    """
+    """The count of one text in one chat. ``tokens``: its cost as a user message (None over ``max_chars``: the socket
+    refuses it anyway); ``room``: the most one message may take now, at least 0; ``chars``/``max_chars`` in
+    characters; ``context_window`` in tokens."""
 
     session_id: int
     tokens: int | None
@@ -55,9 +36,7 @@ class ComposerCount:
 
     @property
     def state(self) -> str:
-        """``empty``, ``ok``, ``over_window`` (more tokens than the room: the request would
-        probably overflow the window and be refused) or ``over_chars`` (more characters than the
-        socket accepts: it is refused)."""
+        """``empty``, ``ok``, ``over_window`` (would probably overflow) or ``over_chars`` (the socket refuses it)."""
         if self.chars > self.max_chars:
             return STATE_OVER_CHARS
         if not self.chars:
@@ -75,9 +54,8 @@ class ComposerCount:
 
 
 def composer_count_get(*, session: ChatSession, text: str) -> ComposerCount:
-    """The composer's count of ``text`` in ``session`` (no access check: callers authorize).
-    Reads the stored summary, whether the chat has messages and its newest model call (three
-    queries, plus the stored calibration when it applies); never raises for any text."""
+    """The composer's count of ``text`` in ``session`` (callers authorize): three queries, plus the calibration when it
+    applies; never raises for any text."""
     endpoint = chat_endpoint()
     engine = memory_engine()
     engine.use_token_factor(engine.token_factor())

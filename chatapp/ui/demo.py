@@ -1,13 +1,5 @@
-"""The demo walk-through's entry: ``POST /demo/`` creates a chat for the visitor, starts the
-scripted conversation in it (:mod:`chatapp.conversation.demo`, docs/demo.md) and redirects to its
-page; ``GET /demo/`` leads to the start page's "Run the demo" button.
-
-A thin view: it finds the caller as an owner (:mod:`chatapp.chats.access`), creates the chat
-(:func:`chatapp.chats.services.chat_session_create`) and starts the demo on this process's event
-loop, which is why it is an async view (Daphne runs it on the loop the demo's turns run on). Its
-database work goes through ``sync_to_async``, like the other async views: the request's
-connection handling is Django's.
-"""
+"""The demo walk-through's entry (docs/demo.md): an async view, so the demo starts on the event loop its turns
+run on."""
 
 from __future__ import annotations
 
@@ -24,23 +16,15 @@ from chatapp.conversation.demo import DEMO_MODE, DEMO_TITLE, demo_running_sessio
 # At most this many demos run in one process at a time; past it /demo/ answers 503.
 DEMO_MAX_RUNNING = 8
 TOO_MANY_DEMOS = "Too many demos are running right now. Please try again in a minute."
-# Where a GET of /demo/ (the address ``make demo`` prints) goes: the start page, with the "Run
-# the demo" button focused. A GET never starts a demo: links, prefetchers and scripts without
-# cookies must not be able to start demos (a newcomer filled the process's limit with curl).
+# A GET of /demo/ (``make demo`` prints it) only leads to the focused button: links, prefetchers and scripts
+# without cookies must not start demos.
 DEMO_BUTTON_URL = "/?demo=1#start-demo"
 
 
 @require_http_methods(["GET", "POST"])
 async def demo_start_view(request: HttpRequest) -> HttpResponse:
-    """Start the demo walk-through and go to its chat (``302`` to ``/s/<id>/``).
-
-    POST (the start page's "Run the demo" button, CSRF-checked): when the caller already has a
-    demo running in this process, go to that chat (a second click starts nothing); otherwise
-    create a new agent-mode chat titled :data:`DEMO_TITLE` owned by the caller (an anonymous
-    visitor gets their browser session first) and start the demo in it. 503 when
-    :data:`DEMO_MAX_RUNNING` demos already run here. GET (the address ``make demo`` prints)
-    starts nothing: it redirects to the start page with the button focused
-    (:data:`DEMO_BUTTON_URL`)."""
+    """POST (the CSRF-checked button): start the demo in a new chat of the caller's and redirect to it; to the running
+    one when the caller has one here; 503 past :data:`DEMO_MAX_RUNNING`. GET starts nothing."""
     if request.method == "GET":
         return redirect(DEMO_BUTTON_URL)
     owner = await sync_to_async(owner_ensure)(request)

@@ -11,15 +11,13 @@ from django.core.files.uploadedfile import UploadedFile
 from chatapp.models import ChatSession
 
 UPLOAD_EXTENSIONS = (".md", ".markdown", ".txt")
-# The longest value a key fact may hold, in characters (docs/memory.md §11: a fact is a value,
-# not a passage); the memory app's services enforce the same limit.
+# Characters; a fact is a value, not a passage (docs/memory.md §11). The memory app enforces the same limit.
 KEY_FACT_VALUE_MAX_CHARS = 200
 
 
 class SessionCreateForm(forms.Form):
-    """A new chat session. ``mode`` (agent or quick-answer) is optional: the page's "New chat"
-    buttons post none, and the chat starts in the visitor's last used mode (the view knows it);
-    an unknown or empty posted mode is an error."""
+    """A new chat session. ``mode`` is optional ("New chat" posts none: the visitor's last used mode), but an empty
+    posted mode is an error."""
 
     mode = forms.ChoiceField(choices=ChatSession.Mode.choices, required=False)
 
@@ -43,11 +41,8 @@ class SessionRenameForm(forms.Form):
 
 
 class DocumentUploadForm(forms.Form):
-    """A text or Markdown file for the knowledge base, with an optional title.
-
-    ``cleaned_data["text"]`` is the decoded body. Rejected: other extensions, files larger than
-    ``KB_MAX_UPLOAD_BYTES``, bytes that are not UTF-8, NUL characters, and files without text.
-    """
+    """A UTF-8 text or Markdown file (at most ``KB_MAX_UPLOAD_BYTES``) for the knowledge base, with an optional title;
+    ``cleaned_data["text"]`` is the decoded body."""
 
     file = forms.FileField(help_text="A .md, .markdown or .txt file in UTF-8.")
     title = forms.CharField(
@@ -87,8 +82,7 @@ class DocumentUploadForm(forms.Form):
 
 
 class KeyFactPinForm(forms.Form):
-    """Pin a key fact into every request's key-facts block (``pinned`` ``true``) or unpin it
-    (``false``)."""
+    """Pin a key fact into every request's key-facts block, or unpin it."""
 
     pinned = forms.TypedChoiceField(
         choices=[("true", "pin"), ("false", "unpin")],
@@ -98,7 +92,7 @@ class KeyFactPinForm(forms.Form):
 
 
 class KeyFactHideForm(forms.Form):
-    """Hide a key fact from every request (``hidden`` ``true``) or restore it (``false``)."""
+    """Hide a key fact from every request, or restore it."""
 
     hidden = forms.TypedChoiceField(
         choices=[("true", "hide"), ("false", "restore")],
@@ -108,8 +102,7 @@ class KeyFactHideForm(forms.Form):
 
 
 class KeyFactEditForm(forms.Form):
-    """A key fact's corrected value: 1 to :data:`KEY_FACT_VALUE_MAX_CHARS` characters after
-    stripping surrounding white space."""
+    """A key fact's corrected value, stripped, 1 to :data:`KEY_FACT_VALUE_MAX_CHARS` characters."""
 
     value = forms.CharField(
         max_length=KEY_FACT_VALUE_MAX_CHARS,

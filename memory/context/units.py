@@ -18,16 +18,14 @@ SYSTEM_NOTICE = "[System message]"
 
 
 def split_system_prompt(messages: list[Message]) -> tuple[Message | None, list[Message]]:
-    """``(system prompt, rest)``: only a *first* message with role ``system`` is the system
-    prompt; later system messages are ordinary history (docs/memory.md F-09)."""
+    """``(system prompt, rest)``: only a *first* system message is the prompt; later ones are history (F-09)."""
     if messages and messages[0].get("role") == "system":
         return messages[0], messages[1:]
     return None, list(messages)
 
 
 def split_current_turn(messages: list[Message]) -> tuple[list[Message], list[Message]]:
-    """``(history, current turn)``: the current turn is the last user message and everything
-    after it (docs/memory.md §1). With no user message at all, everything is history."""
+    """``(history, current turn)``: the turn is the last user message and what follows (docs/memory.md §1)."""
     for index in range(len(messages) - 1, -1, -1):
         if messages[index].get("role") == "user":
             return messages[:index], messages[index:]
@@ -36,12 +34,8 @@ def split_current_turn(messages: list[Message]) -> tuple[list[Message], list[Mes
 
 @dataclass(kw_only=True)
 class Unit:
-    """An atomic unit of history: a plain message, or a tool group.
-
-    ``members`` are the persisted messages the unit stands for (coverage is by these);
-    ``wire`` is the repaired model-facing copy (orphan results dropped, unanswered calls removed);
-    ``repairs`` says what was dropped and why; ``tokens`` is the cost of ``wire`` in tokens.
-    """
+    """An atomic unit of history, a plain message or a tool group: ``members`` are the stored messages it covers,
+    ``wire`` its repaired model-facing copy (cost: ``tokens``), ``repairs`` what was dropped and why."""
 
     members: list[Message]
     wire: list[Message]
@@ -56,18 +50,9 @@ class Unit:
 def group_units(
     messages: list[Message], counter: TokenCounter, *, allow_trailing_calls: bool = False, single_system: bool = False
 ) -> list[Unit]:
-    """Group ``messages`` into atomic units, pairing tool calls and results **by id**.
-
-    An assistant message with ``tool_calls`` takes every directly following tool message whose
-    ``tool_call_id`` it issued, however many (docs/memory.md F-03, F-04, F-06). A tool message whose
-    caller is not there is an orphan (F-01, F-05): it stays a member of the unit it sits in (so
-    coverage accounting holds) but is dropped from ``wire``. Calls without a result are removed
-    from the ``wire`` copy of the assistant message (and the message dropped when nothing is left),
-    except, with ``allow_trailing_calls``, on a last message whose calls are still executing.
-    With ``single_system`` (providers that accept one leading system message, docs/memory.md F-10) a
-    later system message is sent as a user message marked ``[System message]`` (F-09: it is
-    ordinary history, never the system prompt). Stored dicts are never modified.
-    """
+    """Group ``messages`` into units, pairing tool calls and results by id (docs/memory.md F-01 to F-06): orphan results
+    stay members but leave ``wire``; unanswered calls leave ``wire`` unless ``allow_trailing_calls`` and still running.
+    ``single_system`` sends a later system message as a marked user message (F-09, F-10). Stored dicts are not modified."""
     units: list[Unit] = []
     index = 0
     while index < len(messages):
@@ -124,9 +109,8 @@ def _message_tokens(message: Message, counter: TokenCounter) -> int:
 
 
 def back_scan(units: list[Unit], budget: int) -> tuple[list[Unit], list[Unit]]:
-    """Split ``units`` into ``(to summarize, retained)``: keep whole units from the tail while
-    their tokens fit ``budget`` (tokens). The first unit from the tail that does not fit, and
-    everything before it, is summarized whole. A zero or negative budget keeps nothing (F-18)."""
+    """``(to summarize, retained)``: whole units from the tail while they fit ``budget`` tokens; from the first that
+    does not, everything is summarized (a budget of 0 or less keeps nothing, F-18)."""
     kept_tokens = 0
     cut = len(units)
     for index in range(len(units) - 1, -1, -1):
@@ -140,12 +124,8 @@ def back_scan(units: list[Unit], budget: int) -> tuple[list[Unit], list[Unit]]:
 def snap_to_turn_start(
     to_summarize: list[Unit], retained: list[Unit], *, pinned_from: int | None = None
 ) -> tuple[list[Unit], list[Unit]]:
-    """Move the units at the head of ``retained`` that do not open a turn (an answer, a tool
-    group, a later system message) over to ``to_summarize``, so the retained window after the
-    summary block starts with a user message and no turn is split between summary and window
-    (docs/memory.md F-38). Moving the cut forward only retains less, so the budget still holds.
-    A unit holding a message with id ``pinned_from`` or above (a turn still in flight, F-26)
-    is never moved. Returns the new ``(to summarize, retained)``."""
+    """Move the head units of ``retained`` that do not open a turn to ``to_summarize``, so the window starts with a user
+    message (docs/memory.md F-38; retaining less keeps the budget); never a unit from id ``pinned_from`` on (F-26)."""
     cut = 0
     while cut < len(retained) and not retained[cut].starts_turn:
         if pinned_from is not None and any((m.get("id") or 0) >= pinned_from for m in retained[cut].members):

@@ -1,18 +1,6 @@
-"""Full-text search terms for the recall index (docs/memory.md §12, "the index"); pure.
-
-The database's own full-text search indexes each item (SQLite FTS5 with the ``porter unicode61``
-tokenizer, PostgreSQL ``to_tsvector('english', …)``, as the knowledge base does). Neither splits
-CJK text into words: a run of Chinese or Japanese characters would be one token, found only by a
-query holding exactly that run. So an item's CJK characters are indexed one by one
-(:func:`search_text` puts spaces around each), and a query's CJK runs become phrases of two
-adjacent characters (bigrams, :func:`query_terms`): "东京的酒店" finds "我们住在东京" through the
-phrase "东 京". Latin words are matched like the knowledge base matches them (stemmed, stopwords
-dropped).
-
-User text never reaches a query language as syntax: SQLite gets each term as a double-quoted
-phrase of its letter and digit runs (:func:`fts5_match`), PostgreSQL gets each term as a
-parameter of ``phraseto_tsquery``.
-"""
+"""Full-text search terms for the recall index (docs/memory.md §12 "The index"), pure. Neither FTS5 nor ``to_tsvector``
+splits CJK text into words, so an item's CJK characters are indexed one by one and a query's CJK runs become
+two-character phrases. User text never reaches a query language as syntax."""
 
 from __future__ import annotations
 
@@ -28,12 +16,10 @@ _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-
 _CJK_RUN = re.compile(_CJK.pattern + "+")
 _WORD = re.compile(r"\w+", re.UNICODE)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-# An English possessive at the end of a word ("Ingeborg's", "James’"): searched without it, so
-# "Ingeborg's wedding" finds "Ingeborg is getting married" (as a phrase, "ingeborg s" would not).
+# A final English possessive ("Ingeborg's", "James’") is not searched: the phrase "ingeborg s" misses "Ingeborg is".
 _POSSESSIVE = re.compile(r"(?<=\w)['’]s?(?=\W*$)")
-# Function words that match nearly every passage or item; dropping them keeps OR-queries
-# selective. The knowledge base's search uses this list (chatapp.kb.search); recall adds the
-# auxiliaries and pronouns of conversation.
+# Words matching nearly every passage; dropping them keeps OR-queries selective. The knowledge base uses this list,
+# recall adds the auxiliaries and pronouns of conversation.
 SEARCH_STOPWORDS = frozenset(
     [
         "a",
@@ -120,24 +106,17 @@ STOPWORDS = SEARCH_STOPWORDS | frozenset(
 
 
 def search_text(text: str) -> str:
-    """What the full-text index holds for ``text`` when it differs from ``text``: every CJK
-    character with a space on each side (so each is one token); ``""`` when ``text`` has no CJK
-    character (the index then reads ``text`` itself)."""
+    """``text`` with a space on each side of every CJK character, so each is one token; ``""`` without CJK (the index
+    then reads ``text`` itself)."""
     if not _CJK.search(text):
         return ""
     return _CJK.sub(lambda match: f" {match.group()} ", text)
 
 
 def query_terms(query: str) -> list[str]:
-    """The search terms of ``query``, each to be matched as a phrase, any of them sufficing.
-
-    Words are whitespace-separated, lower-cased, with control characters removed; only words with
-    a letter or digit count; stopwords are dropped (unless nothing else is left). A word's Latin
-    part stays whole (``zx-88213``: each backend tokenizes it as it tokenized the items); each CJK
-    run becomes its bigrams, spaced (``东京的`` → ``东 京``, ``京 的``), a lone CJK character
-    itself. A possessive ending (``'s``, ``’s``, a trailing apostrophe) is dropped: ``Ingeborg's``
-    searches for ``ingeborg``. Duplicates are removed; at most :data:`QUERY_MAX_TERMS` terms, in
-    order. ``[]`` for a query with nothing searchable."""
+    """The terms of ``query``, each matched as a phrase, any sufficing: lower-cased words with a letter or digit,
+    stopwords dropped unless nothing else is left, Latin parts whole (``zx-88213``: each backend tokenizes it like the
+    items), CJK runs as spaced bigrams (``东京的`` → ``东 京``, ``京 的``); deduplicated, in order, bounded."""
     cleaned = _CONTROL.sub(" ", query).lower().split()
     latin: list[str] = []
     cjk: list[str] = []
@@ -152,8 +131,7 @@ def query_terms(query: str) -> list[str]:
 
 
 def fts5_match(terms: list[str]) -> str:
-    """An FTS5 MATCH expression matching any of ``terms``: each becomes a double-quoted phrase of
-    its letter/digit runs (``zx-88213`` → ``"zx 88213"``), so no operator, column filter, prefix
-    or quote from user text survives. ``""`` when no term has a letter or digit."""
+    """An FTS5 MATCH of any of ``terms``, each a quoted phrase of its letter/digit runs (``zx-88213`` → ``"zx 88213"``),
+    so no operator, column filter, prefix or quote of user text survives."""
     phrases = [" ".join(_WORD.findall(term)) for term in terms]
     return " OR ".join(f'"{phrase}"' for phrase in phrases if phrase)

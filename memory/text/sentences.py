@@ -1,15 +1,6 @@
-"""Where sentences end (docs/memory.md F-39): one rule for the extractive summarizer and the
-offline engine (the recall index keeps its own, in :mod:`memory.recall`: its pieces are verbatim
-slices, so a cut there leaves nothing out). Pure functions, no I/O.
-
-A sentence ends at ``.``, ``!`` or ``?`` (with any closing quotes or brackets) before whitespace,
-so "A-1.5" or "example.com" stay whole; at the CJK full stops 。！？ and the full-width semicolon
-；, which no space follows in CJK text; and at a line break. A period does not end a sentence
-after a single letter (initials, "U.S.", "a.m.", "e.g."), after one of :data:`ABBREVIATIONS`
-("Dr. Okonkwo", "Jan. 5", "Acme Inc. in"), or when the next word starts with a lowercase letter
-or a digit ("approx. 300", "10 a.m. with Prof. Lee"): cutting there made the extractive summary
-join the pieces it kept into statements nobody made.
-"""
+"""Where sentences end (docs/memory.md F-39), for the extractive summarizer and the offline engine: at ``.!?`` before
+whitespace, at ``。！？；``, and at a line break, but not at a period after a single letter, an abbreviation, or before
+a lowercase word or a digit (a false end joins kept pieces into statements nobody made)."""
 
 from __future__ import annotations
 
@@ -34,13 +25,11 @@ SENTENCE_END_RE = re.compile(
     r"(?:\.(?<!\b[A-Za-z]\.)" + _NOT_ABBREVIATED + r"[.!?]*|[!?][.!?]*)[\"'”’)\]]*(?=\s)(?!\s+[a-z0-9])"
     r"|[。！？；]+[」』”’）)]*|\n"
 )
-"""Matches the end of a sentence (see the module docstring); the match is the end's punctuation,
-or the line break."""
+"""Matches a sentence end: its punctuation (closing quotes and brackets included), or the line break."""
 
 
 def split_sentences(text: str) -> list[str]:
-    """``text`` cut into sentences by :data:`SENTENCE_END_RE`, each keeping its end punctuation.
-    Pieces are stripped; empty ones are dropped."""
+    """``text`` cut into stripped, non-empty sentences, each keeping its end punctuation."""
     pieces, start = [], 0
     for match in SENTENCE_END_RE.finditer(text):
         pieces.append(text[start : match.end()])

@@ -1,13 +1,6 @@
-"""The token-estimate calibration rule (docs/memory.md §5, "Calibration"): pure, no ORM, no I/O.
-
-Our estimate counts with tiktoken (:mod:`memory.tokens`); a model whose tokenizer differs (an
-``o200k`` model counted with ``cl100k_base``, a local model with its own vocabulary) sees the same
-request as more or fewer tokens. Each chat call that reports ``usage.prompt_tokens`` gives one
-sample ``ratio = prompt_tokens / estimate`` of the exact request sent; the per-model ``factor``
-follows the samples, raising fast (an underestimate overflows the window) and lowering slowly
-(an overestimate only wastes room), always within ``[MIN_FACTOR, MAX_FACTOR]``. The budget then
-treats a request estimated at ``E`` tokens as ``E × factor`` (:attr:`memory.budget.MemoryBudget.token_factor`).
-"""
+"""The token-estimate calibration rule (docs/memory.md §5 "Calibration"), pure: each call reporting
+``usage.prompt_tokens`` gives a sample ``prompt_tokens / estimate``; the model's factor follows them, up fast (an
+underestimate overflows the window), down slowly (an overestimate only wastes room). The budget multiplies by it."""
 
 from __future__ import annotations
 
@@ -16,11 +9,9 @@ from dataclasses import dataclass, replace
 # The factor's bounds: a tokenizer off by more than this is a configuration error, not a drift.
 MIN_FACTOR = 0.5
 MAX_FACTOR = 2.0
-# Requests estimated under this many tokens teach nothing: per-message overheads and the reply
-# priming, which providers count differently, dominate a tiny request.
+# Smaller requests teach nothing: per-message overheads and the reply priming, counted differently, dominate them.
 MIN_SAMPLE_TOKENS = 256
-# A sample this far outside the bounds (ratio below MIN_FACTOR / 2 or above MAX_FACTOR * 2) does
-# not measure the same request (a provider counting something else): it is ignored.
+# A sample this many times beyond the bounds measures something else (a provider counting otherwise): ignored.
 OUTLIER_MARGIN = 2.0
 # Share of the distance to a sample the factor moves: up fast, down slowly.
 RAISE_WEIGHT = 0.5
@@ -31,8 +22,7 @@ FACTOR_DECIMALS = 4
 
 @dataclass(frozen=True, kw_only=True)
 class Calibration:
-    """The estimate calibration of one model: ``factor`` (provider tokens per estimated token,
-    1.0 before any sample) and ``samples`` (how many calls moved it)."""
+    """One model's calibration: ``factor`` (provider tokens per estimated token, 1.0 at first), ``samples`` moving it."""
 
     model: str
     factor: float = 1.0
@@ -40,14 +30,12 @@ class Calibration:
 
 
 def clamp_factor(factor: float) -> float:
-    """``factor`` within ``[MIN_FACTOR, MAX_FACTOR]``."""
     return min(MAX_FACTOR, max(MIN_FACTOR, factor))
 
 
 def sample_ratio(*, estimated_tokens: int, prompt_tokens: int | None) -> float | None:
-    """The sample one call gives (``prompt_tokens / estimated_tokens``, both in tokens), or None
-    when it gives none: no figure reported, a request estimated under :data:`MIN_SAMPLE_TOKENS`,
-    or a ratio outside the bounds by more than :data:`OUTLIER_MARGIN` times."""
+    """One call's sample ``prompt_tokens / estimated_tokens``, or None: no figure, a request under
+    :data:`MIN_SAMPLE_TOKENS`, or an outlier."""
     if prompt_tokens is None or prompt_tokens <= 0 or estimated_tokens < MIN_SAMPLE_TOKENS:
         return None
     ratio = prompt_tokens / estimated_tokens
@@ -57,11 +45,8 @@ def sample_ratio(*, estimated_tokens: int, prompt_tokens: int | None) -> float |
 
 
 def calibration_observe(current: Calibration, *, estimated_tokens: int, prompt_tokens: int | None) -> Calibration:
-    """``current`` moved towards the sample of one call (see :func:`sample_ratio`); ``current``
-    itself when the call gives no sample. The sample is clamped to the bounds first; the factor
-    moves :data:`RAISE_WEIGHT` of the way up to it, or :data:`LOWER_WEIGHT` of the way down, so a
-    steady ratio ``r`` is approached geometrically (after ``n`` samples the distance left is
-    ``(1 - weight) ** n`` of the first)."""
+    """``current`` moved towards one call's clamped sample (itself without one): :data:`RAISE_WEIGHT` of the way up or
+    :data:`LOWER_WEIGHT` down, so a steady ratio is approached geometrically."""
     ratio = sample_ratio(estimated_tokens=estimated_tokens, prompt_tokens=prompt_tokens)
     if ratio is None:
         return current

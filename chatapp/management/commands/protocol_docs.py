@@ -1,6 +1,5 @@
-"""``python manage.py protocol_docs [--check]``: write ``docs/protocol.md`` from
-:mod:`chatapp.realtime.protocol` (see :mod:`chatapp.realtime.protocol_docs`); with ``--check``,
-write nothing and exit with an error when the file is stale."""
+"""``manage.py protocol_docs [--check]``: write ``docs/protocol.md`` from :mod:`chatapp.realtime.protocol`; with
+``--check``, write nothing and fail when the file is stale."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""``python manage.py replay PATH --format tau-bench|locomo [--limit N] [--context-window TOKENS]
-[--mode agent|quick-answer] [--questions [--questions-from OTHER.json]] --out FILE.jsonl``: replay
-recorded conversations through the live memory path and write one JSON line per model call, then
-(LoCoMo, ``--questions``) one per annotated question asked as the next, unstored user turn
-(contract in docs/replay.md)."""
+"""``manage.py replay``: recorded conversations through the live memory path, one JSON line per model call, then
+(LoCoMo, ``--questions``) one per annotated question asked as an unstored next turn (contract in docs/replay.md)."""
 
 from __future__ import annotations
 
