@@ -28,8 +28,8 @@ import django
 
 django.setup()
 
-from memory.jobs import MemoryJobRunner
-from memory.services import OrmJobStore
+from memory.jobs.runner import MemoryJobRunner
+from memory.storage.job_state import OrmJobStore
 
 
 class Probe:
