@@ -1,4 +1,4 @@
-"""The chat page's review fixes, in a real browser against a real Daphne server with the offline
+"""The chat page's controls, in a real browser against a real Daphne server with the offline
 engine: the export menu (in the flow, closed by a click outside or Escape), the contrast of the
 memory marks and the health pill, the character limit that disables Send instead of cutting the
 text, "Compress now" only with something to fold, the announcement cleared by the next turn,

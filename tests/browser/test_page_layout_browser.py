@@ -1,4 +1,4 @@
-"""The page as a newcomer sees it (issue 12, items 5 and 7), in a real browser at a wide and a
+"""The page's layout, in a real browser at a wide and a
 phone size: one mode control (the open chat's; a new chat starts in the last used mode), the
 start page's "New chat" button, a chat titled from its first message without identifiers or
 contact data, the offline banner dismissed for good on a phone, and a one-line chat header."""

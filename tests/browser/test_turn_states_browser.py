@@ -1,4 +1,4 @@
-"""What a newcomer found wrong on the chat page, in a real browser against a real Daphne server
+"""A turn's states on the chat page, in a real browser against a real Daphne server
 with the offline engine: the normal state between target and trigger is not painted as a
 warning; a stopped reply says so once; the demo's end is announced; Send is disabled for a
 message the composer's count predicts will be refused; Delete is a button that asks first; a tab

@@ -1,4 +1,4 @@
-"""The chat page's items a newcomer tripped over (issue 12, items 4 and 6), in a real browser
+"""The chat page's memory marks, gauge and counts, in a real browser
 against a real Daphne server with the offline engine: the newest reply's memory mark, the gauge's
 words and colours, the degraded state's attempt list, the summary type, and the composer's token
 count from the server."""
