@@ -1,5 +1,4 @@
-"""The memory engine as the owning app sees it: one object, built from a :class:`MemoryConfig`
-and three ports, that owns every memory algorithm (docs/architecture.md, "memory engine")."""
+"""The memory engine: one object, from a :class:`MemoryConfig` and three ports, owning every memory algorithm."""
 
 from __future__ import annotations
 
@@ -49,14 +48,8 @@ _runners: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, MemoryJobRunner] 
 
 
 class MemoryEngine:
-    """Managed memory for the conversations of one owning app.
-
-    ``config``: every setting; ``source``: the app's conversations (:class:`ConversationSource`);
-    ``summarizer`` and ``failover``: layers 1 and 2 of the degradation chain (default: the
-    built-in extractive summarizer); ``embedder``: recall's embeddings (None: full-text only);
-    ``run_sync``: how database work runs from async code; ``compression_jobs``: where requests in
-    background mode hand their compression (default: this process's memory jobs).
-    """
+    """Managed memory for one owning app's conversations (docs/architecture.md "memory engine"): ``summarizer`` and
+    ``failover`` are degradation layers 1 and 2 (default: extractive); no ``embedder``, full-text recall only."""
 
     def __init__(
         self,
@@ -88,29 +81,24 @@ class MemoryEngine:
         self._token_factor: float | None = None
         self._builder: ContextBuilder | None = None
 
-    # --- one model call ---------------------------------------------------------------------
-
     @property
     def budget(self) -> MemoryBudget:
         """The request budget of the chat model, with the calibration known so far."""
         return self.config.budget(self._token_factor or 1.0)
 
     async def context(self, request: ContextRequest) -> MemoryContext:
-        """The model-facing context of ``request`` (docs/memory.md §2-§4): compressed when over
-        the trigger in ``sync`` mode, read only in ``background`` mode. A failing summarizer
-        degrades to the raw archive; storage errors propagate."""
+        """The model-facing context of ``request`` (docs/memory.md §2-§4): compressed over the trigger in ``sync``
+        mode, read only in ``background``. A failing summarizer degrades; storage errors propagate."""
         builder = await self.builder()
         return await builder.build_context(self._completed(request))
 
     async def before_model(self, request: ContextRequest) -> MemoryContext:
-        """:meth:`context` for a step of the agent loop: if building it fails, the agent goes
-        on with a degraded context instead of aborting (docs/memory.md §4)."""
+        """:meth:`context` for an agent step: a failure gives a degraded context, not an abort (docs/memory.md §4)."""
         builder = await self.builder()
         return await AgentMemoryMiddleware(builder).before_model(self._completed(request))
 
     def recall(self, *, memory_key: str, scope_key: str, question: str) -> TurnRecall:
-        """The recall of one turn for ``question`` (pass it as ``load_recall``; call
-        :meth:`~memory.recall.search.TurnRecall.prefetch` as the turn opens)."""
+        """One turn's recall for ``question``: pass it as ``load_recall``, call ``prefetch`` as the turn opens."""
         return TurnRecall(
             index=self.index,
             embedder=self.embedder,
@@ -122,7 +110,6 @@ class MemoryEngine:
         )
 
     def _completed(self, request: ContextRequest) -> ContextRequest:
-        """``request`` with the engine's compression mode when it names none."""
         return request if request.compression is not None else replace(request, compression=self.config.compression)
 
     async def builder(self) -> ContextBuilder:
@@ -141,8 +128,6 @@ class MemoryEngine:
             )
         return self._builder
 
-    # --- calibration (docs/memory.md §5) ----------------------------------------------------
-
     def token_factor(self) -> float:
         """The chat model's stored estimate factor, 1.0 without calibration (one query)."""
         if not self.config.calibrate:
@@ -158,8 +143,7 @@ class MemoryEngine:
         return stored_calibration.token_calibration_get(model=self.config.chat_model)
 
     async def calibrate(self, *, estimated_tokens: int, prompt_tokens: int | None) -> Calibration | None:
-        """Count one finished call in the calibration and budget the next with the new factor;
-        None (nothing stored) without calibration or a reported figure."""
+        """Count one finished call in the calibration and budget the next with it; None without a sample."""
         if not self.config.calibrate or prompt_tokens is None:
             return None
         now: Calibration = await self.run_sync(stored_calibration.token_calibration_record)(
@@ -167,8 +151,6 @@ class MemoryEngine:
         )
         self._token_factor = now.factor
         return now
-
-    # --- memory jobs (docs/memory.md §10) ----------------------------------------------------
 
     def jobs(self) -> MemoryJobRunner:
         """This event loop's job runner, running this engine's steps from now on."""
@@ -210,14 +192,12 @@ class MemoryEngine:
 
     @staticmethod
     def job_activity(memory_key: str) -> str | None:
-        """``running``, ``queued`` or ``batched`` while this process has the conversation's job
-        running or pending (any event loop), else None."""
+        """``running``, ``queued`` or ``batched`` while this process has the job (any event loop), else None."""
         statuses = {runner.status(memory_key) for runner in list(_runners.values())} - {None}
         return next((status for status in ("running", "queued", "batched") if status in statuses), None)
 
     def job_steps(self) -> list[JobStep]:
-        """The job's pipeline: pre-compression (background mode only), fact extraction,
-        indexing, embedding."""
+        """The pipeline: pre-compression (background mode only), fact extraction, indexing, embedding."""
         steps: list[JobStep] = []
         if self.config.compression == "background":
             steps.append(
@@ -264,7 +244,6 @@ class MemoryEngine:
         await self.run_sync(self.forget)(memory_key)
 
     async def _job_done(self, run: JobRun) -> None:
-        """After each job, tell the conversation's pages the summary as it is now."""
         if not run.lost_lease:
             summary = await self.summaries.get(run.memory_key)
             await self.source.notify(run.memory_key, Notice(summary=summary))
@@ -272,9 +251,8 @@ class MemoryEngine:
     async def reindex(
         self, memory_key: str, *, progress: Callable[[str, int, int], object] | None = None
     ) -> dict[str, int]:
-        """Rebuild the conversation's recall index from its stored messages, then embed what
-        lacks an embedding (``manage.py memory_reindex``). Idempotent; ``progress(phase, done,
-        total)`` after each batch. Embedder and storage errors propagate."""
+        """Rebuild the recall index from stored messages, then embed (``manage.py memory_reindex``). Idempotent;
+        ``progress(phase, done, total)`` after each batch. Embedder and storage errors propagate."""
         indexer = IndexMessages(
             source=self.source,
             index=self.index,
@@ -295,7 +273,7 @@ class MemoryEngine:
             )
         return counts
 
-    # --- what is stored (synchronous: call on a database thread) -----------------------------
+    # --- what is stored: synchronous, call on a database thread ---------------------------------
 
     def summary(self, memory_key: str) -> Summary:
         """The conversation's current summary (an empty one, version 0, before the first)."""
@@ -323,19 +301,16 @@ class MemoryEngine:
         return [row.as_record() for row in rows]
 
     def events_page(self, memory_key: str, *, after_id: int, up_to_id: int, limit: int) -> list[CompressionRecord]:
-        """Events with ``after_id < id <= up_to_id``, oldest first, at most ``limit``."""
         rows = stored_summaries.compression_event_list_after(
             memory_key=memory_key, after_id=after_id, up_to_id=up_to_id, limit=limit
         )
         return [row.as_record() for row in rows]
 
     def health(self, memory_key: str) -> dict[str, Any]:
-        """The summarizer's health as of the last compression (``status``, ``last_error``,
-        ``attempts``, ``at``)."""
+        """The summarizer's health at the last compression (``status``, ``last_error``, ``attempts``, ``at``)."""
         return stored_summaries.summarizer_health_get(memory_key=memory_key)
 
     def job_state(self, memory_key: str) -> JobState:
-        """The conversation's stored memory-job state (idle when none ran)."""
         return memory_job_state_get(memory_key=memory_key)
 
     def index_status(self, memory_key: str) -> dict[str, Any]:
@@ -343,8 +318,7 @@ class MemoryEngine:
         return stored_index.memory_index_status(memory_key=memory_key)
 
     def facts(self, memory_key: str, *, current_only: bool = False) -> list[KeyFact]:
-        """The conversation's key facts, oldest first: every one (retired and hidden included), or
-        only the current ones."""
+        """The key facts, oldest first: every one (retired and hidden included), or only the current ones."""
         if current_only:
             return stored_facts.key_fact_list_active(memory_key=memory_key)
         return stored_facts.key_fact_list(memory_key=memory_key)

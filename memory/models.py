@@ -1,12 +1,5 @@
-"""Persisted memory state: one :class:`SessionSummary` per conversation, a
-:class:`CompressionEvent` per compression (docs/memory.md §1, §3, §4), one
-:class:`MemoryJobState` per conversation whose memory job has run (docs/memory.md §10) and its
-:class:`KeyFact` rows (docs/memory.md §11), and one :class:`TokenCalibration` per chat model
-(docs/memory.md §5).
-
-Conversations are named by an opaque ``memory_key`` string, so this app never depends on the chat
-app's models (the chat app uses its session's primary key).
-"""
+"""Persisted memory state (docs/memory.md §3, §5, §10-§12). Conversations are named by an opaque ``memory_key``,
+so this app never depends on the chat app's models."""
 
 from __future__ import annotations
 
@@ -28,10 +21,8 @@ class SummaryType(models.TextChoices):
 
 
 class SessionSummary(models.Model):
-    """The working memory of one conversation: ``content`` covers every message whose id is at
-    most ``last_message_id`` (the boundary). ``version`` increases by one on every write and is
-    the compare-and-set token: a write succeeds only if the version it read is still current.
-    ``token_count``: the size of ``content`` in tokens."""
+    """A conversation's summary of every message up to ``last_message_id``; ``version``, bumped on every write, is
+    the compare-and-set token (docs/memory.md §3 step 6); ``token_count`` in tokens."""
 
     memory_key = models.CharField(max_length=64, unique=True)
     content = models.TextField(blank=True, default="")
@@ -47,7 +38,6 @@ class SessionSummary(models.Model):
         return f"summary of {self.memory_key} v{self.version} (boundary {self.last_message_id})"
 
     def as_summary(self) -> Summary:
-        """This row as the engine's :class:`memory.store.Summary` value."""
         return Summary(
             content=self.content,
             summary_type=self.summary_type,  # type: ignore[arg-type]  # constrained by choices
@@ -58,8 +48,7 @@ class SessionSummary(models.Model):
 
 
 class CompressionEvent(models.Model):
-    """One compression event of one request, successful or not: the columns are the fields of
-    :class:`memory.store.CompressionRecord`, which documents them."""
+    """One compression event; the columns are :class:`memory.summary.store.CompressionRecord`'s."""
 
     class Kind(models.TextChoices):
         COMPRESSION = "compression"
@@ -97,16 +86,13 @@ class CompressionEvent(models.Model):
         return f"{self.kind} of {self.memory_key} #{self.pk}"
 
     def as_record(self) -> CompressionRecord:
-        """This row as the engine's :class:`~memory.summary.store.CompressionRecord`."""
         values = {f.name: getattr(self, f.name) for f in fields(CompressionRecord)}
         return CompressionRecord(**{**values, "id": self.pk, "created_at": self.created_at.isoformat()})
 
 
 class MemoryJobState(models.Model):
-    """The memory job of one conversation (docs/memory.md §10, "memory job"): its lease, so
-    that at most one worker runs it at a time, the watermark and last attempt of each step, and
-    how the last job ended. The columns are the fields of :class:`memory.jobs.JobState`, which
-    documents them."""
+    """A conversation's memory job (docs/memory.md §10): its lease, step watermarks and last outcome, the columns
+    of :class:`memory.jobs.state.JobState`."""
 
     memory_key = models.CharField(max_length=64, unique=True)
     status = models.CharField(max_length=8, default="idle")
@@ -122,7 +108,6 @@ class MemoryJobState(models.Model):
         return f"memory job of {self.memory_key} ({self.status})"
 
     def as_state(self) -> JobState:
-        """This row as the engine's :class:`memory.jobs.JobState` value."""
         return JobState(
             memory_key=self.memory_key,
             status=self.status,  # type: ignore[arg-type]  # written only from JobStatus values
@@ -136,16 +121,8 @@ class MemoryJobState(models.Model):
 
 
 class KeyFact(models.Model):
-    """One key fact of one conversation (docs/memory.md §11): a value copied verbatim from a
-    message, with its provenance. The columns are the fields of :class:`memory.facts.KeyFact`,
-    which documents them, plus ``memory_key`` (the conversation), ``scope_key`` (its owner, an
-    opaque string the owning app chooses, e.g. ``user:<id>``), ``created_at`` and ``updated_at``.
-
-    Rows are never deleted while their conversation exists: a superseded fact keeps its row with
-    ``invalidated_at`` and ``superseded_by`` set. At most one row per conversation, slot
-    (``key``) and ``value`` is active (``invalidated_at`` NULL), enforced by a partial unique
-    constraint that SQLite and PostgreSQL both support.
-    """
+    """One key fact (docs/memory.md §11): the columns of :class:`memory.facts.values.KeyFact` plus the chat and its
+    owner (``scope_key``, chosen by the app). Never deleted; one active row per chat, slot and value."""
 
     memory_key = models.CharField(max_length=64)
     scope_key = models.CharField(max_length=128, db_index=True)
@@ -183,9 +160,7 @@ class KeyFact(models.Model):
         return f"{self.key}={self.value} of {self.memory_key} #{self.pk}"
 
     def as_fact(self, *, replaces: str = "") -> fact_values.KeyFact:
-        """This row as the engine's :class:`memory.facts.KeyFact` value; ``replaces``: the value
-        of the fact it superseded (``""`` when none; the list selectors annotate it in the same
-        query, see :mod:`memory.services`)."""
+        """``replaces``: the superseded value, else the list selectors' ``replaces_value`` annotation."""
         return fact_values.KeyFact(
             id=self.pk,
             kind=self.kind,
@@ -206,21 +181,8 @@ class KeyFact(models.Model):
 
 
 class MemoryItem(models.Model):
-    """One indexed piece of a stored message, for recall (docs/memory.md §12, "the index"): the
-    columns of :class:`memory.recall.RecallItem` (the chat's title is the owning app's) plus
-    ``scope_key`` (the owner, an opaque string the owning app chooses, as for :class:`KeyFact`),
-    ``last_message_id`` (the newest of ``message_ids``: "every message id ≤ boundary" is
-    ``last_message_id <= boundary``), ``piece`` (the piece's place in its message, from 0),
-    ``search_text`` (what the full-text index reads when it differs from ``text``, see
-    :func:`memory.fulltext.search_text`) and the embedding: ``embedding`` (float32 bytes,
-    little-endian, ``embedding_dim`` values, L2-normalised; NULL until embedded),
-    ``embedding_model`` (``""`` when none) and ``embedding_dim`` (0 when none).
-
-    Full-text search: SQLite keeps an FTS5 table ``memory_memoryitem_fts`` in step by triggers;
-    PostgreSQL has a GIN index on ``to_tsvector('english', …)`` (migration ``0005_memoryitem``).
-    Items are never edited except to fill their embedding: a piece whose text changes is deleted
-    and inserted again (a new id), so the per-owner vector cache only reads rows with a higher id.
-    """
+    """One indexed piece of a stored message (columns and full-text indexes: docs/memory.md §12 "The index"). Only
+    the embedding is ever filled in: changed text gets a new id, so the vector cache reads only higher ids."""
 
     scope_key = models.CharField(max_length=128)
     memory_key = models.CharField(max_length=64)
@@ -253,10 +215,7 @@ class MemoryItem(models.Model):
 
 
 class TokenCalibration(models.Model):
-    """The token-estimate calibration of one chat model (docs/memory.md §5, "Calibration"): the
-    columns of :class:`memory.calibration.Calibration` (``model`` the model's name, ``factor``
-    provider tokens per estimated token, ``samples`` the calls that moved it) and when it last
-    moved."""
+    """A chat model's token-estimate calibration (docs/memory.md §5 "Calibration")."""
 
     model = models.CharField(max_length=200, unique=True)
     factor = models.FloatField(default=1.0)
@@ -267,5 +226,4 @@ class TokenCalibration(models.Model):
         return f"token calibration of {self.model}: x{self.factor:.3f} ({self.samples} samples)"
 
     def as_calibration(self) -> calibration.Calibration:
-        """This row as the pure :class:`memory.calibration.Calibration` value."""
         return calibration.Calibration(model=self.model, factor=self.factor, samples=self.samples)

@@ -1,5 +1,4 @@
-"""The key-facts block of a request (docs/memory.md §11): which facts fit its budget, in
-which order, and how each is written. Pure."""
+"""The key-facts block of a request (docs/memory.md §11): which facts fit its budget, in which order, how written."""
 
 from __future__ import annotations
 
@@ -16,13 +15,8 @@ FACTS_HEADER = "[Key facts of this conversation, verbatim]"
 
 @dataclass(frozen=True, kw_only=True)
 class FactsBlock:
-    """The key-facts block of one request and what was left out of it.
-
-    ``message``: the block (None when no fact is pinned); ``pinned``: the facts it holds, in
-    block order; ``in_window``: eligible facts left out because their source message is verbatim
-    in the request; ``over_budget``: eligible facts that did not fit the budget ("not pinned
-    (budget)"); ``tokens``: the block's size in tokens (0 without one).
-    """
+    """One request's key-facts block (``message`` None when no fact is pinned) and what was left out: ``in_window``
+    (source verbatim in the request) and ``over_budget``; ``tokens`` its size."""
 
     message: Message | None = None
     pinned: list[KeyFact] = field(default_factory=list)
@@ -32,8 +26,7 @@ class FactsBlock:
 
     @property
     def source(self) -> dict[str, Any]:
-        """The block's entry in a request's ``sources``: kind ``facts`` with the pinned facts'
-        ``fact_ids`` and their source ``message_ids`` (provenance, docs/replay.md)."""
+        """The block's entry in a request's ``sources``: pinned ``fact_ids`` and their ``message_ids`` (docs/replay.md)."""
         return {
             "id": None,
             "kind": "facts",
@@ -42,7 +35,6 @@ class FactsBlock:
         }
 
     def as_dict(self) -> dict[str, Any]:
-        """The JSON form in the inspector's snapshot: ids per group and the block's tokens."""
         return {
             "pinned": [fact.id for fact in self.pinned],
             "in_window": [fact.id for fact in self.in_window],
@@ -52,8 +44,7 @@ class FactsBlock:
 
 
 def fact_line(fact: KeyFact) -> str:
-    """One line of the block: ``- slot: value (msg N)``, with the fact's ``text`` for commitments
-    and other facts, whose slot and value may not say enough, and ``current; replaces <old value>`` after a supersession."""
+    """One annotated line, ``- slot: value (msg N)``, with ``text`` for the kinds in :data:`EXPLAINED_BY_TEXT`."""
     where = f"msg {fact.source_message_id}" if fact.source_message_id else "set by the user"
     if fact.replaces:
         where += f", current; replaces {fact.replaces}"
@@ -64,11 +55,8 @@ def fact_line(fact: KeyFact) -> str:
 
 
 def render_facts(facts: Sequence[KeyFact]) -> str:
-    """The block's text for ``facts`` (in block order): the header, then one line per slot for
-    values that explain themselves (identifiers, amounts, dates, contact data) and did not
-    replace an older value, ``- slot: value; value``, newest first; every other fact on its own
-    annotated line (:func:`fact_line`). Provenance of grouped values is in the block's source
-    (``message_ids``) and the inspector."""
+    """The block's text: the header, one line per slot for :data:`SELF_EXPLAINING` values that replaced nothing
+    (``- slot: value; value``), and a :func:`fact_line` for every other fact."""
     lines: list[str] = []
     slots: dict[str, int] = {}
     for fact in facts:
@@ -84,9 +72,7 @@ def render_facts(facts: Sequence[KeyFact]) -> str:
 
 
 def block_order(facts: Iterable[KeyFact]) -> list[KeyFact]:
-    """``facts`` in the block's keep order (docs/memory.md §11): pinned by the user first, then
-    identifiers, amounts, dates, contact data (email, phone, URL, address), then names,
-    preferences and commitments, then others; within a group the newest source message first."""
+    """``facts`` in the block's keep order (docs/memory.md §11 "Budget"): user-pinned, then by kind, newest first."""
     return sorted(
         facts,
         key=lambda fact: (
@@ -108,22 +94,10 @@ def facts_block(
     covered: Collection[int] = (),
     pinned_max_tokens: int = 0,
 ) -> FactsBlock:
-    """The key-facts block for a request whose summary covers messages up to ``boundary``.
-
-    Eligible: active facts (not superseded, not hidden). Pinned in the block: every eligible fact
-    whose source message is folded into the summary (id ≤ ``boundary``), plus, wherever their
-    source is, those the user pinned or edited and those that replaced an older value (so the
-    block says which value is current). The others are verbatim in the request and are reported
-    as ``in_window``. Facts are taken in :func:`block_order` while the block (header and message
-    overhead included, rendered by :func:`render_facts`) fits ``max_tokens`` tokens; a fact that
-    does not fit is skipped and the next one tried, so the order of eviction is deterministic.
-    ``role``: the block's role, the summary block's (docs/memory.md F-10). ``covered``: ids of messages after the boundary that
-    are not verbatim in the request either (older steps of the current turn folded into a "steps
-    so far" note, docs/memory.md I5): their facts are pinned as if summarized.
-    ``pinned_max_tokens``: the facts the user pinned (taken first) may fill the block up to this
-    many tokens when it is more than ``max_tokens``: the owner's explicit choice outranks the
-    default budget, within a bound.
-    """
+    """The key-facts block for a request whose summary covers messages up to ``boundary`` (docs/memory.md §11):
+    active facts folded into the summary (or a "steps so far" note: ``covered``, I5), user-pinned, edited or
+    replacing ones, taken in :func:`block_order` while the block fits ``max_tokens`` tokens, skipping what does not.
+    User-pinned facts may fill up to ``pinned_max_tokens``; ``role`` is the summary block's (F-10)."""
     wanted: list[KeyFact] = []
     in_window: list[KeyFact] = []
     for fact in facts:

@@ -60,9 +60,8 @@ EXTRACTION_MARKER = "<new_messages>"
 
 @dataclass(frozen=True, kw_only=True)
 class ExtractionInput:
-    """What one LLM extraction request is made of: the ``messages`` since the watermark (with
-    ``id`` and, optionally, ``created_at`` as ISO 8601), numbered 1…n in the prompt, and the
-    chat's ``facts`` that are active, given small integer handles 1…m."""
+    """One extraction request's material: the ``messages`` since the watermark (with ``id``, optional ``created_at``
+    ISO 8601), numbered 1…n, and the chat's active ``facts``, handles 1…m."""
 
     messages: list[Message]
     facts: list[KeyFact]
@@ -75,10 +74,8 @@ class ExtractionInput:
 
 
 def extraction_prompt(data: ExtractionInput) -> list[dict[str, Any]]:
-    """The wire prompt ``[system instructions, user material]`` of one extraction request: the
-    active facts as ``[handle] kind key: value``, then the new messages as numbered lines
-    ``N. (date) Role: text`` (tool calls with their arguments, each line at most 600
-    characters)."""
+    """The wire prompt ``[system, user]``: active facts as ``[handle] kind key: value``, then the new messages as
+    ``N. (date) Role: text`` lines of at most 600 characters."""
     facts = "\n".join(f"[{n}] {fact.kind} {fact.key}: {fact.value}" for n, fact in enumerate(data.facts, 1))
     lines = []
     for number, message in enumerate(data.messages, 1):
@@ -101,14 +98,12 @@ def extraction_prompt(data: ExtractionInput) -> list[dict[str, Any]]:
 
 
 class ExtractionError(ValueError):
-    """An extraction reply that is not a JSON object with a ``facts`` list (docs/memory.md
-    F-29): nothing is changed and the watermark stays."""
+    """A reply with no readable ``facts`` list: nothing changes, the watermark stays (docs/memory.md F-29)."""
 
 
 def parse_extraction(reply: str) -> list[dict[str, Any]]:
-    """The ``facts`` list of an extraction reply, tolerant of code fences and prose around the
-    JSON object and of a bare list. Raises :class:`ExtractionError` when no JSON object or list
-    with facts can be read."""
+    """The ``facts`` list of a reply, tolerant of code fences, prose around the JSON and a bare list. Raises
+    :class:`ExtractionError` when none can be read."""
     text = reply.strip()
     fenced = re.search(r"```(?:json)?\s*(.*?)```", text, re.DOTALL)
     if fenced:
@@ -134,25 +129,17 @@ def _outermost(text: str, opening: str, closing: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class Validation:
-    """The outcome of :func:`validate_extraction`: ``accepted`` candidates (with ``supersedes``
-    already checked) and ``rejected`` items with the reason, for the job's record."""
+    """``accepted`` candidates (``supersedes`` checked) and ``rejected`` items with the reason, for the job's record."""
 
     accepted: list[FactCandidate]
     rejected: list[dict[str, Any]]
 
 
 def validate_extraction(items: list[dict[str, Any]], data: ExtractionInput, *, extractor: str) -> Validation:
-    """Code-side validation of an extraction reply (docs/memory.md F-28, F-30).
-
-        Each item needs a known ``kind``, a ``key`` and a non-empty ``value`` of at most 200
-        characters. **Grounding**: the value must occur (case-insensitively, spacing normalised) in a
-        cited message, and that message must be the user's or an assistant message with tool calls
-        whose arguments hold it; assistant prose and tool results ground nothing, so the assistant's
-        suggestions are never stored as facts the user stated. ``supersedes`` keeps only handles of
-        active facts of the **same slot** that the user did not pin. The source is the first
-        grounding message. Items restating the value of an active fact (in any slot: a rule fact may
-    already hold it) are dropped.
-    """
+    """Code-side validation of an extraction reply (docs/memory.md §11, F-28, F-30): a known ``kind``, a ``key``, a
+    value of at most 200 characters grounded (case and spacing aside) in a cited user message or tool-call arguments,
+    the first such being the source; ``supersedes`` keeps only unpinned active facts of the same slot. Restatements
+    of an active value (in any slot) are dropped."""
     accepted: list[FactCandidate] = []
     rejected: list[dict[str, Any]] = []
     current = {_norm(fact.value) for fact in data.facts}
@@ -215,8 +202,7 @@ def _norm(text: str) -> str:
 
 
 def _grounding_text(message: Message) -> str:
-    """The text a fact of ``message`` may be grounded in: a user's words, or an assistant's
-    tool-call arguments (never its prose nor a tool's result)."""
+    """A user's words or an assistant's tool-call arguments; never prose nor a tool's result."""
     if message.get("role") == "user":
         return _text(message.get("content"))
     if message.get("role") == "assistant" and message.get("tool_calls"):

@@ -1,5 +1,5 @@
-"""Rule extraction of key facts (docs/memory.md §11): values found by regular expressions in a
-user's text and in tool-call arguments, with their slot. Pure."""
+"""Rule extraction of key facts (docs/memory.md §11): values regular expressions find in a user's text and in
+tool-call arguments, with their slot. Pure."""
 
 from __future__ import annotations
 
@@ -21,14 +21,12 @@ _MONTHS = (
 _CURRENCY_WORDS = r"(?:USD|EUR|GBP|JPY|CNY|RMB|dollars?|euros?|pounds?|yuan|yen|bucks)"
 
 
-# Times of day ("11am", "3:30 pm", "15:00"): kind date, slot ``time``.
-# A time that ends in its own period ("10 a.m."): the period is the value's, not the sentence's.
+# A time ending in its own period ("10 a.m."): the period is the value's, not the sentence's.
 _TIME_PERIOD_END = re.compile(r"(?<![A-Za-z])[ap]\.m\.$", re.IGNORECASE)
 
 
 def _trimmed(value: str) -> str:
-    """``value`` without the sentence punctuation a pattern caught at its end (``.,;:!?)``),
-    except the period of "a.m."/"p.m."."""
+    """``value`` without the sentence punctuation caught at its end, but with the period of "a.m."."""
     while value and value[-1] in ".,;:!?)":
         if value[-1] == "." and _TIME_PERIOD_END.search(value):
             break
@@ -68,8 +66,7 @@ _PATTERNS: tuple[tuple[FactKind | Literal["secret"], re.Pattern[str]], ...] = (
     ),
     # A Chinese mobile number: 11 digits starting 13-19.
     ("phone", re.compile(r"(?<!\d)1[3-9]\d{9}(?!\d)")),
-    # International numbers with their groups ("+44 7700 900123", "0044 20 7946 0958", "+49 30
-    # 12345678") and national ones with a trunk 0 ("07700 900123", "020 7946 0958").
+    # International numbers with their groups ("+44 7700 900123") and national ones with a trunk 0 ("020 7946 0958").
     ("phone", re.compile(r"(?<![\w/+])(?:\+|00)\d{1,3}(?:[\s.-]?(?:\(\d{1,4}\)|\d{2,5})){2,4}(?![\w/])")),
     ("phone", re.compile(r"(?<![\w/.,-])0\d{2,4}[\s.-]?\d{3,4}[\s.-]?\d{3,4}(?![\w/])")),
     (
@@ -78,8 +75,7 @@ _PATTERNS: tuple[tuple[FactKind | Literal["secret"], re.Pattern[str]], ...] = (
     ),
     ("id", re.compile(r"(?:card|visa|mastercard|amex|ending(?:\s+in)?)\D{0,16}?\b(\d{4})\b", re.IGNORECASE)),
     ("id", re.compile(r"\b(\d{4})\s+(?:credit\s+|debit\s+|gift\s+)?card\b", re.IGNORECASE)),
-    # Mixed letter-digit identifiers of 5 or more characters, with # - _ . / inside; ASCII only,
-    # so an identifier glued to CJK text (订单号是A-48213) is still cut at the right place.
+    # Mixed letter-digit identifiers of 5+ characters; ASCII only, so one glued to CJK text (订单号是A-48213) is cut right.
     ("id", re.compile(r"(?<![A-Za-z0-9_#-])#?[A-Za-z0-9][A-Za-z0-9_\-./]*[A-Za-z0-9](?![A-Za-z0-9_])")),
 )
 
@@ -127,17 +123,10 @@ _SNAKE = re.compile(r"[^0-9a-z]+")
 
 
 def rule_facts(text: str, *, message_id: int) -> list[FactCandidate]:
-    """The key facts regular expressions find in a user's ``text`` (docs/memory.md §11).
-
-    Emails, URLs, amounts (``$``, ``€``, ``£``, ``¥``, currency words and codes, 元/円), ISO,
-    textual and CJK dates, times of day ("11am", "15:00", slot ``time``), phone numbers, card
-    tails ("card ending in 4421", "my 7447 card") and mixed letter-digit identifiers of at least 5 characters (``mia_li_3668``, ``ZFA04Y``, ``#W2378156``,
-    ``KX-55190``, ``A-48213`` inside CJK text) or digit runs of at least 5. Secrets are never
-    reported: whole card numbers, social security numbers, and any value shortly after
-    "password", "PIN", "CVV", "token", "密码" and the like in the same clause. The slot is named
-    from a word shortly before the value ("order" → ``order_id``), else after its kind. Each value
-    is reported once, in order of appearance. Never raises.
-    """
+    """The key facts regular expressions find in a user's ``text`` (docs/memory.md §11), each once, in order of
+    appearance. Secrets are never reported: whole card and social security numbers, values shortly after "password",
+    "PIN", "密码" and the like. The slot comes from a word shortly before the value ("order" → ``order_id``), else
+    the kind. Never raises."""
     taken: list[tuple[int, int]] = []
     found: list[tuple[int, FactCandidate]] = []
     seen: set[tuple[str, str]] = set()
@@ -150,7 +139,6 @@ def rule_facts(text: str, *, message_id: int) -> list[FactCandidate]:
             if not value or any(start < t_end and t_start < end for t_start, t_end in taken):
                 continue
             if kind == "secret" or _SECRET_WORDS.search(_SECRET_CLAUSE.split(text[max(0, start - 32) : start])[-1]):
-                # Never pinned: credentials and whole card or social security numbers.
                 taken.append((match.start(), max(end, match.end(group))))
                 continue
             if kind == "id" and group == 0 and not _is_identifier(value):
@@ -180,17 +168,9 @@ def rule_facts(text: str, *, message_id: int) -> list[FactCandidate]:
 
 
 def value_spans(text: str) -> list[tuple[int, int, str]]:
-    """Where rule extraction sees a value in ``text``: ``(start, end, kind)`` character offsets,
-    ordered by ``start``, never overlapping. The same patterns, in the same priority, as
-    :func:`rule_facts` (docs/memory.md §11), for removing values from a text rather than
-    pinning them (e.g. a chat's title made from its first message).
-
-    ``kind`` is one of :data:`FACT_KINDS` (``url``, ``email``, ``date``, ``money``, ``phone``,
-    ``id``) or ``"secret"``: a whole card or social security number, a value shortly after a
-    secret word ("password", "PIN", "CVV", "token", "密码" …), and the rest of that word's clause
-    (a password without digits matches no value pattern). A card tail ("card ending in 4421")
-    spans its four digits. Never raises.
-    """
+    """``(start, end, kind)`` offsets of the values :func:`rule_facts`' patterns see in ``text``, sorted, never
+    overlapping, for removing values from a text (a chat's title). A ``secret`` also covers the rest of its secret
+    word's clause (a password without digits matches no pattern). Never raises."""
     spans: list[tuple[int, int, str]] = []
 
     def free(start: int, end: int) -> bool:
@@ -231,9 +211,7 @@ def _is_identifier(value: str) -> bool:
 
 
 def _slot(before: str, kind: FactKind) -> str:
-    """The slot of a value: for an identifier, from a word shortly before it in the same clause
-    ("order" → ``order_id``), else ``identifier``; for the other kinds, the kind (``amount`` for
-    money)."""
+    """An identifier's slot from a word shortly before it in its clause, else ``identifier``; else the kind."""
     if kind == "id":
         clause = _CLAUSE_BREAK.split(before[-SLOT_WINDOW_CHARS:])[-1]
         best: tuple[int, str] | None = None
@@ -246,8 +224,7 @@ def _slot(before: str, kind: FactKind) -> str:
 
 
 def excerpt_around(text: str, start: int, end: int, *, chars: int = EXCERPT_CHARS) -> str:
-    """Up to ``chars`` characters of ``text`` around ``text[start:end]``, on one line, with
-    ``…`` where it was cut."""
+    """Up to ``chars`` characters of ``text`` around ``text[start:end]``, on one line, ``…`` where cut."""
     room = max(0, chars - (end - start)) // 2
     left, right = max(0, start - room), min(len(text), end + room)
     piece = " ".join(text[left:right].split())
@@ -255,12 +232,8 @@ def excerpt_around(text: str, start: int, end: int, *, chars: int = EXCERPT_CHAR
 
 
 def tool_call_facts(tool_calls: Sequence[dict[str, Any]], *, message_id: int) -> list[FactCandidate]:
-    """The key facts in the arguments of an assistant message's ``tool_calls``: every string or
-    number leaf that is an identifier, amount, date, email, phone number or URL by
-    :func:`rule_facts`, or a number under an amount-like argument name (``amount``, ``price``,
-    ``refund``, ``cost``, ``fee``, ``balance``). The slot is the argument's name (``user_id``,
-    ``payment_id``, ``flight_number``); ``text`` names the tool. Unparsable arguments are read
-    as text. Never raises."""
+    """The key facts in ``tool_calls`` arguments: leaves :func:`rule_facts` finds whole, or numbers under amount-like
+    names; the slot is the argument's name, ``text`` names the tool. Never raises."""
     found: list[FactCandidate] = []
     seen: set[tuple[str, str]] = set()
     for call in tool_calls:
@@ -329,9 +302,8 @@ def _tool_fact(kind: FactKind, key: str, value: str, tool: str, message_id: int,
 
 
 def message_rule_facts(message: Message) -> list[FactCandidate]:
-    """The rule facts of one stored message (it must carry its ``id``): a user message's text
-    and an assistant message's tool-call arguments. Assistant text and tool results are not
-    read (mostly listings and suggestions, docs/memory.md F-30). Never raises."""
+    """The rule facts of one stored message with its ``id``: a user's text, an assistant's tool-call arguments
+    (assistant text and tool results are mostly listings and suggestions, docs/memory.md F-30). Never raises."""
     message_id = message.get("id")
     if not isinstance(message_id, int):
         return []

@@ -1,5 +1,4 @@
-"""Key facts as the engine reads and writes them: a storage port (docs/memory.md §11). The
-database keeps them (:class:`memory.storage.facts.OrmFactStore`)."""
+"""The engine's key-fact port (docs/memory.md §11), kept by :class:`memory.storage.facts.OrmFactStore`."""
 
 from __future__ import annotations
 
@@ -11,16 +10,11 @@ from memory.facts.values import FactCandidate, KeyFact
 
 
 class FactStore(Protocol):
-    """One conversation's key facts (``memory_key``); nothing is ever deleted. Storage errors
-    propagate."""
+    """``active`` (not retired, not hidden) or ``every`` fact, oldest first; nothing is deleted; errors propagate."""
 
-    async def active(self, memory_key: str) -> list[KeyFact]:
-        """The current facts (not retired, not hidden), oldest first."""
-        ...
+    async def active(self, memory_key: str) -> list[KeyFact]: ...
 
-    async def every(self, memory_key: str) -> list[KeyFact]:
-        """Every fact, retired and hidden ones included, oldest first."""
-        ...
+    async def every(self, memory_key: str) -> list[KeyFact]: ...
 
     async def apply(
         self,
@@ -29,6 +23,4 @@ class FactStore(Protocol):
         scope_key: str,
         candidates: Sequence[FactCandidate],
         valid_from: Mapping[int, datetime],
-    ) -> list[KeyFact]:
-        """Store validated candidates and their supersessions; the facts created."""
-        ...
+    ) -> list[KeyFact]: ...

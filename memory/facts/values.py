@@ -1,5 +1,4 @@
-"""Key-fact values: what an extractor proposes (:class:`FactCandidate`) and what is stored
-(:class:`KeyFact`), with their kinds and size limits (docs/memory.md §11)."""
+"""Key-fact values (docs/memory.md §11): what an extractor proposes, what is stored, their kinds and limits."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ FACT_KINDS: tuple[FactKind, ...] = (
 )
 
 
-# Eviction order of the block, first kept first (docs/memory.md §11): user-pinned facts come
-# before all of these; within a rank the newest source message first.
+# The block's keep order after user-pinned facts (docs/memory.md §11); newest source first within a rank.
 KIND_RANK: dict[str, int] = {
     "id": 0,
     "money": 1,
@@ -48,8 +46,7 @@ KIND_RANK: dict[str, int] = {
 SELF_EXPLAINING: frozenset[str] = frozenset({"id", "money", "date", "email", "phone", "url"})
 
 
-# Kinds whose block line also shows the fact's one-line ``text`` (a slot and value may not say
-# what was promised); for the others "- allergy: penicillin" says it all in fewer tokens.
+# Kinds whose block line adds the one-line ``text``: a slot and value may not say what was promised.
 EXPLAINED_BY_TEXT: frozenset[str] = frozenset({"commitment", "other"})
 
 
@@ -69,15 +66,8 @@ MAX_TEXT_CHARS = 240
 
 @dataclass(frozen=True, kw_only=True)
 class FactCandidate:
-    """A fact an extractor proposes, before it is stored.
-
-    ``kind``: one of :data:`FACT_KINDS`; ``key``: its slot (lowercase ``snake_case``, e.g.
-    ``order_id``, ``shipping_address``); ``value``: verbatim from the source (at most 200
-    characters); ``text``: one line saying what it is, dates absolute; ``source_message_id``: the
-    message it came from; ``excerpt``: up to 120 characters of that message around the value;
-    ``extractor``: ``rule``, ``llm:<model>`` or ``user``; ``supersedes``: ids of stored facts of
-    the same slot that this one replaces (validated by :func:`validate_extraction`).
-    """
+    """A fact an extractor proposes: ``key`` its slot (``snake_case``), ``value`` verbatim from the source, ``text``
+    one line with absolute dates; ``supersedes``: ids of the slot's stored facts it replaces."""
 
     kind: FactKind
     key: str
@@ -91,15 +81,8 @@ class FactCandidate:
 
 @dataclass(frozen=True, kw_only=True)
 class KeyFact:
-    """A stored key fact as the engine sees it (no ORM object reaches the engine).
-
-    The fields of :class:`FactCandidate` (without ``supersedes``) plus ``id``; ``valid_from``:
-    the source message's time (aware datetime, None when unknown); ``invalidated_at``: when a newer
-    fact of the slot retired it (None while current); ``superseded_by``: that fact's id;
-    ``pinned_by_user`` / ``hidden_by_user``: the owner's choices in the inspector;
-    ``last_seen_message_id``: the newest message that restated it; ``replaces``: the value of the
-    fact it superseded (``""`` when none), so the block can say which value is current.
-    """
+    """A stored fact as the engine sees it: :class:`FactCandidate`'s fields plus ``id``, its retirement
+    (``invalidated_at``, ``superseded_by``), the owner's pin and hide, and ``replaces`` (the value it superseded)."""
 
     id: int
     kind: str
@@ -123,7 +106,6 @@ class KeyFact:
         return self.invalidated_at is None and not self.hidden_by_user
 
     def as_dict(self) -> dict[str, Any]:
-        """The JSON form sent to the inspector (datetimes as ISO 8601 or None)."""
         return {
             "id": self.id,
             "kind": self.kind,

@@ -19,9 +19,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, kw_only=True)
 class JobRun:
-    """What one job did: ``attempts`` in step order (only the steps that were due); ``ok`` when
-    every step succeeded; ``lost_lease`` when the lease ran out mid-way (results after that were
-    dropped); ``idle`` when no step was due, so nothing was taken or written."""
+    """What one job did: ``attempts`` of the due steps in order; ``lost_lease`` when the lease ran out mid-way (later
+    results dropped); ``idle`` when no step was due (nothing taken or written)."""
 
     memory_key: str
     attempts: tuple[StepAttempt, ...]
@@ -31,16 +30,9 @@ class JobRun:
 
 
 class MemoryJobRunner:
-    """Runs memory jobs of this process (see the module docstring).
-
-    ``store``: the shared :class:`JobStore`; ``steps``: the pipeline, in order; ``owner``: this
-    worker's name in leases (unique per process); ``debounce_seconds``: how long
-    :meth:`schedule` waits before starting, so replies in quick succession make one job;
-    ``lease_seconds``: how long a lease lasts without renewal (renewed every third of it);
-    ``on_done``: called with each finished :class:`JobRun` (e.g. to tell the inspector);
-    ``idle_seconds`` and ``batch_turns``: see :meth:`schedule` (``batch_turns`` 1 makes every
-    idle schedule urgent). Must be used from one event loop.
-    """
+    """Runs this process's memory jobs. ``owner`` names this worker in leases; a lease lasts ``lease_seconds`` and
+    is renewed every third of it; ``on_done`` gets each finished :class:`JobRun`; ``batch_turns`` 1 makes every idle
+    schedule urgent. One event loop only."""
 
     def __init__(
         self,
@@ -63,25 +55,17 @@ class MemoryJobRunner:
         self.idle_seconds = idle_seconds
         self.batch_turns = max(1, batch_turns)
         self._tasks: dict[str, asyncio.Task[JobRun | None]] = {}
-        # Conversations whose pending job waits for idleness (not yet running), and how many idle
-        # schedules each has had since its last job started.
+        # Jobs pending until idle (not yet running), and the idle schedules since each one's last job started.
         self._idle: set[str] = set()
         self._idle_calls: dict[str, int] = {}
         # Conversations to run once more after their running job; True when that may wait.
         self._again: dict[str, bool] = {}
         self._running: set[str] = set()
 
-    # --- scheduling -----------------------------------------------------------------------------
-
     def schedule(self, memory_key: str, *, idle: bool = False) -> None:
-        """Queue a job for the conversation and return at once (needs a running event loop).
-
-        ``idle=False`` (urgent): the job starts after ``debounce_seconds``; a pending urgent job
-        absorbs this call, a pending idle one is started at once instead, a running one runs
-        once more after it ends. ``idle=True``: the job starts once no other schedule came for
-        ``idle_seconds`` (each idle schedule pushes a pending idle job back), or like an urgent
-        one when this is the ``batch_turns``-th idle schedule since the conversation's last job
-        started; it never delays a pending urgent job."""
+        """Queue the conversation's job and return (docs/memory.md §10 "When"): urgent, it starts after
+        ``debounce_seconds``; idle, after ``idle_seconds`` without a schedule or at once on the ``batch_turns``-th
+        since the last job. A pending urgent job is never delayed; a running one runs once more after."""
         if idle:
             calls = self._idle_calls.get(memory_key, 0) + 1
             self._idle_calls[memory_key] = calls
@@ -112,10 +96,8 @@ class MemoryJobRunner:
             del self._tasks[memory_key]
 
     async def run_now(self, memory_key: str) -> JobRun | None:
-        """Run the conversation's job to completion now (the replay command's deterministic
-        path): a job of this process still in its debounce pause is replaced by this run, one
-        already running is awaited first. Returns the run, or None when another worker held the
-        lease throughout."""
+        """Run the job to completion now (replays' deterministic path), replacing one in its debounce pause, after
+        one running. None when another worker held the lease throughout."""
         task = self._tasks.get(memory_key)
         if task is not None and not task.done():
             self._again.pop(memory_key, None)
@@ -132,10 +114,9 @@ class MemoryJobRunner:
         return task is not None and not task.done()
 
     async def wait(self, memory_key: str, timeout_seconds: float, *, poll_seconds: float = 0.05) -> bool:
-        """Wait at most ``timeout_seconds`` for the conversation's job to end: this process's
-        pending (an idle one is started at once) or running one, then one another worker runs (its lease is polled every
-        ``poll_seconds``). True when none is left; False at the deadline. Never raises on the
-        job's own failure; storage errors propagate."""
+        """Wait at most ``timeout_seconds`` for the job to end, this process's (a pending idle one starts at once),
+        then another worker's (its lease polled every ``poll_seconds``). False at the deadline; storage errors
+        propagate."""
         deadline = time.monotonic() + timeout_seconds
         if memory_key in self._idle and memory_key not in self._running:
             self.schedule(memory_key)  # a request needs it now: a job waiting for idleness starts
@@ -161,11 +142,8 @@ class MemoryJobRunner:
         self._idle_calls.clear()
         self._again.clear()
 
-    # --- running ----------------------------------------------------------------------------------
-
     async def _loop(self, memory_key: str, delay: float) -> JobRun | None:
-        """One job: wait ``delay`` seconds, run it; a schedule that came while it ran queues the
-        next job as a new task (after the debounce), so whoever awaits this one is not held."""
+        """One job after ``delay`` seconds; a schedule during it queues the next as a new task, not holding awaiters."""
         if delay:
             await asyncio.sleep(delay)
         self._idle.discard(memory_key)
@@ -176,8 +154,7 @@ class MemoryJobRunner:
         except asyncio.CancelledError:
             raise
         except Exception:
-            # The store itself failed (database down): nothing was recorded; the next reply
-            # schedules the job again.
+            # The store itself failed (database down): nothing recorded; the next reply schedules again.
             logger.exception("memory job of %s could not run", memory_key)
             run = None
         finally:
@@ -232,8 +209,7 @@ class MemoryJobRunner:
         return memory_key in self._idle and self.busy(memory_key) and memory_key not in self._running
 
     def status(self, memory_key: str) -> str | None:
-        """``running``, ``queued`` or ``batched`` (pending until the conversation goes idle) while
-        a job of this process is running or pending for the conversation, else None (ask the store)."""
+        """``running``, ``queued`` or ``batched`` (until idle) for this process's job, else None (ask the store)."""
         if memory_key in self._running:
             return "running"
         if self.waits_for_idle(memory_key):
@@ -241,8 +217,8 @@ class MemoryJobRunner:
         return "queued" if self.busy(memory_key) else None
 
     async def _acquire(self, memory_key: str) -> JobState | None:
-        """The lease, waiting with backoff (0.05 s doubling to 1 s) while another worker holds it,
-        for at most ``lease_seconds``."""
+        """The lease, retrying with backoff (0.05 s doubling to 1 s) for at most ``lease_seconds`` while another holds
+        it."""
         deadline = time.monotonic() + self.lease_seconds
         pause = 0.05
         while True:

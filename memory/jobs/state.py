@@ -1,5 +1,4 @@
-"""The stored state of a conversation's memory job (docs/memory.md §10): steps, watermarks,
-attempt records and the lease, behind a small storage port."""
+"""A conversation's memory-job state (docs/memory.md §10): steps, watermarks, attempts and the lease, behind a port."""
 
 from __future__ import annotations
 
@@ -13,13 +12,7 @@ JobStatus = Literal["idle", "running", "failed"]
 
 @dataclass(frozen=True, kw_only=True)
 class StepAttempt:
-    """The record of one run of one step.
-
-    ``step``: the step's name; ``at``: when it started (ISO 8601, UTC); ``ok``: it returned
-    without raising; ``error``: the exception as text (``""`` when ok); ``duration_ms``:
-    milliseconds; ``watermark_before``/``watermark_after``: the step's watermark (a message id,
-    None before the first run) before and after; unchanged when the attempt failed.
-    """
+    """One run of one step, ``at`` ISO 8601 UTC; the watermark (a message id) does not move when it failed."""
 
     step: str
     at: str
@@ -30,7 +23,6 @@ class StepAttempt:
     watermark_after: int | None
 
     def as_dict(self) -> dict[str, Any]:
-        """The JSON form kept in the job state and shown in the inspector."""
         return {
             "step": self.step,
             "at": self.at,
@@ -44,15 +36,8 @@ class StepAttempt:
 
 @dataclass(frozen=True, kw_only=True)
 class JobState:
-    """The stored state of one conversation's memory job.
-
-    ``status``: ``idle`` (no job running; the last one succeeded or none ran), ``running``
-    (a worker holds the lease) or ``failed`` (the last job had a failed step; ``last_error``
-    says which and why). ``lease_owner``: the worker holding the lease (``""`` when none);
-    ``lease_expires_at``: when it runs out (aware datetime, None when none); ``watermarks``: step
-    name → message id; ``attempts``: step name → the JSON form of its last :class:`StepAttempt`;
-    ``runs``: jobs completed so far.
-    """
+    """One conversation's job state: ``status`` ``idle``, ``running`` (a worker holds the lease) or ``failed``
+    (``last_error`` says why); ``watermarks`` and last ``attempts`` by step name; ``runs`` completed."""
 
     memory_key: str
     status: JobStatus = "idle"
@@ -64,7 +49,6 @@ class JobState:
     runs: int = 0
 
     def held_by_other(self, owner: str, now: datetime) -> bool:
-        """True when a worker other than ``owner`` holds a lease that has not run out at ``now``."""
         return bool(
             self.lease_owner
             and self.lease_owner != owner
@@ -73,7 +57,6 @@ class JobState:
         )
 
     def as_dict(self) -> dict[str, Any]:
-        """The JSON form sent to the inspector (``lease_expires_at`` as ISO 8601 or None)."""
         return {
             "status": self.status,
             "lease_owner": self.lease_owner,
@@ -86,15 +69,9 @@ class JobState:
 
 
 class JobStore(Protocol):
-    """Where job state lives, shared by every worker. ``memory_key`` names one conversation.
-
-    ``acquire`` takes the lease for ``owner`` for ``lease_seconds`` unless another owner holds
-    one that has not run out; it returns the state as acquired (status ``running``) or None.
-    ``renew`` extends a lease ``owner`` still holds (False when it lost it). ``step_done`` stores
-    one step's attempt and, when it succeeded, its new watermark, only while ``owner`` holds the
-    lease (False otherwise: the result is dropped). ``release`` ends the lease with the job's
-    final status and error and counts the run. Storage errors propagate.
-    """
+    """Job state shared by every worker. ``acquire`` takes the lease unless another owner holds a live one (None
+    then); ``renew``, ``step_done`` (the attempt, and the watermark on success) and ``release`` act only for the
+    holder, the first two saying whether they did. Storage errors propagate."""
 
     async def get(self, memory_key: str) -> JobState: ...
 
@@ -108,15 +85,9 @@ class JobStore(Protocol):
 
 
 class JobStep(Protocol):
-    """One step of the pipeline. ``name`` keys its watermark and attempt record.
-
-    ``await step.due(memory_key)`` tells, reading only, whether the step has work now; a job
-    whose steps have none ends without taking the lease or writing anything (most replies need no
-    compression). ``await step.run(memory_key, watermark)`` does the step's work for every
-    message after ``watermark`` (all of them when None) and returns its new watermark (the newest
-    message id it dealt with; the same value when there was nothing to do). It raises on failure;
-    the runner records the error and keeps the old watermark.
-    """
+    """One pipeline step; ``name`` keys its watermark. ``due`` says, reading only, whether it has work (a job with
+    none takes no lease); ``run`` handles the messages after ``watermark`` and returns the new one, raising on
+    failure (the runner keeps the old one)."""
 
     name: str
 
@@ -126,11 +97,7 @@ class JobStep(Protocol):
 
 
 class InMemoryJobStore:
-    """:class:`JobStore` in a dict, with the same lease rules as the database store.
-
-    ``clock`` returns the current aware datetime (tests move it to let leases run out).
-    Shared by the runners of one process only.
-    """
+    """:class:`JobStore` in one process's dict, with the same lease rules; ``clock`` lets tests run leases out."""
 
     def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
         self.states: dict[str, JobState] = {}

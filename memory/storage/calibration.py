@@ -10,8 +10,7 @@ from memory.tokens import calibration
 
 
 def token_calibration_get(*, model: str) -> calibration.Calibration:
-    """The estimate calibration of chat model ``model`` (docs/memory.md §5, "Calibration"):
-    the stored one, or factor 1.0 with no samples when none is stored. One SELECT."""
+    """``model``'s stored calibration, else factor 1.0 with no samples. One SELECT."""
     row = TokenCalibration.objects.filter(model=model).first()
     return calibration.Calibration(model=model) if row is None else row.as_calibration()
 
@@ -19,12 +18,8 @@ def token_calibration_get(*, model: str) -> calibration.Calibration:
 def token_calibration_record(
     *, model: str, estimated_tokens: int, prompt_tokens: int | None
 ) -> calibration.Calibration:
-    """Move ``model``'s calibration by one chat call: ``estimated_tokens`` our estimate of the
-    request sent, ``prompt_tokens`` the provider's ``usage.prompt_tokens`` (None: not reported).
-    The rule is :func:`memory.calibration.calibration_observe`; a call that gives no sample (no
-    figure, a tiny request, an outlier) writes nothing. The row is read and written in one
-    transaction under a row lock (SQLite: the transaction's write lock, taken at its start), so
-    calls on several workers all count. Returns the calibration now."""
+    """Move ``model``'s calibration by one call's sample (:func:`memory.tokens.calibration.calibration_observe`; no
+    sample, no write) under a row lock (SQLite: the write lock), so every worker's calls count. Returns it."""
     if calibration.sample_ratio(estimated_tokens=estimated_tokens, prompt_tokens=prompt_tokens) is None:
         return token_calibration_get(model=model)
     with transaction.atomic():

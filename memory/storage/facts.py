@@ -1,5 +1,4 @@
-"""Key facts in the database (docs/memory.md §11): store, supersede, pin, hide and edit;
-nothing is deleted."""
+"""Key facts in the database (docs/memory.md §11): store, supersede, pin, hide and edit; nothing is deleted."""
 
 from __future__ import annotations
 
@@ -22,13 +21,10 @@ logger = logging.getLogger(__name__)
 
 
 class KeyFactNotFound(Exception):
-    """No key fact with that id in that conversation: unknown, or another conversation's (the
-    owning app answers 404 either way, so a fact id of another chat reveals nothing)."""
+    """No such fact in that conversation: unknown or another chat's (the app answers 404 either way)."""
 
 
-# Tries of a key-fact write that lost a race with a concurrent insert of the same active value
-# (the partial unique constraint of :class:`memory.models.KeyFact`); each try reads again, so
-# the value stored meanwhile is then found and treated as a restatement.
+# Tries of a write that lost a race on the one-active-value constraint; a retry finds the winner as a restatement.
 FACT_WRITE_TRIES = 3
 
 
@@ -37,23 +33,18 @@ FACT_ID_MAX = 2**63 - 1
 
 
 def _facts_with_replaces(rows: QuerySet[KeyFact]) -> QuerySet[KeyFact]:
-    """``rows`` with ``replaces_value``: the value of the newest fact each one superseded (None
-    when none), read by the same query (no query per fact)."""
+    """``rows`` with ``replaces_value`` (the newest value each one superseded), in the same query."""
     replaced = KeyFact.objects.filter(superseded_by=OuterRef("pk")).order_by("-id").values("value")[:1]
     return rows.annotate(replaces_value=Subquery(replaced))
 
 
 def key_fact_list_active(*, memory_key: str) -> list[fact_values.KeyFact]:
-    """The conversation's active key facts, oldest first: not superseded (``invalidated_at``
-    NULL) and not hidden by the owner, each with ``replaces`` filled (docs/memory.md §11). What
-    a request's ``load_facts`` returns. One query, read once per request: written in SQL, so
-    Django does not build and compile it every time (bench/ws_load.py profile, issue 11)."""
+    """Active, unhidden facts, oldest first, ``replaces`` filled: a request's ``load_facts``. Fixed SQL, as it
+    runs every request and Django would build and compile the query each time."""
     return [row.as_fact() for row in KeyFact.objects.raw(_ACTIVE_FACTS_SQL, [memory_key])]
 
 
-# key_fact_list_active's query: the same rows and ``replaces_value`` as
-# ``_facts_with_replaces(KeyFact.objects.filter(memory_key=…, invalidated_at__isnull=True,
-# hidden_by_user=False))`` (tests/memory/test_key_fact_services.py compares the two).
+# The rows of _facts_with_replaces over active, unhidden facts (tests/memory/test_key_fact_services.py compares).
 _ACTIVE_FACTS_SQL = (
     f"SELECT f.*, (SELECT r.value FROM {KeyFact._meta.db_table} r WHERE r.superseded_by_id = f.id "
     f"ORDER BY r.id DESC LIMIT 1) AS replaces_value FROM {KeyFact._meta.db_table} f "
@@ -62,8 +53,7 @@ _ACTIVE_FACTS_SQL = (
 
 
 def key_fact_list(*, memory_key: str) -> list[fact_values.KeyFact]:
-    """Every key fact of the conversation, oldest first, superseded and hidden ones included
-    (the inspector's list), each with ``replaces`` filled. One query."""
+    """Every fact, oldest first, retired and hidden ones included (the inspector's list), ``replaces`` filled."""
     return [row.as_fact() for row in _facts_with_replaces(KeyFact.objects.filter(memory_key=memory_key))]
 
 
@@ -77,7 +67,7 @@ def _fact_get(*, memory_key: str, fact_id: int) -> fact_values.KeyFact:
 
 
 def _storable(candidate: fact_values.FactCandidate) -> bool:
-    """Whether ``candidate`` fits its columns unchanged (a value is never cut: it is verbatim)."""
+    """Fits its columns unchanged: a verbatim value is never cut."""
     return (
         bool(candidate.value)
         and len(candidate.value) <= fact_values.MAX_VALUE_CHARS
@@ -113,11 +103,8 @@ def _fact_row(
 def _fact_write_retried(
     write: Callable[[], list[fact_values.KeyFact]], *, memory_key: str, give_up_quietly: bool = True
 ) -> list[fact_values.KeyFact]:
-    """Run ``write`` in a transaction (a savepoint inside the caller's), again when it lost a
-    race with a concurrent insert of the same active value (IntegrityError, see
-    :data:`FACT_WRITE_TRIES`). After the last lost race nothing is written and, with
-    ``give_up_quietly``, ``[]`` is returned (the caller's own transaction, e.g. a stored
-    message, must not fail because of a fact); otherwise the IntegrityError propagates."""
+    """Run ``write`` in a savepoint, again after a lost race (IntegrityError), :data:`FACT_WRITE_TRIES` times;
+    then ``[]`` with ``give_up_quietly`` (a fact must not fail the caller's stored message), else raise."""
     for attempt in range(1, FACT_WRITE_TRIES + 1):
         try:
             with transaction.atomic():
@@ -133,21 +120,9 @@ def _fact_write_retried(
 def key_facts_store_rule(
     *, memory_key: str, scope_key: str, messages: list[dict[str, Any]]
 ) -> list[fact_values.KeyFact]:
-    """Store the rule facts of just-stored messages (docs/memory.md §11, "rule extraction at
-    store time"); returns the facts created, in message order.
-
-    ``messages``: stored messages as dicts with ``id`` (int), ``role``, ``content``,
-    ``tool_calls`` and ``created_at`` (aware datetime, becomes ``valid_from``);
-    :func:`memory.facts.message_rule_facts` reads a user's text and an assistant's tool-call
-    arguments. ``scope_key``: the conversation's owner, an opaque string of the owning app. A
-    value already held by an active fact of the conversation (any slot, hidden ones too) is an
-    exact restatement: no row is added, only that fact's ``last_seen_message_id`` moves up.
-    Values longer than :data:`memory.facts.MAX_VALUE_CHARS` are not stored (never cut).
-
-    Cost: no query at all when no message yields a candidate (most messages); otherwise one
-    SELECT of the active facts with those values, one bulk INSERT and at most one UPDATE per
-    restating message, in one transaction (a savepoint inside the caller's).
-    """
+    """Store the rule facts of just-stored messages (dicts with ``id``, ``role``, ``content``, ``tool_calls``,
+    ``created_at``); returns those created (docs/memory.md §11 "Rule extraction"). A value an active fact holds
+    only moves its ``last_seen_message_id``. No query when no message yields a candidate."""
     found: list[tuple[fact_values.FactCandidate, datetime | None]] = []
     for message in messages:
         created_at = message.get("created_at")
@@ -198,22 +173,9 @@ def key_facts_apply(
     valid_from: dict[int, datetime],
     alive: ConversationAlive | None = None,
 ) -> list[fact_values.KeyFact]:
-    """Store validated extraction candidates (:func:`memory.facts.validate_extraction`) in one
-    transaction and apply their supersessions (docs/memory.md §11, F-28); returns the facts
-    created, ``replaces`` filled.
-
-    Each candidate becomes a row with its own ``extractor`` (``llm:<model>``) and
-    ``valid_from[candidate.source_message_id]`` (None when missing), unless an active fact of
-    the conversation already holds the same slot and value (then it is skipped: a restatement),
-    or a retired fact (superseded, by a later message or by the user's own edit) holds the same
-    value and was seen in a message at least as new as the candidate's: a replaced value comes
-    back only when a newer message states it again (an extraction that runs after the user
-    corrected a fact must not bring the old value back). Each id in ``candidate.supersedes`` that names an active fact of the same conversation and
-    the **same slot** that the user did **not** pin is retired: ``invalidated_at`` now,
-    ``superseded_by`` the new fact; its row is kept. Other ids are ignored. With ``alive`` (see
-    :data:`ConversationAlive`), nothing is written and ``[]`` returned once the conversation is
-    gone (docs/memory.md F-41).
-    """
+    """Store validated extraction candidates and retire what they supersede (same slot, unpinned) in one
+    transaction; returns the facts created, ``replaces`` filled (docs/memory.md §11, F-28). Restatements and
+    values retired since their message (no revival) are skipped; nothing is written once ``alive`` fails (F-41)."""
     storable = [candidate for candidate in candidates if _storable(candidate)]
     if not storable:
         return []
@@ -279,10 +241,8 @@ def key_facts_apply(
 
 
 def key_fact_pin(*, memory_key: str, fact_id: int, pinned: bool) -> fact_values.KeyFact:
-    """Pin (``pinned`` True) or unpin fact ``fact_id`` of the conversation for the owner
-    (docs/memory.md §11): a pinned fact is kept first in the block and is never superseded by
-    an extraction, only by the user's own edit. Returns the fact as now stored. Raises
-    :class:`KeyFactNotFound` for an id that is not a fact of ``memory_key``."""
+    """Pin or unpin a fact (kept in the block, superseded only by the owner's edit; docs/memory.md §11); returns it
+    as stored. Raises :class:`KeyFactNotFound`."""
     if 0 < fact_id <= FACT_ID_MAX:
         KeyFact.objects.filter(pk=fact_id, memory_key=memory_key).update(
             pinned_by_user=pinned, updated_at=timezone.now()
@@ -291,10 +251,8 @@ def key_fact_pin(*, memory_key: str, fact_id: int, pinned: bool) -> fact_values.
 
 
 def key_fact_hide(*, memory_key: str, fact_id: int, hidden: bool) -> fact_values.KeyFact:
-    """Hide (``hidden`` True) or restore fact ``fact_id`` of the conversation for the owner
-    (docs/memory.md §11): a hidden fact stays stored but is never put in a request. Returns the
-    fact as now stored. Raises :class:`KeyFactNotFound` for an id that is not a fact of
-    ``memory_key``."""
+    """Hide or restore a fact (a hidden fact is never put in a request); returns it as stored. Raises
+    :class:`KeyFactNotFound`."""
     if 0 < fact_id <= FACT_ID_MAX:
         KeyFact.objects.filter(pk=fact_id, memory_key=memory_key).update(
             hidden_by_user=hidden, updated_at=timezone.now()
@@ -303,20 +261,10 @@ def key_fact_hide(*, memory_key: str, fact_id: int, hidden: bool) -> fact_values
 
 
 def key_fact_edit(*, memory_key: str, fact_id: int, value: str) -> fact_values.KeyFact:
-    """The owner's correction of fact ``fact_id`` (docs/memory.md §11): a new current fact of the
-    same slot, kind and source message with ``value`` (spacing normalised), ``extractor``
-    ``user``, ``valid_from`` now, pinned if the old one was; the edited fact is kept, retired
-    (``invalidated_at``, ``superseded_by``), even if pinned (the user may retire their own pin).
-    Its ``text`` says the new value where the old one said the old value. Returns the new fact
-    (``replaces`` = the old value); an unchanged value changes nothing and returns the fact. When
-    another current fact of the slot already holds ``value``, that one becomes the current fact
-    (shown again if hidden) instead of a duplicate.
-
-    Raises :class:`KeyFactNotFound` for an id that is not a fact of ``memory_key``, and
-    ``ValueError`` for an empty value, one over :data:`memory.facts.MAX_VALUE_CHARS` characters,
-    or a fact already superseded (edit the current one); ``IntegrityError`` only after
-    :data:`FACT_WRITE_TRIES` lost races with concurrent inserts of the same value.
-    """
+    """The owner's correction (docs/memory.md §11): a new ``user`` fact of the slot holding ``value`` (or the active
+    one already holding it, shown again) supersedes this one, even if pinned; returns the current fact. Raises
+    :class:`KeyFactNotFound`, ``ValueError`` (empty, over ``MAX_VALUE_CHARS``, already superseded), and
+    ``IntegrityError`` after :data:`FACT_WRITE_TRIES` lost races."""
     value = " ".join(value.split())
     if not value:
         raise ValueError("a key fact needs a value")
@@ -367,8 +315,8 @@ def key_fact_edit(*, memory_key: str, fact_id: int, value: str) -> fact_values.K
 
 
 class OrmFactStore:
-    """The engine's :class:`memory.facts.store.FactStore` over the database; ``run_sync`` runs
-    each call on a database thread, ``alive`` guards writes (docs/memory.md F-41)."""
+    """:class:`memory.facts.store.FactStore` over the database; ``run_sync`` picks the thread, ``alive`` guards
+    writes (F-41)."""
 
     def __init__(self, *, run_sync: RunSync = sync_to_async, alive: ConversationAlive | None = None) -> None:
         self.run_sync = run_sync

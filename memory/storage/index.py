@@ -1,5 +1,4 @@
-"""The recall index in the database (docs/memory.md §12): items, embeddings and the full-text
-and vector search scoped to one owner (SQLite FTS5, PostgreSQL tsvector)."""
+"""The recall index in the database (docs/memory.md §12): items, embeddings and the owner-scoped search."""
 
 from __future__ import annotations
 
@@ -39,17 +38,9 @@ def memory_items_write(
     pieces: Sequence[IndexPiece],
     alive: ConversationAlive | None = None,
 ) -> tuple[int, int]:
-    """Make the stored items of messages ``message_ids`` of the conversation equal ``pieces``
-    (docs/memory.md §12, "the index"); returns ``(inserted, deleted)``.
-
-    ``pieces``: :func:`memory.index.message_pieces` of those messages (a message without a piece
-    loses its items). A stored item whose slot (message, piece number) and text are unchanged is
-    kept with its embedding; a changed one is deleted and inserted again (a new id, no
-    embedding); items beyond a message's pieces are deleted. So writing the same pieces twice
-    changes nothing (``memory_reindex`` is idempotent). One transaction; with ``alive`` (see
-    :data:`ConversationAlive`) nothing is written and ``(0, 0)`` returned once the conversation
-    is gone (docs/memory.md F-41).
-    """
+    """Make the stored items of messages ``message_ids`` equal ``pieces`` (docs/memory.md §12 "The index"); returns
+    ``(inserted, deleted)``. An unchanged piece keeps its row and embedding, a changed one gets a new id, so a rewrite
+    is idempotent. Nothing is written once ``alive`` fails (F-41)."""
     ids = sorted(set(message_ids))
     if not ids:
         return (0, 0)
@@ -100,9 +91,8 @@ def memory_items_unembedded(*, memory_key: str, model: str, limit: int = EMBED_B
 
 
 def memory_item_embeddings_exist(*, scope_key: str, model: str) -> bool:
-    """Whether any item of owner ``scope_key`` has an embedding of ``model`` (one query unless
-    :func:`memory_item_embeddings_known` knows): without one, a query vector would find nothing
-    (docs/memory.md §12)."""
+    """Whether an item of owner ``scope_key`` has an embedding of ``model`` (without one a query vector finds
+    nothing); one query unless :func:`memory_item_embeddings_known` knows."""
     known = memory_item_embeddings_known(scope_key=scope_key, model=model)
     if known is not None:
         return known
@@ -116,15 +106,13 @@ def memory_item_embeddings_exist(*, scope_key: str, model: str) -> bool:
     return found
 
 
-# (owner, model) pairs known to have embedded items: once true it stays true for the process (a
-# stale answer after an owner's every item is deleted only costs one query vector that finds
-# nothing), so a turn asks the database only until the first embedding exists.
+# (owner, model) pairs known to have embedded items, never forgotten (a stale yes costs one futile query vector):
+# a turn asks the database only until the first embedding exists.
 _embedded_owners: set[tuple[str, str]] = set()
 
 
-# ...and pairs known to have none, asked again after this many seconds (or at once after this
-# process stores an embedding): a new owner's turns do not ask on every request, and another
-# worker's first embeddings are seen within it (until then the question is not embedded).
+# ...and pairs known to have none, asked again after this many seconds or once this process stores one: a new
+# owner's turns do not ask on every request, and another worker's first embeddings are seen within it.
 UNEMBEDDED_RECHECK_SECONDS = 10.0
 
 
@@ -132,9 +120,8 @@ _unembedded_until: dict[tuple[str, str], float] = {}
 
 
 def memory_item_embeddings_known(*, scope_key: str, model: str) -> bool | None:
-    """What this process already knows of :func:`memory_item_embeddings_exist` for owner
-    ``scope_key`` and ``model``, without a query (None: it must ask the database). Safe to call
-    from the event loop: an async caller skips a trip to a database thread when it knows."""
+    """What this process knows of :func:`memory_item_embeddings_exist` without a query (None: ask the database).
+    Safe on the event loop, so an async caller that knows skips a database thread."""
     key = (scope_key, model)
     if key in _embedded_owners:
         return True
@@ -149,9 +136,8 @@ def memory_items_unembedded_exist(*, memory_key: str, model: str) -> bool:
 
 
 def memory_item_embeddings_save(*, vectors: dict[int, np.ndarray], model: str) -> int:
-    """Store embeddings of ``model``: item id → L2-normalised vector (all of one dimension).
-    Items deleted meanwhile are skipped; returns how many were stored. Touches neither the text
-    nor the full-text index."""
+    """Store ``model`` embeddings, item id → L2-normalised vector, skipping items deleted meanwhile; returns how
+    many were stored. Touches neither the text nor the full-text index."""
     if not vectors:
         return 0
     rows = list(MemoryItem.objects.filter(pk__in=list(vectors)).only("id"))
@@ -159,16 +145,14 @@ def memory_item_embeddings_save(*, vectors: dict[int, np.ndarray], model: str) -
         vector = vectors[row.pk]
         row.embedding, row.embedding_model, row.embedding_dim = vector_bytes(vector), model, int(vector.shape[-1])
     MemoryItem.objects.bulk_update(rows, ["embedding", "embedding_model", "embedding_dim"], batch_size=200)
-    # Some owner has embeddings now: ask again (now, and once they are committed, in case a
-    # request in between found none yet).
+    # Some owner has embeddings now: ask again, now and after commit (a request in between may have found none).
     _unembedded_until.clear()
     transaction.on_commit(_unembedded_until.clear)
     return len(rows)
 
 
 def memory_index_status(*, memory_key: str) -> dict[str, Any]:
-    """The conversation's index for the inspector: ``items`` (count), ``embedded`` (items with an
-    embedding) and ``models`` (embedding model → item count). One query."""
+    """The index for the inspector: ``items``, ``embedded`` and ``models`` (model → items), in one query."""
     counts: dict[str, int] = {}
     for model in MemoryItem.objects.filter(memory_key=memory_key).values_list("embedding_model", flat=True):
         counts[model] = counts.get(model, 0) + 1
@@ -180,16 +164,14 @@ def memory_index_status(*, memory_key: str) -> dict[str, Any]:
 
 
 def recall_cache_clear() -> None:
-    """Forget this process's cached vectors and which owners have embeddings (tests; after
-    switching the embedding model)."""
+    """Forget this process's cached vectors and embedding lookups (tests; after an embedding model change)."""
     vector_cache.clear()
     _embedded_owners.clear()
     _unembedded_until.clear()
 
 
 class OrmRecallIndex:
-    """The engine's :class:`memory.recall.index.RecallIndex` over the database. ``run_sync`` runs
-    each read or write on a database thread; ``titles`` names conversations for provenance and
+    """:class:`memory.recall.index.RecallIndex` over the database; ``titles`` names chats for provenance,
     ``alive`` guards every write (docs/memory.md F-41)."""
 
     def __init__(

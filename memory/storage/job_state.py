@@ -21,10 +21,8 @@ def memory_job_state_get(*, memory_key: str) -> JobState:
 
 
 def memory_job_acquire(*, memory_key: str, owner: str, lease_seconds: float) -> JobState | None:
-    """Take the conversation's job lease for ``owner`` for ``lease_seconds`` (docs/memory.md §10,
-    "memory job"): one conditional UPDATE, so of two workers asking at once exactly one gets it.
-    Returns the state as acquired (status ``running``), or None while another owner holds a lease
-    that has not run out."""
+    """Take the job lease for ``owner`` for ``lease_seconds`` with one conditional UPDATE, so of two workers exactly
+    one gets it; the state as acquired, or None while another owner holds a live lease."""
     now = timezone.now()
     MemoryJobState.objects.get_or_create(memory_key=memory_key)
     free = Q(lease_owner="") | Q(lease_owner=owner) | Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
@@ -63,8 +61,7 @@ def memory_job_step_done(*, memory_key: str, owner: str, attempt: StepAttempt) -
 
 
 def memory_job_release(*, memory_key: str, owner: str, status: JobStatus, error: str) -> None:
-    """End ``owner``'s lease with the job's final ``status`` and ``error`` and count the run;
-    nothing happens when ``owner`` no longer holds it."""
+    """End ``owner``'s lease with the job's ``status`` and ``error`` and count the run; nothing if it lost the lease."""
     with transaction.atomic():
         row = MemoryJobState.objects.select_for_update().filter(memory_key=memory_key, lease_owner=owner).first()
         if row is None:
@@ -75,8 +72,7 @@ def memory_job_release(*, memory_key: str, owner: str, status: JobStatus, error:
 
 
 class OrmJobStore:
-    """The memory jobs' shared state (:class:`memory.jobs.state.JobStore`) in the database;
-    ``run_sync`` runs each call on a database thread."""
+    """:class:`memory.jobs.state.JobStore` in the database; ``run_sync`` runs each call on a database thread."""
 
     def __init__(self, *, run_sync: RunSync = sync_to_async) -> None:
         self.run_sync = run_sync

@@ -1,6 +1,5 @@
-"""Recall's search in the database (docs/memory.md §12): full-text hits (SQLite FTS5, PostgreSQL
-tsvector), the rarity of the query's terms, the nearest items by cosine, and neighbours, always
-within one owner's items."""
+"""Recall's search in the database (docs/memory.md §12): full-text hits (SQLite FTS5, PostgreSQL tsvector), term
+rarity, the nearest items by cosine and neighbours, always within one owner's items."""
 
 from __future__ import annotations
 
@@ -18,23 +17,19 @@ from memory.recall.values import LexicalHits, RecallCandidate, RecallItem, TermR
 from memory.recall.vectors import VectorCache, VectorRow
 from memory.text.fulltext import fts5_match, query_terms
 
-# The full-text expression that migration 0005_memoryitem indexes (PostgreSQL: the GIN index is
-# used only when a query repeats it exactly).
+# The expression migration 0005 indexes: PostgreSQL uses the GIN index only when a query repeats it exactly.
 _PG_BODY = "to_tsvector('english', CASE WHEN i.search_text = '' THEN i.text ELSE i.search_text END)"
 
 
-# Candidates of one recall search from each side (full-text hits, nearest by cosine): a wide
-# pool, since the gate and not the search decides (docs/memory.md §12; 200 found the evidence of
-# 83 % of the LoCoMo questions, 50 of 73 %).
+# Candidates per side of one search: a wide pool, since the gate decides (docs/memory.md §12 "Candidates").
 RECALL_POOL = 200
 
 
-# The nearest items by cosine taken into one search (the dense side's thresholds were calibrated
-# on 50, bench/recall_calibrate.py).
+# Nearest items by cosine per search; the dense thresholds were calibrated on 50 (bench/recall_calibrate.py).
 RECALL_DENSE_POOL = 50
 
 
-# Identifier kinds of memory.facts.rule_facts that make an exact identifier match.
+# Identifier kinds of memory.facts.rules.rule_facts that make an exact identifier match.
 IDENTIFIER_KINDS = frozenset({"id", "email", "phone"})
 
 
@@ -42,8 +37,7 @@ vector_cache = VectorCache()
 
 
 def _scope_sql(alias: str) -> str:
-    """The owner-scope condition of a recall query (see :func:`recall_candidates`); its
-    parameters are those of :func:`_scope_params`."""
+    """The owner-scope condition of a recall query; its parameters come from :func:`_scope_params`."""
     return (
         f"{alias}.scope_key = %s AND (({alias}.memory_key = %s AND {alias}.last_message_id <= %s) "
         f"OR (%s AND {alias}.memory_key <> %s))"
@@ -56,8 +50,7 @@ def _scope_params(scope_key: str, memory_key: str, boundary: int | None, scope: 
 
 
 def _lexical_ids(terms: list[str], scope_params: list[Any], limit: int) -> list[int]:
-    """Item ids matching any of ``terms`` within the scope, best first (``bm25`` on SQLite,
-    ``ts_rank_cd`` on PostgreSQL), at most ``limit``; ``[]`` on other databases."""
+    """Ids matching any of ``terms`` in scope, best first (``bm25``, ``ts_rank_cd``), at most ``limit``; else ``[]``."""
     if not terms:
         return []
     if connection.vendor == "sqlite":
@@ -86,14 +79,9 @@ def _lexical_ids(terms: list[str], scope_params: list[Any], limit: int) -> list[
 
 
 def recall_term_rarity(*, scope_key: str, query: str) -> TermRarity:
-    """How rare the terms of ``query`` are among the items of owner ``scope_key``
-    (docs/memory.md §12, "gate"): the number of the owner's items, and for each content term of
-    the query (:func:`memory.recall.content_terms` of each search term of
-    :func:`memory.fulltext.query_terms`) the number of those items the full-text search finds
-    for it (SQLite FTS5, PostgreSQL ``to_tsvector``; the same stemming as the search itself). One
-    statement. On another database, no frequencies (every term then counts as held by every
-    item and weighs next to nothing: only identifiers and cosines admit). Storage errors
-    propagate."""
+    """How rare ``query``'s content terms are among owner ``scope_key``'s items (docs/memory.md §12 "Admission
+    gate"): the item count and, per term, the items the full-text search finds for it, in one statement. Other
+    databases give no frequencies (only identifiers and cosines admit). Storage errors propagate."""
     terms = query_terms(query)
     # Each search term, and the content terms of the query it stands for ("东 京" for "东京").
     stands_for = {term: content_terms(term.replace(" ", "") if " " in term else term) for term in terms}
@@ -101,7 +89,7 @@ def recall_term_rarity(*, scope_key: str, query: str) -> TermRarity:
     if connection.vendor == "sqlite":
         matches = [fts5_match([term]) for term in searched]
         searched = [term for term, match in zip(searched, matches, strict=True) if match]
-        # The full-text match first (a join lets SQLite test MATCH row by row: 100 times slower).
+        # The full-text match first: in a join SQLite tests MATCH row by row, far slower.
         counts = [
             "(SELECT count(*) FROM memory_memoryitem i WHERE i.scope_key = %s AND i.id IN "
             "(SELECT rowid FROM memory_memoryitem_fts WHERE memory_memoryitem_fts MATCH %s))"
@@ -128,8 +116,7 @@ def recall_term_rarity(*, scope_key: str, query: str) -> TermRarity:
 
 def _vector_reader(scope_key: str) -> Callable[[int, Sequence[int]], Iterable[VectorRow]]:
     def read(after: int, ids: Sequence[int]) -> Iterable[VectorRow]:
-        # One plain query, no server-side cursor: a cursor's generic plan on PostgreSQL walked the
-        # other owners' rows instead of using the owner index.
+        # A plain query, no server-side cursor: its generic plan on PostgreSQL walked other owners' rows.
         rows = MemoryItem.objects.filter(Q(id__gt=after) | Q(id__in=list(ids)), scope_key=scope_key)
         return list(
             rows.values_list("id", "memory_key", "last_message_id", "embedding", "embedding_model", "embedding_dim")
@@ -148,10 +135,8 @@ def recall_lexical_hits(
     limit: int = RECALL_POOL,
     titles: Callable[[set[str]], Mapping[str, str]] | None = None,
 ) -> LexicalHits:
-    """The full-text part of :func:`recall_candidates` on its own, so that a caller can run it
-    while the query is being embedded (docs/memory.md §12): the ``limit`` best full-text hits and
-    the items holding an identifier of ``query``, in the same scope, with their rows (chat titles
-    by ``titles``, as for :func:`recall_candidates`). Storage errors propagate."""
+    """The full-text side of :func:`recall_candidates` alone, to run while the query is embedded: the ``limit``
+    best hits and the items holding an identifier of ``query``, with their rows. Storage errors propagate."""
     scope_params = _scope_params(scope_key, memory_key, boundary, scope)
     identifiers = [
         candidate.value
@@ -175,8 +160,7 @@ def _scoped_items(
     scope: Literal["chat", "owner"],
     titles: Callable[[set[str]], Mapping[str, str]] | None,
 ) -> dict[int, RecallItem]:
-    """The items ``ids`` that are in the scope of :func:`recall_candidates`, by id, their chat
-    titles filled by ``titles`` (``""`` without it). One query, two with titles."""
+    """The items ``ids`` in :func:`recall_candidates`' scope, by id, titled by ``titles`` (``""`` without)."""
     rows = MemoryItem.objects.filter(pk__in=list(ids), scope_key=scope_key).filter(
         (Q(memory_key=memory_key, last_message_id__lte=boundary) if boundary is not None else Q(pk__in=[]))
         | (~Q(memory_key=memory_key) if scope == "owner" else Q(pk__in=[]))
@@ -200,27 +184,11 @@ def recall_candidates(
     hits: LexicalHits | None = None,
     titles: Callable[[set[str]], Mapping[str, str]] | None = None,
 ) -> list[RecallCandidate]:
-    """The items that may be recalled for ``query`` in conversation ``memory_key`` of owner
-    ``scope_key`` (docs/memory.md §12, "scope"), unranked: the caller's admission gate decides.
-
-    Eligible items belong to ``scope_key`` (never another owner's: the condition is part of
-    every query) and are either of this conversation with every message id ≤ ``boundary`` (its
-    summary's boundary; None: none of them), or, with ``scope`` ``owner``, of the owner's other
-    conversations. Candidates: the ``limit`` best full-text hits (``lexical_rank`` 1, 2, …; any
-    term of :func:`memory.fulltext.query_terms` matching), the ``dense_limit`` (default: ``limit``, at most
-    :data:`RECALL_DENSE_POOL`) items whose embedding is
-    most similar to ``query_vector`` (an L2-normalised vector, None for lexical-only; compared
-    only with embeddings of ``embedding_model`` when given, else of the same dimension) through
-    the per-owner :class:`memory.index.VectorCache`, and the items holding an identifier of the
-    query verbatim (an id, email or phone of :func:`memory.facts.rule_facts`, compared without
-    case). ``cosine`` is filled for every candidate with a cached embedding. ``chat_title`` is
-    ``""`` (the owning app fills it). Order: lexical hits by rank, then the others by cosine.
-    ``hits``: the full-text side already searched (:func:`recall_lexical_hits` with the same
-    scope, query and titles; its rows are used as they are), else it is searched here.
-    ``titles``: the owning app's titles of the conversations found (memory key → title, called
-    with the set of their keys, once per read of rows); without it, or for a key it leaves out,
-    ``chat_title`` is ``""``. Storage errors propagate.
-    """
+    """The unranked items that may be recalled for ``query`` (docs/memory.md §12 "Candidates"; the caller's gate
+    decides): only owner ``scope_key``'s, of this chat up to ``boundary`` or, with ``scope`` ``owner``, of its other
+    chats. The best full-text hits, the nearest to ``query_vector`` (L2-normalised, compared within
+    ``embedding_model``) and verbatim identifier matches; lexical hits first by rank, then by cosine. ``hits``: the
+    full-text side already searched; ``titles``: memory keys → chat titles. Storage errors propagate."""
     if hits is None:
         hits = recall_lexical_hits(
             scope_key=scope_key,
@@ -297,7 +265,6 @@ _ITEM_COLUMNS = ("id", "memory_key", "message_ids", "role", "text", "token_count
 
 
 def _item(row: Sequence[Any], *, title: str) -> RecallItem:
-    """A :class:`RecallItem` of a row of :data:`_ITEM_COLUMNS`."""
     item_id, chat, message_ids, role, text, tokens, created_at = row
     return RecallItem(
         id=item_id,
@@ -319,12 +286,9 @@ def recall_neighbors(
     scope: Literal["chat", "owner"],
     anchors: Sequence[RecallItem],
 ) -> dict[int, tuple[RecallItem, ...]]:
-    """The items next to each of ``anchors`` in its chat (docs/memory.md §12, "context"): anchor
-    id → (the next item, the one before), in the chat's order (message id, then piece), each
-    only when it exists and is in the same scope as :func:`recall_candidates` (never another
-    owner's, never in this chat's retained window: at most ``boundary``). An anchor's chat title
-    is its neighbours'. One statement for all anchors (two lookups each on the unique index of
-    ``memory_key, last_message_id, piece``), one more for the rows. Storage errors propagate."""
+    """Per anchor id, its chat's next item then the one before (message id, then piece; docs/memory.md §12
+    "Context"), each only if in :func:`recall_candidates`' scope, titled as the anchor. One statement for all
+    anchors, one more for the rows. Storage errors propagate."""
     if not anchors:
         return {}
     scope_params = _scope_params(scope_key, memory_key, boundary, scope)

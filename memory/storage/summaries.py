@@ -1,5 +1,4 @@
-"""Summaries and compression events in the database, and the engine's storage port over them
-(compare-and-set on the summary's version, docs/memory.md §3 step 6)."""
+"""Summaries and compression events in the database, and the engine's storage port over them."""
 
 from __future__ import annotations
 
@@ -19,9 +18,8 @@ logger = logging.getLogger(__name__)
 
 
 def session_summary_get(*, memory_key: str) -> Summary:
-    """The conversation's current summary, or an empty one (version 0) when it has none. Read on
-    every request: written in SQL (the same row as ``SessionSummary.objects.filter(memory_key=…)
-    .first()``), so Django does not build and compile the query each time (issue 11)."""
+    """The current summary, or an empty one (version 0). Fixed SQL, as it runs every request and Django would
+    build and compile the query each time."""
     row = next(iter(SessionSummary.objects.raw(_SUMMARY_SQL, [memory_key])), None)
     return Summary() if row is None else row.as_summary()
 
@@ -30,9 +28,8 @@ _SUMMARY_SQL = f"SELECT * FROM {SessionSummary._meta.db_table} WHERE memory_key 
 
 
 def session_summary_kind(*, memory_key: str, summary: Summary) -> str:
-    """How the conversation's current ``summary`` (:func:`session_summary_get`) was written:
-    :func:`memory.summarizer.summary_kind` of the compression event that wrote its version (one
-    query), or its stored type when that event is gone or disagrees (``none`` before the first)."""
+    """How ``summary`` was written: :func:`memory.summary.chain.summary_kind` of the event that wrote its version,
+    or its stored type when that event is gone or disagrees."""
     if not summary.version:
         return summary.summary_type
     event = (
@@ -57,17 +54,9 @@ def session_summary_save(
     alive: ConversationAlive | None = None,
     same_boundary: bool = False,
 ) -> bool:
-    """Compare-and-set write of a new summary (docs/memory.md §3 step 6).
-
-    Succeeds (returns True) only if the stored version still equals ``expected_version`` and the
-    boundary moves strictly forward; otherwise nothing is written and False is returned, so two
-    concurrent compressions can never move the boundary backwards or overwrite a newer summary.
-    ``new.version`` is ignored: the stored version becomes ``expected_version + 1``.
-    ``token_count``: the summary text's size in tokens. With ``alive``, nothing is written and
-    False is returned once the conversation is gone (deleted meanwhile, docs/memory.md F-41).
-    With ``same_boundary`` the boundary may also stay where it is (a summary over the cap
-    rewritten in place, docs/memory.md F-40); it still never moves back.
-    """
+    """Compare-and-set write (docs/memory.md §3 step 6): only at ``expected_version`` with the boundary moving
+    forward, or staying with ``same_boundary`` (F-40); the version becomes ``expected_version + 1``. Returns whether
+    it wrote; never writes once ``alive`` fails (F-41)."""
     fields = {
         "content": new.content,
         "summary_type": new.summary_type,
@@ -96,8 +85,7 @@ def session_summary_save(
 def compression_event_create(
     *, memory_key: str, record: CompressionRecord, alive: ConversationAlive | None = None
 ) -> CompressionEvent | None:
-    """Store one compression event; with ``alive``, store nothing and return None once the
-    conversation is gone (docs/memory.md F-41)."""
+    """Store one event; None, nothing stored, once ``alive`` fails (docs/memory.md F-41)."""
     with transaction.atomic():
         if alive is not None and not alive(memory_key):
             return None
@@ -113,10 +101,8 @@ def compression_event_list(*, memory_key: str, limit: int = 50) -> list[Compress
 def compression_event_list_after(
     *, memory_key: str, after_id: int, up_to_id: int, limit: int
 ) -> list[CompressionEvent]:
-    """One page of the conversation's compression events for reading them all with bounded
-    memory (an export): at most ``limit`` events with ``after_id < id <= up_to_id``, oldest
-    first; ask again after the last id until a page comes back empty. ValueError for a
-    ``limit`` below 1."""
+    """One page for reading every event with bounded memory (an export): at most ``limit`` with ``after_id < id <=
+    up_to_id``, oldest first. ValueError for ``limit`` below 1."""
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     rows = CompressionEvent.objects.filter(memory_key=memory_key, id__gt=after_id, id__lte=up_to_id)
@@ -124,8 +110,7 @@ def compression_event_list_after(
 
 
 def session_memory_delete(*, memory_key: str) -> None:
-    """Forget a conversation's memory state (its summary, events, job state, key facts,
-    superseded ones included, and recall items); raw messages are not ours."""
+    """Forget a conversation's memory state (summary, events, job, facts, recall items); messages are not ours."""
     SessionSummary.objects.filter(memory_key=memory_key).delete()
     CompressionEvent.objects.filter(memory_key=memory_key).delete()
     MemoryJobState.objects.filter(memory_key=memory_key).delete()
@@ -134,14 +119,8 @@ def session_memory_delete(*, memory_key: str) -> None:
 
 
 def summarizer_health_get(*, memory_key: str) -> dict[str, Any]:
-    """The summarizer's health as of the conversation's last compression.
-
-    ``status``: ``idle`` (no compression yet), ``ok`` (first primary attempt succeeded),
-    ``retrying`` (the primary succeeded after failed attempts), ``failover`` (the failover model
-    produced the summary) or ``raw_archive`` (every attempt failed; docs/memory.md §4, layer 3).
-    ``last_error``: the newest failed attempt's error of that compression, ``""`` if none;
-    ``attempts``: its attempt records; ``at``: when it happened (ISO 8601) or None.
-    """
+    """The summarizer's health at the last compression: ``status`` ``idle``, ``ok``, ``retrying``, ``failover`` or
+    ``raw_archive`` (docs/memory.md §4), ``last_error`` (the newest failed attempt's), ``attempts``, ``at``."""
     event = (
         CompressionEvent.objects.filter(memory_key=memory_key, kind__in=("compression", "superseded"))
         .order_by("-id")
@@ -169,13 +148,8 @@ def summarizer_health_get(*, memory_key: str) -> dict[str, Any]:
 
 
 class OrmSummaryStore:
-    """The engine's storage port (:class:`memory.store.SummaryStore`) over the database.
-
-    ``alive`` (see :data:`ConversationAlive`), when given, guards every write: the state of a
-    conversation deleted while it was being compressed is never recreated (docs/memory.md F-41).
-    Its compare-and-set then fails like a lost race (the engine reads again and finds nothing
-    left to compress) and its events are not stored (returned with ``id`` None).
-    """
+    """:class:`memory.summary.store.SummaryStore` over the database; ``alive`` guards every write, so a chat deleted
+    mid-compression is never recreated (F-41): its write fails like a lost race, its events are not stored."""
 
     def __init__(self, *, alive: ConversationAlive | None = None, run_sync: RunSync = sync_to_async) -> None:
         self.alive = alive

@@ -1,5 +1,4 @@
-"""The raw archive, the summary that needs no LLM (docs/memory.md §4), and the summary block's
-header. Pure."""
+"""The raw archive, the summary needing no LLM (docs/memory.md §4), and the summary block's header. Pure."""
 
 from __future__ import annotations
 
@@ -37,20 +36,14 @@ def summary_header(*, summary_type: str, compressed_count: int) -> str:
 
 
 def summary_block(*, content: str, summary_type: str, compressed_count: int, role: str) -> Message:
-    """The one message that carries the summary into the request; ``role`` is ``system`` or
-    ``user`` (for providers that accept a single leading system message, F-10)."""
+    """The message carrying the summary; ``role`` ``system``, or ``user`` for strict providers (F-10)."""
     header = summary_header(summary_type=summary_type, compressed_count=compressed_count)
     return {"role": role, "content": f"{header}\n{content}"}
 
 
 def trim_summary(content: str, max_tokens: int, counter: TokenCounter) -> str:
-    """``content`` (a stored summary) brought to at most ``max_tokens`` tokens without any LLM,
-    for a summary over the current cap when no summarizer can shrink it (docs/memory.md F-40).
-
-    A raw archive section is bounded as in :func:`raw_archive_merge` (lines shortened, then the
-    oldest counted as omitted); a plain summary keeps its head, the earliest facts (I7), and ends
-    with a visible ``[… earlier summary trimmed …]`` marker. Text already within the cap is
-    returned unchanged."""
+    """A stored summary over the cap brought within ``max_tokens`` tokens without an LLM (docs/memory.md F-40): an
+    archive as in :func:`raw_archive_merge`; a plain summary keeps its head (I7) and ends with a marker."""
     if counter.count_text(content) <= max_tokens:
         return content
     _, lines, omitted = _split_archive(content)
@@ -103,16 +96,9 @@ def _plain_text(content: Any) -> str:
 
 
 def raw_archive_merge(previous_summary: str, messages: list[Message], *, max_tokens: int, counter: TokenCounter) -> str:
-    """The degraded summary: ``previous_summary`` kept plus one
-    ``[Raw archive of newly added messages]`` section holding an archive line per message.
-
-    A previous raw section is merged into the single section (no stacking, F-12). When the text
-    exceeds ``max_tokens``, archive lines are shortened (500, 200, then 80 characters), then the
-    oldest give way to an ``N earlier archived messages omitted`` line, so the archive stays
-    bounded across many degraded compressions. The LLM-written part is kept whole while it
-    leaves room for that count line; otherwise its tail gives way (its head, with the earliest
-    facts, stays), so the archive always says how many messages it folded in.
-    """
+    """The degraded summary: ``previous_summary`` plus one merged raw-archive section (F-12). Over ``max_tokens``,
+    lines shorten by :data:`ARCHIVE_LINE_STEPS`, then the oldest become an ``N … omitted`` count; the LLM-written part
+    loses its tail last, so the archive always says how many messages it folded in."""
     base, old_lines, omitted = _split_archive(previous_summary)
     lines = old_lines + [raw_archive_line(m) for m in messages]
 

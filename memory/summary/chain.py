@@ -1,5 +1,4 @@
-"""The summarizer degradation chain (docs/memory.md §4): primary attempts, failover attempts,
-each with its timeout; empty or cut-off replies count as failures."""
+"""The summarizer degradation chain (docs/memory.md §4): primary, then failover attempts, each with its timeout."""
 
 from __future__ import annotations
 
@@ -16,31 +15,26 @@ Phase = Literal["primary", "failover"]
 
 
 class SummarizerError(Exception):
-    """A summarizer answered, but not with a usable summary (for example empty text)."""
+    """A summarizer answered, but not with a usable summary."""
 
 
 class EmptySummaryError(SummarizerError):
-    """The summarizer returned empty or whitespace-only text (docs/memory.md §4: a failure)."""
+    """Empty or whitespace-only text (docs/memory.md §4: a failure)."""
 
 
 class TruncatedSummaryError(SummarizerError):
-    """The provider cut the reply off (``finish_reason`` ``length`` or ``content_filter``): the text
-    is incomplete and is never stored (docs/memory.md F-36)."""
+    """The provider cut the reply off: incomplete text is never stored (docs/memory.md F-36)."""
 
 
 class MarkerOnlySummaryError(SummarizerError):
-    """The reply holds nothing but markers such as ``[... transcript trimmed to fit the
-    summarizer ...]`` or a raw-archive heading: no fact at all (docs/memory.md F-36, F-39)."""
+    """Nothing but markers such as a transcript-trimmed note or a raw-archive heading (F-36, F-39)."""
 
 
-# Finish reasons that mean the reply was stopped before the model finished it (OpenAI
-# Chat Completions; most OpenAI-compatible servers report ``length`` at the output cap).
+# Finish reasons of a reply stopped before the model finished it (``length`` at the output cap).
 INCOMPLETE_FINISH_REASONS = frozenset({"length", "content_filter"})
 
 
-# Lines this code base writes around summaries and transcripts, never facts: the trimming marker
-# of an oversized transcript (memory.prompts), raw-archive headings and omission counts
-# (memory.core), the summary block header, the elision marker, and bare ellipses.
+# Lines this code base writes around summaries and transcripts (trim marker, archive headings, block headers).
 _MARKER_LINE_RE = re.compile(
     r"""^(?:
         -?\s*\[(?:\.\.\.|…)?\s*transcript\ trimmed[^\]]*\]
@@ -55,21 +49,13 @@ _MARKER_LINE_RE = re.compile(
 
 
 def is_marker_line(line: str) -> bool:
-    """True when ``line`` (one line of text) is a marker this code base writes, not a fact:
-    ``[... transcript trimmed to fit the summarizer ...]``, ``[Raw archive of newly added
-    messages]``, ``- [N earlier archived messages omitted]``, a ``[Memory Summary - …]`` header,
-    an elision marker, or only dots, ellipses and dashes (docs/memory.md F-39)."""
+    """Whether ``line`` is such a marker, or only dots, ellipses and dashes: not a fact (F-39)."""
     return bool(_MARKER_LINE_RE.match(line.strip()))
 
 
 def check_reply(reply: str | SummaryReply) -> str:
-    """The stripped summary text of ``reply`` when it is usable (docs/memory.md §4, F-36).
-
-    Raises :class:`TruncatedSummaryError` when the provider cut it off (``finish_reason`` in
-    :data:`INCOMPLETE_FINISH_REASONS`), :class:`EmptySummaryError` when it is not a string or is
-    empty or whitespace-only, :class:`MarkerOnlySummaryError` when every non-blank line is a
-    marker (:func:`is_marker_line`).
-    """
+    """``reply``'s stripped text when usable (docs/memory.md §4, F-36). Raises :class:`TruncatedSummaryError`,
+    :class:`EmptySummaryError` or :class:`MarkerOnlySummaryError`."""
     finish_reason = reply.finish_reason if isinstance(reply, SummaryReply) else None
     text = reply.text if isinstance(reply, SummaryReply) else reply
     if finish_reason in INCOMPLETE_FINISH_REASONS:
@@ -90,12 +76,8 @@ METHOD_EXTRACTIVE = "extractive"
 
 
 def summary_kind(result_type: str, attempts: Iterable[Mapping[str, Any]]) -> str:
-    """How a summary of stored type ``result_type`` (``none``, ``llm``, ``raw``) was written,
-    from the summarizer ``attempts`` recorded with it (``{"ok", "method", ...}``, see
-    :class:`Attempt`): :data:`METHOD_EXTRACTIVE` when it is an ``llm`` result and every successful
-    attempt came from an extractive summarizer (the offline engine copies sentences: no language
-    model wrote it), else ``result_type``. Attempts recorded before ``method`` existed count as
-    LLM ones."""
+    """``result_type`` (``none``, ``llm``, ``raw``), or :data:`METHOD_EXTRACTIVE` when every successful attempt
+    was extractive: no language model wrote it (attempts without ``method`` count as LLM ones)."""
     if result_type != "llm":
         return result_type
     methods = {str(attempt.get("method") or METHOD_LLM) for attempt in attempts if attempt.get("ok")}
@@ -104,10 +86,7 @@ def summary_kind(result_type: str, attempts: Iterable[Mapping[str, Any]]) -> str
 
 @dataclass(frozen=True, kw_only=True)
 class Attempt:
-    """One summarizer try: ``latency_ms`` in milliseconds, ``error`` empty on success.
-    ``wait_ms``: the backoff slept just before this try, in milliseconds (0 for a layer's first
-    try), so that the attempts and their waits add up to the time the chain took.
-    ``method``: the summarizer's ``method`` (:data:`METHOD_LLM` or :data:`METHOD_EXTRACTIVE`)."""
+    """One summarizer try; ``wait_ms``, the backoff slept before it, makes the tries add up to the chain's time."""
 
     model: str
     phase: Phase
@@ -136,12 +115,8 @@ class ChainResult:
 
 @dataclass(frozen=True, kw_only=True)
 class SummarizerChain:
-    """Layers 1 and 2 of the degradation chain.
-
-    ``attempts``: tries per layer (default 3). ``timeout``: seconds per try (default
-    60), enforced here with ``asyncio.wait_for`` so it fires whatever the client does.
-    ``backoff``: seconds slept before a retry, multiplied by the try number (0 in tests).
-    """
+    """Layers 1 and 2 of the degradation chain: ``attempts`` per layer, ``timeout`` seconds per try (enforced
+    here, whatever the client does), ``backoff`` seconds times the try number before a retry."""
 
     primary: Summarizer
     failover: Summarizer | None = None
@@ -150,12 +125,7 @@ class SummarizerChain:
     backoff: float = 0.5
 
     async def run(self, request: SummaryRequest) -> ChainResult:
-        """Try primary then failover; never raises for a summarizer failure.
-
-        A reply refused by :func:`check_reply` (cut off, empty, markers only) is a failed
-        attempt like an exception: recorded with its reason, then the next attempt runs.
-        Cancellation of the calling task still propagates (it is not a summarizer failure).
-        """
+        """Primary then failover; a refused reply fails its attempt. Never raises but for cancellation."""
         result = ChainResult(text=None)
         layers: list[tuple[Phase, Summarizer]] = [("primary", self.primary)]
         if self.failover is not None:

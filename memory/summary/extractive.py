@@ -1,10 +1,5 @@
-"""A deterministic extractive summarizer: the offline stand-in for an LLM summarizer.
-
-It keeps the transcript sentences most likely to matter later (identifiers, numbers, dates,
-user requests and questions, tool calls and their results) and merges them under the previous
-summary, so it honours the same contract as an LLM summarizer: one flat self-contained text
-(docs/memory.md F-12) within ``max_tokens``. Older facts keep priority over newer ones (docs/memory.md I7).
-"""
+"""A deterministic extractive summarizer, the offline stand-in for an LLM one: keeps the sentences likely to matter
+later (identifiers, numbers, dates, requests, tool traffic) in one flat text (docs/memory.md F-12, I7)."""
 
 from __future__ import annotations
 
@@ -19,10 +14,8 @@ from memory.text.sentences import split_sentences
 from memory.tokens.counter import TokenCounter, get_counter
 
 _LINE_RE = re.compile(r"^- (?P<label>[^:\n]{1,80}): ?(?P<text>.*)$")
-# Clause breaks inside an over-long sentence: commas, colons, semicolons, ideographic commas.
 _CLAUSE_END_RE = re.compile(r"[,;:](?=\s)|[，、：；]")
-# ASCII look-arounds instead of \b: in "订单号是ZX-88213" the CJK character is a word character, so
-# \b would find no boundary before the identifier.
+# ASCII look-arounds, not \b: in "订单号是ZX-88213" the CJK character is a word character.
 _IDENTIFIER_RE = re.compile(
     r"(?<![A-Za-z0-9_-])(?=[A-Za-z0-9_-]*\d)(?=[A-Za-z0-9_-]*[A-Za-z])[A-Za-z0-9_-]{4,}(?![A-Za-z0-9_-])"
     r"|(?<![A-Za-z0-9])[A-Z]{2,}[0-9A-Z]{2,}(?![A-Za-z0-9])|(?<![A-Za-z0-9_])[A-Za-z0-9]+_[A-Za-z0-9_]+"
@@ -39,15 +32,13 @@ _REQUEST_RE = re.compile(
     r"|请|帮我|我想|我要|我需要|记住|取消|预订|退款",
     re.IGNORECASE,
 )
-# What the user says about themselves ("I'm allergic to penicillin", "my dog is called …", "我对
-# 青霉素过敏"): facts without digits that must be kept as reliably as numbers (docs/memory.md F-32).
+# The user about themselves ("my dog is called …", "我对青霉素过敏"): digit-free facts to keep (F-32).
 _SELF_RE = re.compile(r"\b(i|i'm|i am|i've|i have|my|mine|me|we|we're|our)\b|我", re.IGNORECASE)
 # A capitalised word after the first one of a sentence: most likely a name (Biscuit, Lisbon, Ada).
 _NAME_RE = re.compile(r"(?<=[\s,;:(\"“])[A-Z][a-z]+(?:[-'][A-Za-z]+)*\b")
 _CJK_RE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
 _CJK_EDGE_RE = re.compile(_CJK_RE.pattern[:-1] + "。！？；，、：「」『』（）]")
-# A sentence longer than this (characters) is kept in pieces of at most PIECE_CHARS, so that the
-# end of a long CJK sentence (often an identifier) is not lost to a cut (docs/memory.md F-39).
+# Longer sentences (characters) are kept in pieces of PIECE_CHARS: a cut never loses a CJK sentence's end (F-39).
 SENTENCE_CHARS = 300
 PIECE_CHARS = 100
 # Characters of a sentence that count towards its rank; longer adds nothing (docs/memory.md F-39).
@@ -58,8 +49,7 @@ SUMMARY_MODEL = "extractive"
 
 
 def _salience(label: str, sentence: str) -> int:
-    """How likely ``sentence`` is to matter later; 0 for small talk. Identifiers, numbers and
-    dates; the user's requests, questions and statements about themselves; names; tool traffic."""
+    """How likely ``sentence`` is to matter later; 0 for small talk."""
     score = 0
     if _IDENTIFIER_RE.search(sentence):
         score += 3
@@ -79,17 +69,14 @@ def _salience(label: str, sentence: str) -> int:
 
 
 def _rank(salience: int, sentence: str) -> float:
-    """Salience plus a length bonus of up to 3 (a CJK character weighs as three Latin ones, since
-    it carries about a word): between two sentences the more informative wins, never the shorter."""
+    """Salience plus up to 3 for length (a CJK character weighs three): the more informative wins, not the shorter."""
     weighted = len(sentence) + 2 * len(_CJK_RE.findall(sentence))
     return salience + min(weighted, RANK_CHARS_CAP) / (RANK_CHARS_CAP / 3)
 
 
 def _split_long(sentence: str, limit: int = PIECE_CHARS) -> list[str]:
-    """``sentence`` whole when it has at most :data:`SENTENCE_CHARS` characters, else in
-    consecutive pieces of at most ``limit`` characters, cut at clause breaks (commas, colons,
-    semicolons, 、，：) where possible, else at the last space, else anywhere. Nothing is lost:
-    the pieces joined again give the sentence back (spaces aside), and each can be kept alone."""
+    """``sentence``, or over :data:`SENTENCE_CHARS` its pieces of at most ``limit`` characters, cut at clause
+    breaks, else a space, else anywhere; joined again they give it back."""
     if len(sentence) <= SENTENCE_CHARS:
         return [sentence]
     clauses, start = [], 0
@@ -118,8 +105,7 @@ def _split_long(sentence: str, limit: int = PIECE_CHARS) -> list[str]:
 
 @dataclass(frozen=True)
 class _Unit:
-    """A sentence, or a piece of an over-long one (``joined_before``/``joined_after``: the piece
-    continues or is continued by its neighbour in the same sentence)."""
+    """A sentence or a piece of one; ``joined_*``: continued by the neighbouring piece."""
 
     text: str
     rank: float
@@ -135,8 +121,7 @@ class _Line:
     units: tuple[_Unit, ...]
 
     def render(self, keep: frozenset[int] | None = None) -> str:
-        """The line with the units at the indexes in ``keep`` (all by default); a sentence whose
-        neighbouring piece is left out shows ``…`` at the cut."""
+        """The line with the units in ``keep`` (all by default), ``…`` where a sentence's piece is left out."""
         parts = []
         for index, unit in enumerate(self.units):
             if keep is not None and index not in keep:
@@ -151,9 +136,8 @@ class _Line:
         return f"- {self.label}: {body}" if self.label else body
 
     def shortened(self, budget: int, counter: TokenCounter) -> str | None:
-        """The line with its highest-ranked units that fit ``budget`` tokens (kept in order), or
-        None when not even its best unit fits: a long line gives up its least informative
-        sentences instead of vanishing whole (docs/memory.md F-39)."""
+        """The line's best-ranked units fitting ``budget`` tokens, in order, or None: a long line sheds its least
+        informative sentences instead of vanishing (F-39)."""
         keep: set[int] = set()
         best: str | None = None
         for index in sorted(range(len(self.units)), key=lambda i: (-self.units[i].rank, i)):
@@ -165,8 +149,7 @@ class _Line:
 
 
 def _join(parts: list[str]) -> str:
-    """``parts`` joined by spaces, except next to CJK text, which has no spaces between
-    sentences."""
+    """``parts`` joined by spaces, but not next to CJK text."""
     text = ""
     for part in parts:
         if text and not (_CJK_EDGE_RE.match(text[-1]) or _CJK_EDGE_RE.match(part[0])):
@@ -176,11 +159,8 @@ def _join(parts: list[str]) -> str:
 
 
 def _extract_line(line: str) -> _Line | None:
-    """The salient units of one transcript line, or None when nothing is worth keeping.
-
-    Units with a salience above 0 are kept. A user line with none keeps its most informative
-    sentence (by :func:`_rank`, so "Hi." never wins over a longer statement). A tool-call line or a
-    line without a ``- Label:`` prefix is kept whole. Marker lines are never kept (F-39)."""
+    """The salient units of a transcript line, or None. A user line keeps at least its best sentence; tool-call and
+    unlabelled lines stay whole; marker lines never (F-39)."""
     stripped = line.strip()
     if not stripped or is_marker_line(stripped):
         return None
@@ -205,8 +185,7 @@ def _extract_line(line: str) -> _Line | None:
 
 
 def _relinked(kept: list[_Unit], units: list[_Unit]) -> tuple[_Unit, ...]:
-    """``kept`` with the ``joined_*`` flags true only towards a kept neighbour piece; a piece
-    whose neighbour was dropped gets ``…`` marks on that side instead (see :meth:`_Line.render`)."""
+    """``kept`` with ``joined_*`` true only towards kept neighbours, ``…`` on a dropped side."""
     chosen = {id(unit) for unit in kept}
     result = []
     for index, unit in enumerate(units):
@@ -224,14 +203,9 @@ def _relinked(kept: list[_Unit], units: list[_Unit]) -> tuple[_Unit, ...]:
 def extractive_summary(
     previous_summary: str, transcript: str, *, max_tokens: int, counter: TokenCounter | None = None
 ) -> str:
-    """Merge ``previous_summary`` (its lines, raw archive lines included) with the salient
-    sentences of ``transcript`` (lines ``- Label: text``) into one flat text of at most
-    ``max_tokens`` tokens. When everything does not fit, the new material keeps up to 40 % of
-    the room and the previous summary loses its most recent lines first, so the first facts and
-    the newest ones both survive; a new line too long for what is left keeps its most informative
-    sentences. Sentences end at ``.!?`` and at ``。！？；`` (docs/memory.md F-39). Marker lines
-    (``[... transcript trimmed ...]``, archive headings) are never kept, so the result is never
-    a bare marker. Deterministic. Returns ``""`` when nothing is worth keeping."""
+    """Merge ``previous_summary``'s lines with the salient sentences of ``transcript`` (``- Label: text`` lines)
+    into one flat text of at most ``max_tokens`` tokens, ``""`` when nothing is worth keeping. Deterministic; marker
+    lines are never kept, so the result is never a bare marker (F-36, F-39)."""
     counter = counter or get_counter(SUMMARY_MODEL)
     previous_lines = [
         line.strip()
@@ -243,8 +217,7 @@ def extractive_summary(
         new_lines = _best_single_unit(transcript)
     old_cost = sum(counter.count_text(line) + 1 for line in previous_lines)
     new_cost = sum(counter.count_text(line.render()) + 1 for line in new_lines)
-    # When both do not fit, the new material gets up to NEW_SHARE of the room and the old lines
-    # give way from their end: the earliest facts (docs/memory.md I7) and the newest both survive.
+    # Over budget, the new material gets up to NEW_SHARE and the old lines give way from their end (I7).
     new_budget = min(new_cost, max(int(max_tokens * NEW_SHARE), max_tokens - old_cost))
     kept = _fit(previous_lines, max_tokens - new_budget, counter, set())
     used = sum(counter.count_text(line) + 1 for line in kept)
@@ -253,8 +226,7 @@ def extractive_summary(
 
 
 def _best_single_unit(transcript: str) -> list[_Line]:
-    """For a transcript where no line has anything salient (and no previous summary): its one
-    most informative sentence, so the summary is not empty when the transcript is not."""
+    """The transcript's most informative sentence, so a non-empty transcript never gives an empty summary."""
     candidates = []
     for line in transcript.splitlines():
         if not line.strip() or is_marker_line(line):
@@ -281,9 +253,7 @@ def _fit(lines: list[str], budget: int, counter: TokenCounter, seen: set[str]) -
 
 
 def _fit_new(lines: list[_Line], budget: int, counter: TokenCounter, seen: set[str]) -> list[str]:
-    """The new lines within ``budget`` tokens, in order and without repeats: first every line that
-    fits whole (greedy, in order), then each line left out, shortened to its most informative
-    sentences in what room is left (:meth:`_Line.shortened`)."""
+    """The new lines within ``budget`` tokens, in order, no repeats: whole where they fit, then shortened."""
     rendered = [line.render() for line in lines]
     chosen: dict[int, str] = {}
     for index, text in enumerate(rendered):
@@ -306,7 +276,7 @@ def _fit_new(lines: list[_Line], budget: int, counter: TokenCounter, seen: set[s
 
 
 class ExtractiveSummarizer:
-    """:class:`memory.summarizer.Summarizer` backed by :func:`extractive_summary`; no LLM."""
+    """:class:`memory.ports.Summarizer` backed by :func:`extractive_summary`; no LLM."""
 
     model = SUMMARY_MODEL
     method = METHOD_EXTRACTIVE
@@ -316,13 +286,11 @@ class ExtractiveSummarizer:
 
     @staticmethod
     def is_prompt(content: str) -> bool:
-        """Whether ``content`` (a user message's text) is a summarizer prompt."""
         return split_summary_prompt(content) is not None
 
     @staticmethod
     def reply(content: str, *, max_tokens: int) -> str | None:
-        """The extractive summary a summarizer prompt's user ``content`` asks for, or None when
-        ``content`` is not a summarizer prompt (how the offline engine answers one)."""
+        """The extractive summary a summarizer prompt asks for, None for other content (the offline engine's answer)."""
         parsed = split_summary_prompt(content)
         return None if parsed is None else extractive_summary(*parsed, max_tokens=max_tokens)
 

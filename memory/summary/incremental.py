@@ -1,6 +1,5 @@
-"""Incremental summarization (docs/memory.md §3 step 4): new messages folded into the old summary,
-chunk by chunk within the summarizer's window, falling back to the raw archive (§4); and the
-rewrite of a summary over its cap (F-40). Nothing is written here."""
+"""Incremental summarization (docs/memory.md §3 step 4): new messages folded into the old summary chunk by chunk,
+falling back to the raw archive (§4), and a summary over its cap rewritten (F-40). Writes nothing."""
 
 from __future__ import annotations
 
@@ -29,9 +28,7 @@ SHRINK_TRANSCRIPT = "(no new messages: rewrite the previous summary shorter, kee
 
 @dataclass(frozen=True, kw_only=True)
 class Outcome:
-    """A summarization result, before anything is written: the new ``summary`` (its version is
-    still the one read), every summarizer ``attempts`` made, and whether it ``degraded`` to the
-    raw archive."""
+    """A result before anything is written: ``summary`` (version as read), ``attempts``, ``degraded`` to raw."""
 
     summary: Summary
     attempts: list[Attempt]
@@ -39,24 +36,21 @@ class Outcome:
 
 
 def summary_cap(reserve_tokens: int, counter: TokenCounter) -> int:
-    """Hard cap of the summary text in tokens: the reserve minus the block's header line and
-    message overhead, so the whole block fits the reserve."""
+    """The summary text's cap in tokens: the reserve minus the block's header and message overhead."""
     empty_block = summary_block(content="", summary_type="raw", compressed_count=10**6, role="system")
     return max(16, reserve_tokens - counter.count_message(empty_block) - 1)
 
 
 def summary_output_tokens(*, previous_summary_tokens: int, transcript_tokens: int, cap: int, ratio: float) -> int:
-    """The summarizer's output limit in tokens: the old summary may be carried over whole and the
-    new material may add at most ``ratio`` of its own size (so the summary stays within that share
-    of everything it covers), never over ``cap``."""
+    """The summarizer's output limit in tokens: the old summary whole plus at most ``ratio`` of the new material's
+    size, never over ``cap``."""
     wanted = previous_summary_tokens + math.ceil(ratio * transcript_tokens)
     return max(min(MIN_SUMMARY_TOKENS, cap), min(cap, wanted))
 
 
 @dataclass(frozen=True, kw_only=True)
 class IncrementalSummarizer:
-    """Folds messages into a summary through ``chain``; ``ratio`` bounds the growth, ``window``
-    (tokens) one summarizer request."""
+    """Folds messages into a summary through ``chain``; ``window``: tokens of one summarizer request."""
 
     chain: SummarizerChain
     counter: TokenCounter
@@ -64,9 +58,8 @@ class IncrementalSummarizer:
     window: int
 
     async def fold(self, summary: Summary, messages: list[Message], *, cap: int) -> Outcome:
-        """``messages`` folded into ``summary`` within ``cap`` tokens: chunks that fit the window
-        are merged one after another (F-17); when the chain fails for a chunk, it and the rest go
-        to the raw archive. With no ``messages`` the summary alone is rewritten within the cap."""
+        """``messages`` folded into ``summary`` within ``cap`` tokens, chunk by chunk (F-17); from a chunk the chain
+        fails on, the rest goes to the raw archive. Without ``messages``, :meth:`shrink`."""
         previous_tokens = self.counter.count_text(summary.content)
         if not messages:
             return await self.shrink(summary, cap=cap)

@@ -1,10 +1,5 @@
-"""The summarizer request: instructions, transcript rendering and chunking (docs/memory.md §3
-step 4; docs/memory.md F-11, F-14, F-17).
-
-The request is always ``[system: instructions, user: material]``: strict providers reject a lone
-system message, and tool roles are rendered as text lines so that no tool message reaches a
-summarizer that was offered no tools.
-"""
+"""The summarizer request (docs/memory.md §3 step 4, F-11, F-14, F-17): always ``[system, user]``, as strict
+providers reject a lone system message; tool roles become text lines, as the summarizer is offered no tools."""
 
 from __future__ import annotations
 
@@ -27,16 +22,14 @@ Rules:
 - At most {max_tokens} tokens."""
 
 TRANSCRIPT_LINE_CHARS = 4000
-# Marks where an oversized transcript was cut (F-17). It is never a summary by itself: the chain
-# refuses a reply made only of markers and the extractive summarizer skips it (docs/memory.md F-39).
+# Marks an oversized transcript's cut (F-17); never a summary by itself (F-39).
 TRIM_MARKER = "[... transcript trimmed to fit the summarizer ...]"
 _PREVIOUS_RE = re.compile(r"<previous_summary>\n(.*?)\n</previous_summary>", re.DOTALL)
 _TRANSCRIPT_RE = re.compile(r"<transcript>\n(.*?)\n</transcript>", re.DOTALL)
 
 
 def render_transcript(messages: list[Message], *, line_chars: int = TRANSCRIPT_LINE_CHARS) -> str:
-    """Messages as text lines for the summarizer (tool roles included, F-11; ``content: null``
-    on tool-call messages is fine, F-25). Each line is cut to ``line_chars`` characters."""
+    """Messages as text lines, tool roles included (F-11, F-25), each cut to ``line_chars`` characters."""
     lines = [_full_line(message) for message in messages]
     return "\n".join(line if len(line) <= line_chars else line[: line_chars - 1] + "…" for line in lines)
 
@@ -49,8 +42,7 @@ def _full_line(message: Message) -> str:
 
 
 def build_summary_prompt(*, previous_summary: str, transcript: str, max_tokens: int) -> list[dict[str, Any]]:
-    """The wire prompt for one summarizer call. The ``<previous_summary>`` section is absent on
-    a session's first compression (F-14)."""
+    """The wire prompt of one call; no ``<previous_summary>`` on a first compression (F-14)."""
     parts = []
     if previous_summary.strip():
         parts.append(f"<previous_summary>\n{previous_summary.strip()}\n</previous_summary>")
@@ -63,8 +55,7 @@ def build_summary_prompt(*, previous_summary: str, transcript: str, max_tokens: 
 
 
 def split_summary_prompt(content: str) -> tuple[str, str] | None:
-    """``(previous summary, transcript)`` parsed from a summarizer prompt's user content, or
-    None when ``content`` is not a summarizer prompt (used by the offline engine)."""
+    """``(previous summary, transcript)`` of a summarizer prompt's user content, else None (the offline engine)."""
     transcript = _TRANSCRIPT_RE.search(content)
     if transcript is None:
         return None
@@ -75,18 +66,13 @@ def split_summary_prompt(content: str) -> tuple[str, str] | None:
 def transcript_budget(
     *, previous_summary_tokens: int, max_output_tokens: int, window: int, counter: TokenCounter
 ) -> int:
-    """Tokens of transcript one summarizer request may carry within ``window`` tokens: what is
-    left after the instructions, the previous summary (at most ``previous_summary_tokens``), the
-    prompt's framing and ``max_output_tokens`` of reply (docs/memory.md F-17). At least 64."""
+    """Transcript tokens one request may carry in ``window`` beside instructions, summary and reply (F-17); >= 64."""
     framing = counter.count_text(SUMMARY_INSTRUCTIONS) + 64
     return max(64, window - framing - previous_summary_tokens - max_output_tokens)
 
 
 def chunk_messages(messages: list[Message], *, budget: int, counter: TokenCounter) -> list[list[Message]]:
-    """Split ``messages`` into consecutive chunks whose transcripts fit ``budget`` tokens (see
-    :func:`transcript_budget`). Chunks are folded one after another, each merged into the summary
-    produced by the one before. A single message larger than the budget gets a chunk of its own
-    and its line is trimmed by :func:`fit_transcript`."""
+    """Consecutive chunks whose transcripts fit ``budget`` tokens, folded in turn; an oversized message goes alone."""
     chunks: list[list[Message]] = [[]]
     used = 0
     for message in messages:
@@ -100,8 +86,7 @@ def chunk_messages(messages: list[Message], *, budget: int, counter: TokenCounte
 
 
 def fit_transcript(messages: list[Message], *, max_tokens: int, counter: TokenCounter) -> str:
-    """The transcript of ``messages`` cut to at most ``max_tokens`` tokens (keeping its head
-    and marking the cut); used for a chunk that is one oversized message."""
+    """The transcript cut to ``max_tokens`` tokens, head kept and cut marked: a chunk of one oversized message."""
     transcript = render_transcript(messages)
     if counter.count_text(transcript) <= max_tokens:
         return transcript

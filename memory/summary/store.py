@@ -1,13 +1,5 @@
-"""Where the engine keeps its state: the summary of a conversation and the record of every
-compression, behind a small storage port (docs/architecture.md, "memory engine").
-
-:class:`SummaryStore` is the port: read the summary, write a new one with compare-and-set, record a
-compression. :class:`memory.services.OrmSummaryStore` keeps them in the database;
-:class:`InMemorySummaryStore` in a dict, for tests and tools that need no database. This module is
-pure: no ORM, no I/O. The two shapes
-that cross the port, :class:`Summary` and :class:`CompressionRecord`, are plain frozen values: no
-ORM object ever reaches the engine.
-"""
+"""The engine's summary storage port (docs/architecture.md "memory engine"): :class:`SummaryStore`, the frozen
+values crossing it, and :class:`InMemorySummaryStore`. Pure: no ORM object ever reaches the engine."""
 
 from __future__ import annotations
 
@@ -25,14 +17,8 @@ EventKind = Literal["compression", "superseded", "no_progress", "overflow"]
 
 @dataclass(frozen=True, kw_only=True)
 class Summary:
-    """A conversation's summary as read or about to be written.
-
-    ``content``: the summary text (``""`` before the first compression); ``summary_type``:
-    ``none``, ``llm`` (a summarizer wrote it; the extractive offline one included) or ``raw``
-    (the raw archive, docs/memory.md §4); ``last_message_id``: the boundary, the id of the last
-    message it covers (None before the first compression); ``compressed_count``: how many messages
-    it covers; ``version``: the compare-and-set token (0 when nothing is stored).
-    """
+    """A summary read or to be written: ``summary_type`` ``none``, ``llm`` or ``raw`` (docs/memory.md §4),
+    ``last_message_id`` the boundary, ``version`` the compare-and-set token (0 when nothing is stored)."""
 
     content: str = ""
     summary_type: SummaryType = "none"
@@ -41,8 +27,7 @@ class Summary:
     version: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        """The JSON form kept in model-call snapshots and sent to the inspector: ``type``,
-        ``content``, ``last_message_id``, ``compressed_count``, ``version``."""
+        """The JSON form kept in model-call snapshots and sent to the inspector."""
         return {
             "type": self.summary_type,
             "content": self.content,
@@ -53,7 +38,6 @@ class Summary:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Summary:
-        """The summary of :meth:`as_dict` (missing keys take their defaults)."""
         return cls(
             content=data.get("content") or "",
             summary_type=data.get("type") or "none",
@@ -65,19 +49,9 @@ class Summary:
 
 @dataclass(frozen=True, kw_only=True)
 class CompressionRecord:
-    """One compression event, as the engine reports it (docs/memory.md §3 and §4).
-
-    ``kind``: ``compression`` (a summary was written), ``superseded`` (a concurrent request moved
-    the boundary first; nothing written), ``no_progress`` (over the trigger but nothing could be
-    summarized) or ``overflow`` (content of the current turn was elided, or the request is still
-    over the context window). Token figures are estimates of the model-facing request (tokens);
-    ``attempts`` lists every summarizer try ``{"model", "phase", "number", "latency_ms", "ok",
-    "error", "wait_ms", "method"}`` (:class:`memory.summarizer.Attempt`; older records lack the
-    last two); ``duration_ms`` in milliseconds; ``notes`` plain sentences saying why;
-    ``elisions`` one ``{"id", "role", "tokens_before", "tokens_after"}`` per shortened message;
-    ``origin``: ``request`` (a model call or "compress now") or ``job`` (pre-compression in the
-    conversation's memory job, docs/memory.md §10).
-    """
+    """One compression event, ``kind`` as in docs/memory.md §3's end. Tokens are estimates of the model-facing request;
+    ``attempts`` are :class:`memory.summary.chain.Attempt` dicts; ``elisions`` one ``{id, role, tokens_before,
+    tokens_after}`` per shortened message; ``origin`` ``request`` or ``job`` (pre-compression, §10)."""
 
     kind: EventKind
     mode: str
@@ -102,20 +76,17 @@ class CompressionRecord:
     created_at: str | None = None
 
     def fields(self) -> dict[str, Any]:
-        """The stored columns (:class:`memory.models.CompressionEvent`): every field but ``id``
-        and ``created_at``."""
+        """The stored columns (:class:`memory.models.CompressionEvent`): all but ``id`` and ``created_at``."""
         fields = asdict(self)
         del fields["id"], fields["created_at"]
         return fields
 
     def as_dict(self) -> dict[str, Any]:
-        """The JSON form: every field, ``created_at`` as ISO 8601."""
         return {"id": self.id, "created_at": self.created_at, **self.fields()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CompressionRecord:
-        """The record of :meth:`as_dict` (keys it does not know are ignored; older snapshots lack
-        ``origin``)."""
+        """Unknown keys are ignored; older snapshots lack ``origin``."""
         names = {f.name for f in fields(cls)}
         return cls(**{key: value for key, value in data.items() if key in names})
 
@@ -126,14 +97,9 @@ class CompressionRecord:
 
 
 class SummaryStore(Protocol):
-    """The engine's storage port. ``memory_key`` names one conversation (an opaque string).
-
-    ``compare_and_set`` writes ``new`` only if the stored version still equals
-    ``expected_version`` and the boundary moves strictly forward (docs/memory.md §3 step 6);
-    with ``same_boundary`` it may also stay where it is (a summary over the cap rewritten in
-    place, docs/memory.md F-40), never move back. It returns whether it wrote. ``record`` stores a
-    compression event and returns it with its ``id`` and ``created_at``. Storage errors propagate.
-    """
+    """The engine's storage port; ``memory_key`` names one conversation. ``compare_and_set`` writes only at
+    ``expected_version`` with the boundary moving forward (docs/memory.md §3 step 6), or staying with
+    ``same_boundary`` (F-40), and says whether it wrote. Storage errors propagate."""
 
     async def get(self, memory_key: str) -> Summary: ...
 
@@ -145,11 +111,7 @@ class SummaryStore(Protocol):
 
 
 class InMemorySummaryStore:
-    """:class:`SummaryStore` in a dict, with the same compare-and-set rule as the database.
-
-    ``summaries`` maps a memory key to its stored :class:`Summary`; ``events`` to its recorded
-    compression events, oldest first. Not shared between processes.
-    """
+    """:class:`SummaryStore` in one process's dicts, with the database's compare-and-set rule."""
 
     def __init__(self) -> None:
         self.summaries: dict[str, Summary] = {}
