@@ -5,6 +5,7 @@ by :func:`chatapp.llm.offline.blocks.facts_lines`: its facts are answered, not q
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -391,6 +392,11 @@ def _sentences(source: Source, text: str, *, where: str = "") -> list[Evidence]:
 def evidence_score(item: Evidence, wanted: set[str]) -> tuple[int, int]:
     """``(words of the question in the evidence, most of them in one of its sentences)``."""
     return len(wanted & item.words), max(len(wanted & words) for words in item.sentence_words)
+
+
+def words_needed(wanted: set[str]) -> int:
+    """How many of the question's words evidence must cover: most of them (60 %), at most 3."""
+    return min(3, math.ceil(0.6 * len(wanted)))
 
 
 def evidence_quote(item: Evidence, wanted: set[str]) -> tuple[str, str]:

@@ -29,14 +29,12 @@ Decision order for one request:
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from chatapp.llm.offline.blocks import FactLine, facts_lines, message_blocks, question_and_blocks
+from chatapp.llm.offline.blocks import question_and_blocks
 from chatapp.llm.offline.evidence import (
-    ID_WORDS,
     KB_SECTION_LABEL,
     STOPWORDS,
     Evidence,
@@ -47,7 +45,9 @@ from chatapp.llm.offline.evidence import (
     passage_evidence,
     plain_text,
     word_list,
+    words_needed,
 )
+from chatapp.llm.offline.fact_answers import answer_from_facts, facts_of
 from chatapp.llm.offline.facts import extraction_reply, is_extraction_request
 from chatapp.llm.offline.intents import (
     calculator_expression,
@@ -276,11 +276,6 @@ def _question_words(question: str) -> set[str]:
     return content_words(_HOW_MEASURE_RE.sub("how", question)) - _QUESTION_FILLER
 
 
-def _needed(wanted: set[str]) -> int:
-    """How many of the question's words evidence must cover: most of them (60 %), at most 3."""
-    return min(3, math.ceil(0.6 * len(wanted)))
-
-
 def _not_found(question: str, *, searched: bool = False) -> str:
     """The honest answer when nothing in the request (and, ``searched``, nothing the knowledge
     base search returned) answers ``question``, naming what was looked for."""
@@ -298,7 +293,7 @@ def _not_found(question: str, *, searched: bool = False) -> str:
 def _answer_question(question: str, context: list[Message], *, complete: bool = False) -> str | None:
     """The answer to ``question`` from what ``context`` holds, or None when nothing answers it.
 
-    In this order: a fact of the key-facts block (:func:`_answer_from_facts`); else the evidence
+    In this order: a fact of the key-facts block (:func:`answer_from_facts`); else the evidence
     (:func:`context_evidence`) that shares the most content words with the question, quoted with
     its source ("From the conversation summary: “…”", "From an earlier message (2024-05-20,
     #12): “…”", "From the knowledge base (Kestrel Sync plans and pricing › Free plan): “…”").
@@ -325,8 +320,8 @@ def _answer_question(question: str, context: list[Message], *, complete: bool = 
     if not wanted:
         return NOT_SURE
     evidence = context_evidence(context)
-    facts = [fact for message in context for fact in _facts_of(message)]
-    answer = _answer_from_facts(question, wanted, facts, evidence)
+    facts = [fact for message in context for fact in facts_of(message)]
+    answer = answer_from_facts(question, wanted, facts, evidence)
     if answer is not None:
         return answer
     if complete:
@@ -378,7 +373,7 @@ def _quote(evidence: list[Evidence], wanted: set[str], *, kb_label: str = KB_SEC
     ``kb_label`` introduces a passage (``{section}``: its document and section)."""
     scored = [(evidence_score(item, wanted), item) for item in evidence]
     best = max((score for score, _ in scored), default=(0, 0))
-    if best[0] < _needed(wanted) or best[1] < 1:
+    if best[0] < words_needed(wanted) or best[1] < 1:
         return None
     tied = [item for score, item in scored if score == best]
     chosen = [item for item in tied if item.source != "kb"][-2:] or tied[:1]
@@ -414,175 +409,6 @@ def _evidence_quotes(item: Evidence, wanted: set[str]) -> list[tuple[str, str]]:
         best = max(extra, key=lambda index: (len(missing & item.sentence_words[index]), -index))
         quotes.insert(0 if best < first else 1, (item.sentences[best], section))
     return quotes
-
-
-# --- answers from the key facts ------------------------------------------------------------------
-
-# Words a question may use for a slot of the key facts (memory/facts.py names the slots: rule
-# facts from the words before a value, the offline extraction's patterns, tool-call arguments).
-SLOT_WORDS: dict[str, str] = {
-    "user_id": "account user username login customer",
-    "order_id": "order",
-    "reservation_id": "reservation booking confirmation",
-    "zip_code": "zip postal postcode",
-    "tracking_id": "tracking parcel package shipment",
-    "flight_number": "flight",
-    "payment_card": "card payment visa mastercard amex",
-    "ticket_id": "ticket case issue",
-    "item_id": "item product sku",
-    "invoice_id": "invoice receipt",
-    "name": "called call",
-    "pet_name": "pet dog cat puppy kitten parrot rabbit hamster called",
-    "home_address": "address live living home",
-    "address": "address live living home",
-    "shipping_address": "address shipping delivery deliver ship",
-    "allergy": "allergic allergies allergy",
-    "likes": "like love enjoy favourite favorite",
-    "dislikes": "dislike hate",
-    "preference": "prefer preferred",
-    "email": "email mail address",
-    "phone": "phone mobile telephone number",
-    "amount": "amount money price cost paid pay total",
-    "date": "date day",
-    "time": "time",
-    "url": "url link website site",
-}
-# Slots holding identifiers also answer to "id", "number", "code", "reference".
-_ID_SLOT_SUFFIXES = ("_id", "_number", "_code", "_reference", "identifier")
-_MY_PHRASE_RE = re.compile(r"\b(?:my|our)\s+([^\W\d_][\w'’-]*(?:\s+[^\W\d_][\w'’-]*){0,3})", re.I)
-_FACTS_NAME = "the key facts"
-# A phrase ending in a plural ("account ids"), not in "-ss", "-us", "-is" ("address", "status").
-_PLURAL_RE = re.compile(r"(?<![sui'’])s$", re.I)
-# The kind of value a question asks for by its form: "when" a date or time, "how much" an amount.
-_ASKED_KINDS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"\bwhen\b|\bwhat\s+(?:date|day|time)\b", re.I), "date"),
-    (re.compile(r"\bhow\s+much\b", re.I), "amount"),
-)
-# The slots holding each kind of value: memory/facts.py names rule facts "amount" (money),
-# "date" and "time"; facts from tool calls are named after the argument ("departure_date",
-# "total_price").
-_SLOT_KINDS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"(?:^|_)(?:date|time|day)(?:_|$)"), "date"),
-    (re.compile(r"(?:^|_)(?:amount|price|cost|total|fee)(?:_|$)"), "amount"),
-)
-
-
-def _facts_of(message: Message) -> list[FactLine]:
-    """The facts of the key-facts blocks in ``message`` (none for an assistant's or tool's)."""
-    if message.get("role") not in ("system", "user"):
-        return []
-    blocks = message_blocks(plain_text(message.get("content")))
-    return [fact for block in blocks if block.kind == "facts" for fact in facts_lines(block.text)]
-
-
-def _slot_words(key: str) -> tuple[set[str], set[str]]:
-    """``(the slot's own words, the words a question may use for it)``, as content words."""
-    own = content_words(key)
-    extra = content_words(SLOT_WORDS.get(key, ""))
-    if key.endswith(_ID_SLOT_SUFFIXES):
-        extra |= content_words(" ".join(sorted(ID_WORDS)))
-    return own, own | extra
-
-
-def _answer_from_facts(question: str, wanted: set[str], facts: list[FactLine], evidence: list[Evidence]) -> str | None:
-    """The answer from the key-facts block, "Your account id is ACC-7731 (from the key facts).",
-    when one of its ``facts`` answers ``question``, else None.
-
-    A fact answers when its slot (``user_id``), the words a question uses for that slot
-    (:data:`SLOT_WORDS`: "account") and its text cover as many of the question's words as
-    evidence must (:func:`_needed`), one of them the slot's. Among several, the one covering
-    most, then the one whose slot has the fewest words the question lacks ("name" before
-    "pet_name" for "What's my name?"), then the first in the block (the block's keep order). The
-    answer names the slot in the question's own words ("my booking reference") when they all
-    match it. A fact whose value a later message of the retained window contradicts ("Sorry,
-    my name is Joan." while the block says Ada, before the key-facts job ran) gives way to that
-    message, unless the user pinned it or it is marked as current.
-
-    A question asking by its form for a date ("When did I pay?") or an amount ("How much …")
-    is never answered with the other kind: a fact of the asked kind said in the same sentence
-    as the matching one answers instead (:func:`_said_together`), else nothing in the block.
-    """
-    best: tuple[tuple[int, int, int], FactLine, set[str]] | None = None
-    for position, fact in enumerate(facts):
-        own, slot = _slot_words(fact.key)
-        covered = wanted & (slot | content_words(fact.text))
-        if len(covered) < _needed(wanted) or not covered & slot:
-            continue
-        rank = (len(covered), -len(own - wanted), -position)
-        if best is None or rank > best[0]:
-            best = (rank, fact, covered)
-    if best is None:
-        return None
-    _, fact, covered = best
-    asked = _kind_of(question, _ASKED_KINDS)
-    if asked is not None and _kind_of(fact.key, _SLOT_KINDS) not in (None, asked):
-        return _said_together(asked, fact, facts, evidence)
-    phrase = _question_phrase(question, covered)
-    if not fact.pinned and not fact.replaces and _contradicted(phrase, fact, evidence):
-        return None
-    if fact.text:
-        return f"From {_FACTS_NAME}: {fact.text.rstrip('.')} ({fact.values[0]})."
-    phrase = phrase or fact.key.replace("_", " ")
-    if len(fact.values) > 1:
-        values = ", ".join(fact.values[:-1]) + " and " + fact.values[-1]
-        return f"Your {phrase}: {values} (from {_FACTS_NAME}, newest first)."
-    verb = "are" if _PLURAL_RE.search(phrase) else "is"
-    replaces = f"; it replaces {fact.replaces}" if fact.replaces else ""
-    return f"Your {phrase} {verb} {fact.values[0]} (from {_FACTS_NAME}{replaces})."
-
-
-def _kind_of(text: str, kinds: tuple[tuple[re.Pattern[str], str], ...]) -> str | None:
-    """The kind (``date``, ``amount``) of the first of ``kinds`` whose pattern ``text`` matches."""
-    return next((kind for pattern, kind in kinds if pattern.search(text)), None)
-
-
-def _said_together(asked: str, matched: FactLine, facts: list[FactLine], evidence: list[Evidence]) -> str | None:
-    """The answer from the fact of kind ``asked`` whose value a sentence of what the user said
-    (conversation, summary, recall; the latest first) holds beside a value of ``matched``: "When
-    did I pay?" matches the amount, and "I paid 75 dollars on 3 April 2026." ties the date to it.
-    None when no sentence ties them (the block's grouped lines say nothing of which goes with
-    which)."""
-    candidates = [fact for fact in facts if _kind_of(fact.key, _SLOT_KINDS) == asked]
-    for item in reversed(evidence):
-        sentence = item.sentences[0].casefold()
-        if item.source == "kb" or not any(value.casefold() in sentence for value in matched.values):
-            continue
-        for fact in candidates:
-            for value in fact.values:
-                if value.casefold() in sentence:
-                    other = next(value for value in matched.values if value.casefold() in sentence)
-                    slot = fact.key.replace("_", " ")
-                    return f"Your {slot} is {value} (from {_FACTS_NAME}; said together with {other})."
-    return None
-
-
-def _question_phrase(question: str, covered: set[str]) -> str:
-    """The words after "my" in ``question`` that name the slot ("account id" of "What is my
-    account id?"), as long as each matches it; ``""`` when there are none."""
-    match = _MY_PHRASE_RE.search(question)
-    if match is None:
-        return ""
-    words: list[str] = []
-    for word in match.group(1).split():
-        stems = content_words(word)
-        if not stems or not stems <= covered:
-            break
-        words.append(word)
-    return " ".join(words)
-
-
-def _contradicted(phrase: str, fact: FactLine, evidence: list[Evidence]) -> bool:
-    """Whether a user message of the retained window says "my <phrase> …" without the fact's
-    value: it is newer than the block's facts, which come from summarized messages."""
-    if not phrase:
-        return False
-    said = f"my {phrase}".casefold()
-    return any(
-        item.source == "conversation"
-        and said in " ".join(item.sentences[0].split()).casefold()
-        and not any(value.casefold() in item.sentences[0].casefold() for value in fact.values)
-        for item in evidence
-    )
 
 
 # --- statements ----------------------------------------------------------------------------------
