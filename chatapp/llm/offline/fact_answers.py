@@ -10,8 +10,7 @@ from chatapp.llm.offline.evidence import ID_WORDS, Evidence, content_words, plai
 
 Message = dict[str, Any]
 
-# Words a question may use for a slot of the key facts (memory/facts.py names the slots: rule
-# facts from the words before a value, the offline extraction's patterns, tool-call arguments).
+# Words a question may use for a key-facts slot (the slots are named in memory/facts.py).
 SLOT_WORDS: dict[str, str] = {
     "user_id": "account user username login customer",
     "order_id": "order",
@@ -50,9 +49,7 @@ _ASKED_KINDS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\bwhen\b|\bwhat\s+(?:date|day|time)\b", re.I), "date"),
     (re.compile(r"\bhow\s+much\b", re.I), "amount"),
 )
-# The slots holding each kind of value: memory/facts.py names rule facts "amount" (money),
-# "date" and "time"; facts from tool calls are named after the argument ("departure_date",
-# "total_price").
+# Slots of each kind: rule facts "amount", "date", "time"; tool-call facts "departure_date", "total_price".
 _SLOT_KINDS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?:^|_)(?:date|time|day)(?:_|$)"), "date"),
     (re.compile(r"(?:^|_)(?:amount|price|cost|total|fee)(?:_|$)"), "amount"),
@@ -77,23 +74,9 @@ def _slot_words(key: str) -> tuple[set[str], set[str]]:
 
 
 def answer_from_facts(question: str, wanted: set[str], facts: list[FactLine], evidence: list[Evidence]) -> str | None:
-    """The answer from the key-facts block, "Your account id is ACC-7731 (from the key facts).",
-    when one of its ``facts`` answers ``question``, else None.
-
-    A fact answers when its slot (``user_id``), the words a question uses for that slot
-    (:data:`SLOT_WORDS`: "account") and its text cover as many of the question's words as
-    evidence must (:func:`words_needed`), one of them the slot's. Among several, the one covering
-    most, then the one whose slot has the fewest words the question lacks ("name" before
-    "pet_name" for "What's my name?"), then the first in the block (the block's keep order). The
-    answer names the slot in the question's own words ("my booking reference") when they all
-    match it. A fact whose value a later message of the retained window contradicts ("Sorry,
-    my name is Joan." while the block says Ada, before the key-facts job ran) gives way to that
-    message, unless the user pinned it or it is marked as current.
-
-    A question asking by its form for a date ("When did I pay?") or an amount ("How much …")
-    is never answered with the other kind: a fact of the asked kind said in the same sentence
-    as the matching one answers instead (:func:`_said_together`), else nothing in the block.
-    """
+    """The answer from a key fact ("Your account id is ACC-7731 (from the key facts)."), or None (docs/memory.md §6):
+    the fact covering most of ``wanted``, then with the fewest unasked slot words, then the first; a newer message
+    contradicting it wins unless it is pinned or current; a date or amount question gets only that kind."""
     best: tuple[tuple[int, int, int], FactLine, set[str]] | None = None
     for position, fact in enumerate(facts):
         own, slot = _slot_words(fact.key)
@@ -129,11 +112,8 @@ def _kind_of(text: str, kinds: tuple[tuple[re.Pattern[str], str], ...]) -> str |
 
 
 def _said_together(asked: str, matched: FactLine, facts: list[FactLine], evidence: list[Evidence]) -> str | None:
-    """The answer from the fact of kind ``asked`` whose value a sentence of what the user said
-    (conversation, summary, recall; the latest first) holds beside a value of ``matched``: "When
-    did I pay?" matches the amount, and "I paid 75 dollars on 3 April 2026." ties the date to it.
-    None when no sentence ties them (the block's grouped lines say nothing of which goes with
-    which)."""
+    """The fact of kind ``asked`` that the user's latest sentence holding ``matched`` also holds ("I paid 75
+    dollars on 3 April 2026." for "When did I pay?"), or None: the block's lines do not pair values."""
     candidates = [fact for fact in facts if _kind_of(fact.key, _SLOT_KINDS) == asked]
     for item in reversed(evidence):
         sentence = item.sentences[0].casefold()
@@ -149,8 +129,7 @@ def _said_together(asked: str, matched: FactLine, facts: list[FactLine], evidenc
 
 
 def _question_phrase(question: str, covered: set[str]) -> str:
-    """The words after "my" in ``question`` that name the slot ("account id" of "What is my
-    account id?"), as long as each matches it; ``""`` when there are none."""
+    """The words after "my" in ``question`` that all match the slot ("account id"), else ``""``."""
     match = _MY_PHRASE_RE.search(question)
     if match is None:
         return ""
@@ -164,8 +143,7 @@ def _question_phrase(question: str, covered: set[str]) -> str:
 
 
 def _contradicted(phrase: str, fact: FactLine, evidence: list[Evidence]) -> bool:
-    """Whether a user message of the retained window says "my <phrase> …" without the fact's
-    value: it is newer than the block's facts, which come from summarized messages."""
+    """Whether a retained user message says "my <phrase>" without the fact's value (it is newer than the block)."""
     if not phrase:
         return False
     said = f"my {phrase}".casefold()
