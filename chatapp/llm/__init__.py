@@ -1,12 +1,5 @@
-"""LLM access for the chat app (docs/memory.md §6).
-
-- :mod:`chatapp.llm.clients`: endpoints from settings, cached ``AsyncOpenAI`` clients,
-  :func:`~chatapp.llm.clients.chat_stream` and the one error class :class:`~chatapp.llm.clients.LLMError`.
-- :mod:`chatapp.llm.summarizer`: :class:`~chatapp.llm.summarizer.OpenAISummarizer` and the summarizers
-  the memory engine's degradation chain is built with.
-- :mod:`chatapp.llm.offline.transport`: the built-in offline engine, an OpenAI-compatible ``httpx2`` transport
-  (its answers are decided in :mod:`chatapp.llm.offline.replies`).
-"""
+"""LLM access for the chat app (docs/memory.md §6): endpoints, clients and :class:`LLMError` (``clients``), the
+summarizers (``summarizer``) and the offline engine, an in-process OpenAI-compatible transport (``offline``)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""OpenAI-compatible endpoints, their clients, and the streaming chat call (docs/memory.md §6).
-
-Every model call of the app goes through ``openai.AsyncOpenAI``. An endpoint with an empty base URL
-is the built-in offline engine: its client gets an ``httpx2`` transport that answers in process
-(:class:`chatapp.llm.offline.transport.OfflineTransport`), so the same SDK code path runs with or without a
-server. Clients never retry on their own (``max_retries=0``): the memory degradation chain counts
-its attempts itself (docs/memory.md §4), and a chat turn reports a failure instead of stalling.
-
-Every failure of an endpoint reaches callers as one exception class, :class:`LLMError`.
-"""
+"""OpenAI-compatible endpoints, their ``AsyncOpenAI`` clients and the streaming chat call (docs/memory.md §6). An
+empty base URL is the in-process offline engine; clients never retry (docs/memory.md §4); every endpoint failure
+is raised as :class:`LLMError`."""
 
 from __future__ import annotations
 
@@ -34,13 +27,8 @@ LLMErrorKind = Literal["connection", "timeout", "rate_limit", "server", "status"
 
 
 class LLMError(Exception):
-    """An endpoint did not produce a usable reply.
-
-    ``message`` is a sentence for people (it names the endpoint); ``kind`` is one of
-    ``connection`` (refused or unreachable), ``timeout``, ``rate_limit`` (HTTP 429), ``server``
-    (HTTP 5xx or an error event inside a stream), ``status`` (any other HTTP error), ``malformed``
-    (a body that is not the expected JSON) and ``empty`` (a reply with neither text nor tool calls).
-    """
+    """An endpoint gave no usable reply: ``message`` is one sentence naming the endpoint; ``kind``: ``rate_limit``
+    is HTTP 429, ``server`` 5xx or a stream's error event, ``status`` other HTTP errors, ``empty`` no text or calls."""
 
     def __init__(self, message: str, kind: LLMErrorKind) -> None:
         super().__init__(message)
@@ -50,12 +38,8 @@ class LLMError(Exception):
 
 @dataclass(frozen=True, kw_only=True)
 class Endpoint:
-    """One OpenAI-compatible endpoint and model.
-
-    ``base_url``: e.g. ``https://api.openai.com/v1``; empty selects the offline engine.
-    ``context_window``: the model's maximum input, in tokens. ``timeout``: seconds allowed for
-    connecting and for each read (for a stream: between two chunks).
-    """
+    """One endpoint and model; an empty ``base_url`` is the offline engine. ``context_window``: input tokens;
+    ``timeout``: seconds to connect and per read (in a stream, between chunks)."""
 
     base_url: str
     api_key: str = field(repr=False)
@@ -69,7 +53,6 @@ class Endpoint:
 
     @property
     def label(self) -> str:
-        """How error messages name this endpoint."""
         return "The offline engine" if self.offline else f"The model endpoint at {self.base_url}"
 
 
@@ -96,11 +79,7 @@ def summary_endpoint() -> Endpoint:
 
 
 def failover_endpoint() -> Endpoint | None:
-    """The failover summarizer model, or None when ``LLM_FAILOVER_MODEL`` is unset.
-
-    Without ``LLM_FAILOVER_BASE_URL`` the failover model is served by the summary endpoint's
-    server (the usual case: a second model at the same provider). It shares the summary timeout.
-    """
+    """The failover summarizer, or None without ``LLM_FAILOVER_MODEL``; by default on the summary endpoint's server."""
     if not settings.LLM_FAILOVER_MODEL:
         return None
     return Endpoint(
@@ -113,11 +92,7 @@ def failover_endpoint() -> Endpoint | None:
 
 
 def make_client(endpoint: Endpoint) -> openai.AsyncOpenAI:
-    """A new ``AsyncOpenAI`` client for ``endpoint``, without hidden retries.
-
-    For an offline endpoint the client talks to :class:`OfflineTransport` instead of the network.
-    Prefer :func:`get_client`, which reuses clients.
-    """
+    """A new client without retries, offline through :class:`OfflineTransport`; :func:`get_client` reuses them."""
     http_client = httpx2.AsyncClient(transport=OfflineTransport()) if endpoint.offline else None
     return openai.AsyncOpenAI(
         base_url=endpoint.base_url or OFFLINE_BASE_URL,
@@ -129,15 +104,14 @@ def make_client(endpoint: Endpoint) -> openai.AsyncOpenAI:
     )
 
 
-# A client's connection pool belongs to the event loop that opened it, so clients are cached per
-# running loop (one loop under Daphne; one per test under pytest-asyncio).
+# A client's connection pool belongs to the event loop that opened it: one cache per loop.
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Endpoint, openai.AsyncOpenAI]] = (
     weakref.WeakKeyDictionary()
 )
 
 
 def get_client(endpoint: Endpoint) -> openai.AsyncOpenAI:
-    """The cached client of ``endpoint`` for the running event loop (call it from async code)."""
+    """The cached client of ``endpoint`` for the running event loop."""
     per_loop = _clients.setdefault(asyncio.get_running_loop(), {})
     if endpoint not in per_loop:
         per_loop[endpoint] = make_client(endpoint)
@@ -146,8 +120,7 @@ def get_client(endpoint: Endpoint) -> openai.AsyncOpenAI:
 
 @contextlib.contextmanager
 def translated_errors(endpoint: Endpoint) -> Iterator[None]:
-    """Re-raise the SDK's errors (and undecodable bodies) of a call to ``endpoint`` as LLMError.
-    Every message is one sentence ending in one full stop, whatever the provider's text ends with."""
+    """Re-raise the SDK's errors and undecodable bodies as :class:`LLMError`, each message one sentence."""
     try:
         yield
     except openai.APITimeoutError as exc:
@@ -181,8 +154,7 @@ def _connection_message(endpoint: Endpoint, exc: openai.APIConnectionError) -> s
 
 
 def _sentence(text: str) -> str:
-    """``text`` ending in exactly one full stop (kept as is when it ends with ``?`` or ``!``):
-    provider and HTTP-stack messages end with a full stop or not, and are embedded in ours."""
+    """``text`` ending in exactly one full stop, or as is after ``?`` or ``!`` (provider texts vary)."""
     text = text.rstrip()
     if text.endswith(("?", "!")):
         return text
@@ -190,7 +162,7 @@ def _sentence(text: str) -> str:
 
 
 def _detail(exc: openai.APIError) -> str:
-    """The provider's own error message, kept short for logs and the inspector."""
+    """The provider's own error message, at most 300 characters."""
     body = exc.body
     if isinstance(body, dict):
         error = body.get("error", body)
@@ -225,8 +197,7 @@ ChatEvent = DeltaEvent | ToolCallsEvent | UsageEvent | FinishEvent
 
 
 def wire_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Copies of ``messages`` with only ``role``, ``content``, ``tool_calls``, ``tool_call_id``
-    and ``name``: persisted extras such as ``id`` or ``token_count`` never go on the wire."""
+    """Copies of ``messages`` with only the Chat Completions keys: stored extras (``id``) never go on the wire."""
     return [to_wire(message) for message in messages]
 
 
@@ -238,24 +209,9 @@ async def chat_stream(
     max_tokens: int | None = None,
     temperature: float | None = None,
 ) -> AsyncIterator[ChatEvent]:
-    """Stream one chat completion as typed events.
-
-    ``messages``: OpenAI wire dicts (extra keys are stripped). ``tools``: OpenAI function tool
-    schemas, or None. ``endpoint``: defaults to :func:`chat_endpoint`. Output is capped at
-    ``max_tokens`` tokens (default ``LLM_CHAT_MAX_OUTPUT_TOKENS``). ``temperature``: sent only
-    when given (the endpoint's default otherwise).
-
-    Yields, in order: ``{"type": "delta", "text"}`` for each text piece as it arrives; then, once
-    the stream ends, ``{"type": "tool_calls", "tool_calls": [...]}`` (complete OpenAI-format calls
-    assembled from the deltas) if the model called tools, ``{"type": "usage", "prompt_tokens",
-    "completion_tokens"}`` if the endpoint reported usage, and ``{"type": "finish",
-    "finish_reason"}``. Usage is asked for (``stream_options``); an endpoint that refuses the
-    option (HTTP 400 or 422) is asked again without it, and without it from then on.
-
-    Raises :class:`LLMError` for any endpoint failure, including a reply with neither text nor
-    tool calls (kind ``empty``). Deltas already yielded stay valid: a failure mid-stream raises
-    after them.
-    """
+    """Stream one chat completion as typed events: ``delta`` pieces as they arrive, then ``tool_calls`` (whole
+    calls), ``usage`` when reported (asked for unless the endpoint refused it, docs/memory.md §5) and ``finish``.
+    Raises :class:`LLMError` on failure, also after deltas, and for a reply with no text or calls (``empty``)."""
     endpoint = endpoint or chat_endpoint()
     client = get_client(endpoint)
     body: dict[str, Any] = {
@@ -277,8 +233,7 @@ async def chat_stream(
     except LLMError as exc:
         if not (ask_usage and _rejects_request(exc)):
             raise
-        # Servers that do not know ``stream_options`` (older vLLM, some proxies) refuse the whole
-        # request: ask once more without it and, if that works, never again while this process runs.
+        # Servers that do not know ``stream_options`` (older vLLM, proxies) refuse the whole request.
         del body["stream_options"]
         stream = await _stream_open(client, body, endpoint)
         _NO_STREAM_OPTIONS.add((endpoint.base_url, endpoint.model))
@@ -325,15 +280,11 @@ _NO_STREAM_OPTIONS: set[tuple[str, str]] = set()
 
 
 def _asks_usage(endpoint: Endpoint) -> bool:
-    """Whether a stream of ``endpoint`` asks for usage (``stream_options.include_usage``): yes,
-    unless the endpoint refused the option before in this process."""
     return (endpoint.base_url, endpoint.model) not in _NO_STREAM_OPTIONS
 
 
 def _rejects_request(exc: LLMError) -> bool:
-    """Whether ``exc`` is the endpoint refusing the request itself (HTTP 400 or 422), as a server
-    that does not accept ``stream_options`` does; whatever it names, one retry without the option
-    costs little, and only a retry that succeeds is remembered."""
+    """Whether the endpoint refused the request itself (HTTP 400 or 422); one retry without the option is cheap."""
     cause = exc.__cause__
     return isinstance(cause, openai.APIStatusError) and cause.status_code in (400, 422)
 
@@ -341,13 +292,9 @@ def _rejects_request(exc: LLMError) -> bool:
 async def _stream_open(
     client: openai.AsyncOpenAI, body: dict[str, Any], endpoint: Endpoint
 ) -> openai.AsyncStream[object]:
-    """Send the streamed request ``body``; raises :class:`LLMError` when the endpoint refuses it."""
     with translated_errors(endpoint):
-        # The SDK's generic request method (its way to custom requests), not
-        # ``chat.completions.create``: the same client, headers, timeouts, SSE parsing and error
-        # classes, without re-walking the whole request through its type transforms and without
-        # building a model object per streamed chunk (together a fifth of a busy worker's CPU,
-        # bench/ws_load.py). Chunks arrive as the JSON objects the server sent.
+        # The SDK's generic request, not ``chat.completions.create``: same client and errors, but no type transforms
+        # of the request and no model object per chunk, both costly in CPU. Chunks arrive as the server's JSON objects.
         return await client.post(
             "/chat/completions", cast_to=object, body=body, stream=True, stream_cls=openai.AsyncStream[object]
         )
@@ -359,8 +306,7 @@ def _token_figure(value: object) -> int | None:
 
 
 async def _next_chunk(stream: openai.AsyncStream[object], endpoint: Endpoint) -> object | None:
-    """The next chunk, or None at the end. Errors are translated here rather than around the
-    whole loop so that an exception thrown into the consumer's ``yield`` is never relabelled."""
+    """The next chunk, or None; translated here, not around the loop, so errors thrown into ``yield`` keep theirs."""
     with translated_errors(endpoint):
         try:
             return await stream.__anext__()
@@ -375,7 +321,6 @@ class _ToolCallAssembler:
         self._calls: dict[int, dict[str, str]] = {}
 
     def add(self, deltas: Any) -> None:
-        """Add the ``tool_calls`` deltas of one chunk (JSON objects; anything else is skipped)."""
         for delta in deltas if isinstance(deltas, list | tuple) else ():
             if not isinstance(delta, dict):
                 continue
@@ -388,8 +333,7 @@ class _ToolCallAssembler:
                 call["arguments"] += str(function.get("arguments") or "")
 
     def tool_calls(self) -> list[dict[str, Any]]:
-        """OpenAI-format calls in index order. A server that sends no call id gets a unique one,
-        because results are paired with their call by id across the whole history (docs/memory.md F-05)."""
+        """OpenAI-format calls in index order; a missing id gets a unique one (results pair by id, F-05)."""
         return [
             {
                 "id": call["id"] or f"call_{uuid.uuid4().hex[:24]}",

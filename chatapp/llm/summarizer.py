@@ -1,9 +1,5 @@
-"""The memory engine's summarizers over OpenAI-compatible endpoints (docs/memory.md §3 and §4).
-
-:class:`OpenAISummarizer` implements :class:`memory.summarizer.Summarizer`; the degradation chain
-(retries, failover, then raw archive) lives in :class:`memory.summarizer.SummarizerChain` and is
-built from settings by :func:`build_summarizer_chain`.
-"""
+"""The memory engine's summarizers over OpenAI-compatible endpoints (docs/memory.md §3, §4); the settings give
+one per endpoint (:func:`summarizers_get`)."""
 
 from __future__ import annotations
 
@@ -28,30 +24,15 @@ from memory.api import SummaryReply, SummaryRequest
 
 @dataclass(kw_only=True)
 class OpenAISummarizer:
-    """Summaries from one endpoint's model: one call per :meth:`summarize`.
-
-    ``temperature``: sampling temperature of the summarizer (default 0.3, docs/memory.md §3), separate from the
-    chat model's. ``stream``: ask for a streamed reply (``SUMMARY_STREAM``, for servers that only
-    stream) instead of one chat completion. ``model`` (the endpoint's model) names it in the
-    chain's attempt records, and ``method`` says how its summaries are written: ``extractive``
-    when the endpoint is the offline engine (it copies sentences, no language model), else
-    ``llm``.
-
-    ``response_format`` of a request (a key-facts extraction, docs/memory.md §11) is sent on the
-    non-streamed path with a fallback within the same call: the format as given, then
-    ``{"type": "json_object"}``, then none, each next one only when the endpoint rejected the
-    previous with HTTP 400 or 422 (servers that do not know ``json_schema``). The first level
-    that worked is remembered per instance, so later calls skip the rejected ones. The streamed
-    path sends no ``response_format`` (:func:`chatapp.llm.clients.chat_stream` takes no extra
-    parameters): the reply is parsed tolerantly anyway.
-    """
+    """Summaries from one endpoint's model (``method``: ``extractive`` offline, else ``llm``), streamed with
+    ``stream``. A request's ``response_format`` (docs/memory.md §11) falls back on HTTP 400/422 to ``json_object``,
+    then none, remembering rejected types; the streamed path sends none."""
 
     endpoint: Endpoint
     temperature: float = 0.3
     stream: bool = False
     model: str = field(init=False)
     method: str = field(init=False)
-    # ``response_format`` types (``json_schema``, ``json_object``) this endpoint rejected.
     _rejected_formats: set[str] = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -59,18 +40,8 @@ class OpenAISummarizer:
         self.method = "extractive" if self.endpoint.offline else "llm"
 
     async def summarize(self, request: SummaryRequest) -> SummaryReply:
-        """The reply to ``request.prompt``, capped at ``request.max_tokens`` tokens, with the
-        provider's ``finish_reason``.
-
-        The text is ``""`` when the model answered without text. The chain
-        (:func:`memory.summarizer.check_reply`) counts an empty, cut-off (``finish_reason``
-        ``length``) or marker-only reply as a failed attempt (docs/memory.md F-36), streamed or
-        not. Raises :class:`LLMError` for any endpoint failure (for a stream, also a reply with no
-        text at all). The client makes exactly one HTTP request (no hidden retries), so each chain
-        attempt is one request -- except that a request with a ``response_format`` the endpoint
-        rejects (HTTP 400/422) is sent again with the next fallback format (at most three
-        requests; see the class docstring).
-        """
+        """The reply to ``request.prompt``, capped at ``request.max_tokens`` tokens, with its ``finish_reason``; the
+        chain judges empty or cut-off replies (F-36). Raises :class:`LLMError`; one request per response format."""
         if self.stream:
             return await self._summarize_streamed(request)
         levels = [
@@ -87,8 +58,7 @@ class OpenAISummarizer:
                     rejected.append(str(level.get("type")))
                     continue
                 raise
-            # Remembered only once a later level worked: a 400 for another reason (a prompt
-            # over the window) fails every level and must not mark the formats as unsupported.
+            # Remembered only once a later level worked: a 400 for another reason fails every level.
             self._rejected_formats.update(rejected)
             break
         # The SDK hands back the raw text of a body that is not declared as JSON.
@@ -100,7 +70,6 @@ class OpenAISummarizer:
         return SummaryReply(text=choice.message.content or "", finish_reason=choice.finish_reason)
 
     async def _complete(self, request: SummaryRequest, response_format: dict[str, Any] | None) -> object:
-        """One chat completion of ``request.prompt`` (``response_format`` sent when not None)."""
         client = get_client(self.endpoint)
         extra: dict[str, Any] = {"response_format": response_format} if response_format is not None else {}
         with translated_errors(self.endpoint):
@@ -113,8 +82,7 @@ class OpenAISummarizer:
             )
 
     async def _summarize_streamed(self, request: SummaryRequest) -> SummaryReply:
-        """:meth:`summarize` over a streamed reply: the text deltas joined, and the finish reason
-        of the stream's last choice (None when the server sent none)."""
+        """:meth:`summarize` over a stream: the deltas joined, and the last finish reason (None when none came)."""
         pieces: list[str] = []
         finish_reason: str | None = None
         async for event in chat_stream(
@@ -128,10 +96,7 @@ class OpenAISummarizer:
 
 
 def response_format_levels(response_format: dict[str, Any] | None) -> list[dict[str, Any] | None]:
-    """The ``response_format`` values tried in order for a request asking for ``response_format``
-    (docs/memory.md §11):
-    it as given, then ``{"type": "json_object"}`` (unless it is that already), then none. A
-    request asking for none gets ``[None]``."""
+    """The ``response_format`` values tried in order: as given, ``{"type": "json_object"}``, then None."""
     if response_format is None:
         return [None]
     levels: list[dict[str, Any] | None] = [response_format]
@@ -142,8 +107,7 @@ def response_format_levels(response_format: dict[str, Any] | None) -> list[dict[
 
 
 def _format_rejected(exc: LLMError) -> bool:
-    """Whether ``exc`` is the endpoint refusing the request itself (HTTP 400 or 422), which is how
-    servers answer a ``response_format`` they do not support."""
+    """Whether the endpoint refused the request itself (HTTP 400 or 422), as for an unknown ``response_format``."""
     cause = exc.__cause__
     return exc.kind == "status" and isinstance(cause, openai.APIStatusError) and cause.status_code in (400, 422)
 
@@ -152,9 +116,8 @@ _summarizers: dict[tuple[Any, ...], tuple[OpenAISummarizer, OpenAISummarizer | N
 
 
 def summarizers_get() -> tuple[OpenAISummarizer, OpenAISummarizer | None]:
-    """The primary and failover summarizers of the settings (the failover None when unset), kept
-    while the settings stay the same: each remembers which ``response_format`` its endpoint
-    rejected, so later calls skip it."""
+    """The primary and failover (or None) summarizers of the settings, kept while those stay the same so each
+    remembers its rejected formats."""
     temperature, stream = settings.LLM_SUMMARY_TEMPERATURE, settings.LLM_SUMMARY_STREAM
     primary, failover = summary_endpoint(), failover_endpoint()
     key = (primary, failover, temperature, stream)

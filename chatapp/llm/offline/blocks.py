@@ -1,15 +1,5 @@
-"""The memory blocks of a chat request, as the offline engine reads them: the key-facts block, the
-summary block and the recall block (docs/memory.md §10: ``[system] [key facts] [summary] [recall]
-[retained window] [current turn]``). Pure and deterministic.
-
-The blocks are found by their first lines, which the memory engine writes
-(:data:`memory.api.FACTS_HEADER`, the ``[Memory Summary - …]`` header of docs/memory.md §3 step 5,
-:data:`memory.api.RECALL_HEADER`), in a message of any role: each is a message of its own, or,
-with ``LLM_STRICT_ALTERNATION`` and ``MEMORY_SUMMARY_ROLE=user``, merged with its neighbours
-into one user message, parts joined by a blank line (docs/memory.md F-38). Everything the engine
-answers about the conversation comes from these blocks and the messages of the request, never
-from the database: that is what shows memory working.
-"""
+"""The key-facts, summary and recall blocks of a chat request as the offline engine reads them (docs/memory.md §10),
+found by their headers in a message of any role, also merged into one user message (F-38). Pure."""
 
 from __future__ import annotations
 
@@ -36,22 +26,15 @@ _PARAGRAPH_BREAK = "\n\n"
 
 @dataclass(frozen=True, kw_only=True)
 class Block:
-    """One part of a message's text: a memory block (``kind`` ``facts``, ``summary`` or
-    ``recall``, ``text`` with its header line) or plain ``text`` (kind ``text``)."""
+    """One part of a message's text: a memory block, header included, or plain ``text``."""
 
     kind: BlockKind
     text: str
 
 
 def message_blocks(text: str) -> list[Block]:
-    """The parts of a message's ``text``, in order.
-
-    A block starts at the beginning of the text or after a blank line, with its header. The
-    key-facts and recall blocks have no blank line inside, so each ends at the next blank line;
-    the summary block (an LLM's summary may hold paragraphs) runs to the next block or the end.
-    Text outside blocks is returned as ``text`` parts; a message without blocks is one ``text``
-    part (empty text: no part).
-    """
+    """The parts of a message's ``text``, in order. A block starts the text or follows a blank line; key facts and
+    recall end at the next blank line, a summary (it may hold paragraphs) at the next block."""
     starts = [match.end() for match in _BLOCK_START_RE.finditer(text)]
     if not starts:
         return [Block(kind="text", text=text)] if text.strip() else []
@@ -73,12 +56,8 @@ def message_blocks(text: str) -> list[Block]:
 
 
 def question_and_blocks(text: str) -> tuple[str, list[Block]]:
-    """The user's own words of the last message of a request, and the memory blocks merged into
-    it (none unless strict alternation merged them, docs/memory.md F-38).
-
-    The words are the text after the last block; when a summary block comes last, its last
-    paragraph (the merge put the user's message after a blank line).
-    """
+    """``(the user's own words, the memory blocks merged before them)``; after a final summary block, the words
+    are its last paragraph."""
     parts = message_blocks(text)
     if not any(part.kind != "text" for part in parts):
         return text, []
@@ -91,10 +70,7 @@ def question_and_blocks(text: str) -> tuple[str, list[Block]]:
     return "", parts
 
 
-# --- the key-facts block (memory.facts.render_facts) -------------------------------------------
-
-# "- slot: value" then, on lines of facts that are not grouped, " (msg 12)", " (msg 12, current;
-# replaces <old>)", " (set by the user, pinned by the user)" (memory.facts.fact_line).
+# "- slot: value", ungrouped lines then " (msg 12, current; replaces <old>)" or " (set by the user)".
 _FACT_LINE_RE = re.compile(r"^-\s+(?P<key>[^:\n]+?):\s+(?P<rest>.+)$")
 _PROVENANCE_RE = re.compile(r"\s+\((?P<where>(?:msg \d+|set by the user)(?:,[^()]*)?)\)\s*$")
 _REPLACES_RE = re.compile(r"\bcurrent; replaces (?P<old>.+)$")
@@ -105,13 +81,8 @@ GROUPED_SEPARATOR = "; "
 
 @dataclass(frozen=True, kw_only=True)
 class FactLine:
-    """One line of the key-facts block.
-
-    ``key``: the slot (``user_id``, ``home_address``); ``values``: its value, or for a grouped
-    line of identifiers, amounts, dates or contact data every value, newest first; ``text``: the
-    fact's one-line description (commitments and other facts only, else ``""``); ``replaces``:
-    the older value it superseded (``""`` if none); ``pinned``: pinned or set by the user.
-    """
+    """One key-facts line: ``values`` newest first (several on a grouped line), ``text`` a commitment's description,
+    ``replaces`` the superseded value, ``pinned`` pinned or set by the user."""
 
     key: str
     values: tuple[str, ...]
@@ -121,8 +92,7 @@ class FactLine:
 
 
 def facts_lines(block: str) -> list[FactLine]:
-    """The facts of a key-facts block (its header line first); lines that are not facts are
-    skipped, so a block written by a newer engine still reads. Never raises."""
+    """The facts of a key-facts block (header line first); other lines are skipped, so a newer format still reads."""
     facts: list[FactLine] = []
     for line in block.splitlines()[1:]:
         match = _FACT_LINE_RE.match(line.strip())
@@ -154,8 +124,6 @@ def facts_lines(block: str) -> list[FactLine]:
     return facts
 
 
-# --- the recall block (memory.recall.render_recall) ---------------------------------------------
-
 # "- 2024-05-20 (chat "Trip", msg 123) User: text", later lines of the text indented by two spaces.
 _RECALL_LINE_RE = re.compile(
     r"^-\s(?P<date>\d{4}-\d{2}-\d{2})\s\((?:chat\s\"(?P<chat>.*?)\",\s)?(?P<msgs>msgs?\s[\d,\s]+)\)\s"
@@ -165,9 +133,7 @@ _RECALL_LINE_RE = re.compile(
 
 @dataclass(frozen=True, kw_only=True)
 class RecalledItem:
-    """One item of the recall block: ``date`` (``YYYY-MM-DD``), ``chat`` (the chat's title,
-    ``""`` for none), ``messages`` (``msg 12`` or ``msgs 12, 13``), ``role`` (``user``,
-    ``assistant``, ``tool``) and ``text``, verbatim."""
+    """One recall-block item, verbatim: ``messages`` is ``msg 12`` or ``msgs 12, 13``, ``chat`` ``""`` for none."""
 
     date: str
     chat: str
@@ -177,13 +143,12 @@ class RecalledItem:
 
     @property
     def where(self) -> str:
-        """Where it comes from, for a reply: ``2024-05-20, msg 12`` (the chat's title is left
-        out: often its first message, too long to repeat; the inspector links the message)."""
+        """``2024-05-20, msg 12``: the chat's title, often too long to repeat, is left out."""
         return f"{self.date}, {self.messages}"
 
 
 def recall_items(block: str) -> list[RecalledItem]:
-    """The items of a recall block (its header line first), in block order. Never raises."""
+    """The items of a recall block (header line first), in order. Never raises."""
     items: list[RecalledItem] = []
     for line in block.splitlines()[1:]:
         match = _RECALL_LINE_RE.match(line)

@@ -1,10 +1,9 @@
-"""What the offline engine may quote: knowledge-base passages in the system prompt or in tool
-results, sentences of earlier user messages, of the summary block and of the recall block, with
-their content words for matching a question. Pure and deterministic. (The key-facts block is read
-by :func:`chatapp.llm.offline.blocks.facts_lines`: its facts are answered, not quoted.)"""
+"""What the offline engine may quote, with content words for matching a question: knowledge-base passages and
+sentences of user messages, the summary and the recall block (key facts are answered, not quoted). Pure."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -40,27 +39,22 @@ _LINE_LABEL_RE = re.compile(r"^(?:-\s+)?(?:(?:User|Assistant|System|Tool)(?:\s*\
 _TOOL_HEADER_RE = re.compile(r"^[A-Za-z_][\w.-]*(?:\(.*?\))?\s*->\s*", re.S)
 
 
-# A line of an extractive summary or raw archive that the assistant wrote ("- Assistant: ...",
-# "- Assistant [tools: kb_search]: ..."): the engine's own words, never quoted back as a fact.
+# A summary line the assistant wrote ("- Assistant [tools: kb_search]: ..."): never quoted back as a fact.
 _ASSISTANT_LINE_RE = re.compile(r"^(?:-\s+)?Assistant(?:\s*\[[^\]]*\])?\s*:")
 
 
-# Words that ask for an identifier ("account id", "booking reference", "order number"): a
-# sentence holding an identifier-like value counts as having them (conversation, summary and
-# recall only: the knowledge base is matched on its words).
+# Words asking for an identifier ("booking reference"); a non-kb sentence with an identifier-like value has them.
 ID_WORDS = frozenset({"id", "ids", "number", "numbers", "code", "codes", "reference", "identifier", "no"})
 
 
-# An identifier-like value: 4+ characters with a digit, letters or "-#_./" mixed in ("ACC-7731",
-# "#W2378156", "4711"), or 3+ digits.
+# 4+ characters with a digit and letters or "-#_./" ("ACC-7731", "#W2378156"), or 3+ digits.
 _IDENTIFIER_RE = re.compile(r"(?<![\w#-])#?(?=[\w./-]*\d)[A-Za-z0-9][\w./-]{2,}[A-Za-z0-9](?![\w-])|\b\d{3,}\b")
 
 
 _HEADER_RE = re.compile(r"^\[(?:Memory Summary|Raw archive)\b|^\[\d+ earlier archived messages omitted\]")
 
 
-# chatapp.kb.search.passages_format writes knowledge-base passages as a "[n] <title>" line followed by
-# the passage: in the quick-answer system prompt and in kb_search tool results.
+# A passage opens with a "[n] <title>" line (chatapp.kb.search.passages_format).
 _PASSAGE_HEAD_RE = re.compile(r"^\[\d+\][ \t]+(?P<title>[^\n]+)$", re.M)
 
 
@@ -71,8 +65,7 @@ _HEADING_MAX_WORDS = 8
 _CLOSING_PUNCTUATION = (".", "!", "?", ":", ";", ")", "\u201d", '"')
 
 
-# Function words, greetings and the filler of questions ("how much ... does ... include"): they
-# say what kind of answer is wanted, not what it is about.
+# Function words, greetings and question filler ("how much ... does ... include"): not what a question is about.
 STOPWORDS = frozenset(
     [
         "a",
@@ -222,24 +215,15 @@ SOURCE_LABELS: dict[Source, str] = {
 
 
 KB_SECTION_LABEL = "From the knowledge base ({section}):"
-# A recalled message names its date and id (memory.recall.recall_line); the reply writes the id
-# as the page does (``#12``), not as the model-facing block does (``msg 12``).
+# A reply writes a recalled message's id as the page does (``#12``), not as the block does (``msg 12``).
 RECALL_LABEL = "From an earlier message ({where}):"
 _BLOCK_MESSAGE_ID = re.compile(r"\bmsg (\d+)\b")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Evidence:
-    """Something the engine may quote: a knowledge-base passage or one sentence of the
-    conversation or of the summary block.
-
-    ``sentences``: what may be quoted (a single sentence for conversation and summary);
-    ``sections``: for each sentence, the passage heading it stands under (the document title
-    before the first heading; ``""`` outside passages); ``sentence_words``: for each sentence,
-    its content words and its heading's; ``words``: the content words of all of it, title
-    included; ``topic``: those of the title and headings alone; ``title``: a passage's document
-    title; ``where``: a recalled message's date and id (``2024-05-20, msg 12``).
-    """
+    """A passage or one sentence. Per sentence: ``sections`` its heading (the title before the first, ``""``
+    outside passages) and ``sentence_words`` its and its heading's content words; ``topic``: title and headings'."""
 
     source: Source
     sentences: tuple[str, ...]
@@ -251,10 +235,7 @@ class Evidence:
     where: str = ""
 
     def label(self, section: str, *, kb_label: str = KB_SECTION_LABEL) -> str:
-        """How a quote of this evidence is introduced: a passage names its document and the
-        section quoted in ``kb_label`` ("From the knowledge base (Kestrel Sync security and
-        privacy › Encryption):", only the title when the section is the title), a recalled
-        message its date and id (``2024-05-20, #12``), the others their source."""
+        """The quote's introduction: a passage's document › ``section``, a recalled message's date and ``#id``."""
         if self.source == "kb":
             place = self.title if section in ("", self.title) else f"{self.title} › {section}"
             return kb_label.format(section=place) if place else SOURCE_LABELS["kb"]
@@ -264,23 +245,8 @@ class Evidence:
 
 
 def context_evidence(context: list[Message]) -> list[Evidence]:
-    """What the engine may quote, oldest first.
-
-    - the first system message (the system prompt): only its knowledge-base passages, never
-      its instructions, which are no answer to anything;
-    - the summary block (any role): each sentence, as the summary, but not the lines the
-      assistant wrote;
-    - the recall block (any role): each sentence of each recalled user message, as the recall,
-      with its date and id; a recalled tool result without its ``name(arguments) ->`` header,
-      its kb_search passages as the knowledge base;
-    - the key-facts block: nothing here (:func:`chatapp.llm.offline.blocks.facts_lines`);
-    - user messages and later system messages: each sentence, as the conversation;
-    - tool results: kb_search passages as the knowledge base, anything else as the conversation.
-
-    Blocks are found in messages of any role, also merged into one message
-    (:func:`chatapp.llm.offline.blocks.message_blocks`). Its own earlier replies are left out so
-    it never quotes itself; questions and headers carry no facts and are left out too.
-    """
+    """What the engine may quote, oldest first: the system prompt's passages (never its instructions), summary and
+    recall sentences (not the assistant's), tool results and user messages; never its own replies or questions."""
     evidence: list[Evidence] = []
     for index, message in enumerate(context):
         role = message.get("role")
@@ -309,15 +275,12 @@ def context_evidence(context: list[Message]) -> list[Evidence]:
 
 
 def passage_evidence(text: str) -> list[Evidence]:
-    """The knowledge-base passages of a ``kb_search`` tool result or a quick-answer system
-    prompt (``[n] title`` blocks), as evidence; none when ``text`` has no such block."""
+    """The ``[n] title`` passages of a ``kb_search`` result or quick-answer prompt; none without such a block."""
     return _passages(text)
 
 
 def _passages(text: str) -> list[Evidence]:
-    """The knowledge-base passages (``[n] title`` blocks) of ``text``; none when it has no such
-    block. A short line without closing punctuation is a heading: a section, not a sentence.
-    Remembered per text (the same system prompt recurs across turns; evidence is immutable)."""
+    """Cached per text: the same system prompt recurs across turns, and evidence is immutable."""
     return list(_passages_of(text))
 
 
@@ -361,10 +324,8 @@ def _is_heading(paragraph: str) -> bool:
 
 
 def _sentences(source: Source, text: str, *, where: str = "") -> list[Evidence]:
-    """One piece of evidence per factual sentence of ``text``, line by line: line labels such as
-    ``- User:`` removed, the assistant's lines of a summary skipped, questions and summary
-    headers skipped. A sentence holding an identifier-like value also has the :data:`ID_WORDS`
-    ("What is my account id?" meets "My name is Ada, account ACC-7731.")."""
+    """One piece per factual sentence, line labels removed; a sentence with an identifier-like value also has
+    the :data:`ID_WORDS` ("account id" meets "account ACC-7731")."""
     evidence: list[Evidence] = []
     for line in text.splitlines():
         if source == "summary" and _ASSISTANT_LINE_RE.match(line.strip()):
@@ -393,13 +354,14 @@ def evidence_score(item: Evidence, wanted: set[str]) -> tuple[int, int]:
     return len(wanted & item.words), max(len(wanted & words) for words in item.sentence_words)
 
 
-def evidence_quote(item: Evidence, wanted: set[str]) -> tuple[str, str]:
-    """``(sentence, section)``: the sentence of ``item`` to quote and the heading it stands under.
+def words_needed(wanted: set[str]) -> int:
+    """How many of the question's words evidence must cover: most of them (60 %), at most 3."""
+    return min(3, math.ceil(0.6 * len(wanted)))
 
-    The sentence with the most question words that the title and headings do not already say
-    (for "How much storage does the Free plan include?" under "Free plan": the one with
-    "storage"), then the most question words (its heading's included), then the earliest.
-    """
+
+def evidence_quote(item: Evidence, wanted: set[str]) -> tuple[str, str]:
+    """``(sentence, section)`` to quote: most question words the headings do not already say, then most question
+    words, then the earliest."""
 
     def rank(index: int) -> tuple[int, int, int]:
         found = wanted & item.sentence_words[index]
@@ -420,9 +382,7 @@ def word_list(text: str) -> list[str]:
 
 
 def _stem(word: str) -> str:
-    """``word`` with a plural ending and a final "e" folded ("plans" -> "plan", "copies" -> "copy",
-    "caches" and "cache" -> "cach"): stemming-lite, so that a question and a passage meet on the
-    same word whatever its number."""
+    """``word`` with a plural ending and a final "e" folded ("copies" -> "copy", "caches" -> "cach")."""
     if len(word) > 4 and word.endswith("ies"):
         return word[:-3] + "y"
     if len(word) > 4 and word.endswith(("sses", "xes", "ches", "shes")):

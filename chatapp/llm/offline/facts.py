@@ -1,27 +1,7 @@
-"""The offline engine's answer to a key-facts extraction request (docs/memory.md §11).
-
-An extraction request (:func:`memory.api.extraction_prompt`) is recognised by
-:data:`memory.api.EXTRACTION_MARKER` in its last user message. The answer is deterministic JSON,
-``{"facts": [...]}`` in the shape of :data:`memory.api.EXTRACTION_SCHEMA`, made from the prompt
-alone, so the whole extraction path (job, validation, supersession) runs with no API key:
-
-- on user lines, the rule facts (:func:`memory.api.message_rule_facts`) and simple English and Chinese
-  patterns for facts without digits: names ("my name is X", "I'm X", "call me X", "我叫X",
-  "我的名字是X"), places ("I live in/at X", "I moved to X", "my (new) address is X", "我住在X",
-  "我搬到X"), allergies ("I'm allergic to X", "我对X过敏"), pets ("my dog is called X",
-  "my cat's name is X", "我的狗叫X") and preferences ("I love/like/prefer X", "I hate/don't
-  like X");
-- on assistant lines, the facts of their tool calls' arguments (the same function).
-
-Values are copied verbatim from the line and cut at clause punctuation. Facts already in the
-``<existing_facts>`` list with the same slot and value are not repeated. In a **single-valued
-slot** (a name, a home address: :data:`SINGLE_VALUED`) a new value supersedes the existing facts
-of that slot, an address taking over the key of the existing address (F-28), and only the newest
-value of such a slot within one request is reported; identifiers, amounts, allergies, pets and
-preferences accumulate, unless the user's line says it corrects or replaces a value ("Actually
-my account is ACC-9902 now, the old one was closed": :data:`_CORRECTION`), when its values
-supersede the others of their slot too. Pure: no I/O.
-"""
+"""The offline engine's answer to a key-facts extraction request (docs/memory.md §11, F-32): deterministic JSON in
+the shape of :data:`memory.api.EXTRACTION_SCHEMA`, from the prompt alone: rule facts and digit-free English and
+Chinese patterns on user lines, tool-call arguments on assistant lines. A new value of a single-valued slot, or any
+value on a correcting line, supersedes the slot's other values; facts already known are not repeated. Pure."""
 
 from __future__ import annotations
 
@@ -160,8 +140,7 @@ _ZH_ALLERGY = re.compile(r"我(?:们)?对([^，。；！？、,.;!?\s]{1,20}?)�
 
 
 def is_extraction_request(messages: list[Message]) -> bool:
-    """Whether the last message of a Chat Completions request is a key-facts extraction prompt
-    (it holds :data:`memory.api.EXTRACTION_MARKER`)."""
+    """Whether the last message is a key-facts extraction prompt (it holds ``EXTRACTION_MARKER``)."""
     return (
         bool(messages)
         and messages[-1].get("role") == "user"
@@ -170,9 +149,7 @@ def is_extraction_request(messages: list[Message]) -> bool:
 
 
 def extraction_reply(messages: list[Message]) -> str:
-    """The JSON text ``{"facts": [...]}`` answering the extraction prompt in ``messages[-1]``:
-    each item has ``kind``, ``key``, ``value``, ``text``, ``source`` (the line's number) and
-    ``supersedes`` (handles of ``<existing_facts>``); see the module docstring."""
+    """The JSON text ``{"facts": [...]}`` answering the extraction prompt in ``messages[-1]``."""
     material = plain_text(messages[-1].get("content")) if messages else ""
     existing = list(_existing_facts(material))
     items: list[dict[str, Any]] = []

@@ -30,9 +30,7 @@ _SEARCH_LEAD_RE = re.compile(
 _KB_PLACE_RE = re.compile(rf"\s*\b(?:in|from|on|using|according\s+to)\s+{_KB}\b", re.I)
 
 
-# A mention that makes a message a search request: the knowledge base or the documentation by
-# name, or the docs as a place to look ("in the docs", "what the docs say"); "bring the docs" or
-# "I signed the documents" are not requests.
+# The docs named, or as a place to look ("in the docs"); "I signed the documents" is no request.
 _KB_MENTION_RE = re.compile(
     rf"\b(?:knowledge\s*base|kb|documentation)\b|{_KB_PLACE_RE.pattern}|\b{_KB}\s+(?:say|says|said)\b", re.I
 )
@@ -53,12 +51,11 @@ _COMPUTE_VERB_RE = re.compile(r"\b(?:calculate|compute|evaluate|solve)\b", re.I)
 _COMPUTE_QUESTION_RE = re.compile(r"\b(?:what\s+is|what's|how\s+much\s+is)\b", re.I)
 
 
-# Dates and phone numbers look like subtractions; "2024-05-01" is an identifier, not arithmetic.
+# Dates and phone numbers look like subtractions ("2024-05-01").
 _IDENTIFIER_LIKE_RE = re.compile(r"\d+(?:-\d+){2,}")
 
 
-# Typographic operators (multiplication sign, division sign, minus sign) become ASCII, and "^"
-# becomes "**": the calculator tool speaks Python arithmetic, where "^" is not a power.
+# Typographic operators become ASCII, "^" becomes "**": the calculator speaks Python arithmetic.
 _OPERATOR_SPELLINGS = str.maketrans({"\u00d7": "*", "\u00f7": "/", "\u2212": "-", "^": "**"})
 
 
@@ -75,18 +72,12 @@ def tool_call_for(text: str, offered: set[str], messages: list[Message]) -> dict
 
 
 def kb_search_call(question: str, messages: list[Message]) -> dict[str, Any]:
-    """The ``kb_search`` call for a question the context does not answer (agent mode,
-    docs/memory.md §7): the query is the question without its closing punctuation."""
+    """The ``kb_search`` call for a question the context does not answer (agent mode, docs/memory.md §7)."""
     return _tool_call("kb_search", {"query": question.strip(" \t?!.")}, messages)
 
 
 def search_query(text: str) -> str | None:
-    """The search terms of a request to search the knowledge base, or None if it is not one.
-
-    A request starts with a search verb ("search", "look up", "find", "what do the docs say") or
-    mentions the knowledge base or docs. The query is the user's words minus the verb phrase and
-    the "in the docs" phrase.
-    """
+    """The terms of a request to search ("look up …", "what do the docs say about …"), or None if it is not one."""
     lead = _SEARCH_LEAD_RE.match(text)
     if lead is None and not _KB_MENTION_RE.search(text):
         return None
@@ -97,12 +88,8 @@ def search_query(text: str) -> str | None:
 
 
 def calculator_expression(text: str) -> str | None:
-    """The arithmetic to compute, or None if ``text`` does not ask for a computation.
-
-    Asks when it contains an expression such as ``12*(3+4)`` and either is nothing but that
-    expression or asks "what is / how much is / calculate ..."; "calculate <words>" without an
-    expression passes the words on (the calculator tool reports what it cannot evaluate).
-    """
+    """The arithmetic ``text`` asks for (an expression, alone or after "what is" or "calculate"), or None;
+    "calculate <words>" passes the words on for the calculator to refuse."""
     normalized = text.translate(_OPERATOR_SPELLINGS)
     matches = [_balanced(match.group()) for match in _EXPRESSION_RE.finditer(normalized)]
     expression = max(matches, key=len, default="")
@@ -117,7 +104,6 @@ def calculator_expression(text: str) -> str | None:
 
 
 def _balanced(expression: str) -> str:
-    """``expression`` stripped, without the unmatched outer parentheses the regex picked up."""
     expression = expression.strip()
     while expression.startswith("(") and expression.count("(") > expression.count(")"):
         expression = expression[1:].strip()
@@ -127,8 +113,7 @@ def _balanced(expression: str) -> str:
 
 
 def _tool_call(name: str, arguments: dict[str, str], messages: list[Message]) -> dict[str, Any]:
-    """An OpenAI-format tool call whose id is a hash of the conversation so far: deterministic,
-    yet different for the same question asked again later in the session."""
+    """A tool call whose id hashes the conversation: deterministic, yet new when the question is asked again."""
     arguments_json = json.dumps(arguments, ensure_ascii=False)
     seed = json.dumps([messages, name, arguments_json], sort_keys=True, ensure_ascii=False, default=str)
     call_id = "call_" + hashlib.sha256(seed.encode()).hexdigest()[:24]

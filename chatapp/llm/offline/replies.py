@@ -1,42 +1,16 @@
-"""What the offline engine answers: pure, deterministic functions of a chat request.
-
-No randomness, no clock, no I/O. The engine can only use what is in the request, so it answers
-from the visible context (system prompt, key-facts block, summary block, recall block, earlier
-user messages, tool results; :mod:`chatapp.llm.offline.blocks`): a fact that memory compression
-dropped is visibly forgotten (docs/memory.md §6), and one the memory kept is visibly remembered.
-
-Decision order for one request:
-
-1. a summarizer prompt (it carries a ``<transcript>`` section) gets an extractive summary, and
-   a key-facts extraction prompt (it carries ``<new_messages>``) the JSON facts of
-   :mod:`chatapp.llm.offline.facts`;
-2. trailing tool results get a text answer: a calculator's result; for ``kb_search``, the
-   sentences of the passages that answer the user's question (or, for an explicit "search …",
-   the top passage), else what the user said that answers it, else an honest "not found";
-3. a user message asking to search (when ``kb_search`` is offered) or to compute (when
-   ``calculator`` is offered) gets one tool call; a request to compute without the calculator
-   (quick answer) is told that quick answer has none and that agent mode has;
-4. a question is answered from the key facts ("Your account id is ACC-7731 (from the key
-   facts)."), else by quoting the evidence that best overlaps it -- knowledge-base passages,
-   earlier user messages, the summary and recall blocks, each labelled with its source, never
-   the system prompt's instructions; when ``kb_search`` is offered (agent mode) only evidence
-   that answers the question outright is quoted and anything else gets a ``kb_search`` call;
-   without it, a question nothing answers gets "not found";
-5. a greeting is greeted, thanks are acknowledged, and anything else is noted, restating its
-   facts in the second person ("Noted: your name is Ada, account ACC-7731.").
-"""
+"""What the offline engine answers (docs/memory.md §6): pure, deterministic functions of a chat request, from
+the visible context only. Order: a summary or key-facts prompt, trailing tool results, a tool call, a question
+(key facts, then quoted evidence), then a greeting, thanks or a statement noted in the second person."""
 
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from chatapp.llm.offline.blocks import FactLine, facts_lines, message_blocks, question_and_blocks
+from chatapp.llm.offline.blocks import question_and_blocks
 from chatapp.llm.offline.evidence import (
-    ID_WORDS,
     KB_SECTION_LABEL,
     STOPWORDS,
     Evidence,
@@ -47,7 +21,9 @@ from chatapp.llm.offline.evidence import (
     passage_evidence,
     plain_text,
     word_list,
+    words_needed,
 )
+from chatapp.llm.offline.fact_answers import answer_from_facts, facts_of
 from chatapp.llm.offline.facts import extraction_reply, is_extraction_request
 from chatapp.llm.offline.intents import (
     calculator_expression,
@@ -69,8 +45,7 @@ NOT_SURE = "I'm not sure what to look for. I can only answer from what I see in 
 NOT_FOUND = "I don't find anything about “{topic}” in my current context."
 KB_SAYS = "The knowledge base says ({section}):"
 NOT_FOUND_SEARCHED = "I don't find anything about “{topic}” in my current context or in the knowledge base."
-# Quick answer offers no tools, and the engine answers only from what it can quote (docs/memory.md
-# §6): it does not compute arithmetic itself, it says where the calculator is.
+# The engine only answers what it can quote (docs/memory.md §6), so it never computes: it points to the calculator.
 NO_CALCULATOR = (
     "Quick answer has no calculator, and I only answer from what I can quote, so I don't compute “{expression}”."
     " Switch this chat to agent mode: its calculator tool does."
@@ -98,21 +73,15 @@ def summary_prompt(messages: list[Message]) -> str | None:
 
 
 def is_summarizer_request(messages: list[Message]) -> bool:
-    """Whether a request is for the summarizer model: a summary prompt or a key-facts
-    extraction prompt (the environment variables ``OFFLINE_FAIL_SUMMARY`` and
-    ``OFFLINE_SUMMARY_DELAY`` apply to it)."""
+    """Whether a request is a summary or key-facts prompt (``OFFLINE_FAIL_SUMMARY`` and ``OFFLINE_SUMMARY_DELAY``)."""
     return summary_prompt(messages) is not None or is_extraction_request(messages)
 
 
 def offline_reply(
     messages: list[Message], *, tools: list[dict[str, Any]] | None, summary_max_tokens: int
 ) -> OfflineReply:
-    """The offline engine's reply to a Chat Completions request.
-
-    ``messages``: the request's wire messages; ``tools``: its tool schemas (or None);
-    ``summary_max_tokens``: the output cap, in tokens, of an extractive summary.
-    A summary may be ``""`` when nothing in the transcript is worth keeping.
-    """
+    """The reply to a Chat Completions request; an extractive summary is capped at ``summary_max_tokens`` tokens
+    and may be ``""`` when nothing is worth keeping."""
     if is_extraction_request(messages):
         return OfflineReply(text=extraction_reply(messages))
     prompt = summary_prompt(messages)
@@ -145,13 +114,9 @@ def offline_reply(
     return OfflineReply(text=_clip(_answer_statement(text, context), MAX_REPLY_WORDS))
 
 
-# --- answers from tool results ---------------------------------------------------------------
-
-
 def _answer_tool_results(messages: list[Message]) -> str:
-    """One answer per trailing tool result. A ``kb_search`` made for a question (not for an
-    explicit "search …") is answered from the passages that answer the question, or honestly
-    not at all; other results are quoted."""
+    """One answer per trailing tool result: a ``kb_search`` for a question answers it (or says not found), others
+    are quoted."""
     results: list[Message] = []
     index = len(messages) - 1
     while index >= 0 and messages[index].get("role") == "tool":
@@ -181,9 +146,7 @@ def _answer_tool_results(messages: list[Message]) -> str:
 
 
 def _search_result(query: str, passages: list[Evidence]) -> str:
-    """The answer to an explicit "search …": the sentences of the passage that best match the
-    ``query`` (as for a question), else the best sentence of the top passage, labelled "The
-    knowledge base says (<document> › <section>):"."""
+    """The answer to an explicit "search …": the best-matching passage's sentences, else the top passage's best."""
     wanted = _question_words(query)
     found = _quote(passages, wanted, kb_label=KB_SAYS)
     if found is not None:
@@ -193,8 +156,7 @@ def _search_result(query: str, passages: list[Evidence]) -> str:
 
 
 def _without_question(messages: list[Message]) -> list[Message]:
-    """``messages`` without the words of the last user message (the question being answered,
-    never evidence for itself), keeping the memory blocks merged into it as context."""
+    """``messages`` without the last user message's own words (no evidence for itself), keeping its merged blocks."""
     for position in range(len(messages) - 1, -1, -1):
         if messages[position].get("role") == "user":
             _, merged = question_and_blocks(plain_text(messages[position].get("content")))
@@ -204,8 +166,7 @@ def _without_question(messages: list[Message]) -> list[Message]:
 
 
 def _current_user_words(messages: list[Message]) -> str:
-    """The words of the last user message of ``messages`` (the current turn's question), without
-    memory blocks merged into it; ``""`` when there is none."""
+    """The words of the last user message, without merged memory blocks; ``""`` when there is none."""
     for message in reversed(messages):
         if message.get("role") == "user":
             return " ".join(question_and_blocks(plain_text(message.get("content")))[0].split())
@@ -236,8 +197,6 @@ def _json_object(text: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-# --- questions ---------------------------------------------------------------------------------
-
 _QUESTION_START_RE = re.compile(
     r"^(?:what|what's|who|who's|whom|whose|where|when|why|how|which|do|does|did|is|are|was|were|can|could|"
     r"would|should|will|have|has|tell\s+me|remind\s+me|recall)\b",
@@ -246,9 +205,8 @@ _QUESTION_START_RE = re.compile(
 _ABOUT_THE_USER_RE = re.compile(r"\b(?:my|mine|myself|our|ours)\b", re.I)
 # "how long", "how often": the second word says what kind of answer is wanted, not its topic.
 _HOW_MEASURE_RE = re.compile(r"\bhow\s+(?:long|often|far|soon)\b", re.I)
-# Words of a question that say nothing about what is asked: the filler of questions about the
-# conversation, and verbs that only link the asker to the topic ("What encryption do you use?",
-# "Which plans do you offer?"), which a passage on the topic rarely repeats.
+# Filler of questions about the conversation, and verbs linking the asker to the topic ("What encryption do you
+# use?"), which a passage on the topic rarely repeats.
 _QUESTION_FILLER = frozenset(
     content_words(
         "gave given told mentioned earlier before previously already currently actually"
@@ -258,9 +216,8 @@ _QUESTION_FILLER = frozenset(
 
 
 def _question_of(text: str) -> str | None:
-    """The question ``text`` asks, or None when it asks none: its sentences ending with "?"
-    (greetings and statements around them left out), else the whole text when it opens with a
-    question word ("Is my data encrypted", "Tell me about …")."""
+    """The question ``text`` asks, or None: its sentences ending in "?", else all of it when it opens with a question
+    word ("Tell me about …")."""
     sentences = [s for s in split_sentences(text) if not _GREETING_RE.match(s)]
     asked = [sentence for sentence in sentences if sentence.endswith("?")]
     if asked:
@@ -271,19 +228,12 @@ def _question_of(text: str) -> str | None:
 
 
 def _question_words(question: str) -> set[str]:
-    """The content words of ``question`` that say what it is about (:func:`content_words`
-    without the filler of questions about the conversation, "gave", "earlier", "how long")."""
+    """The content words saying what ``question`` is about, without its filler."""
     return content_words(_HOW_MEASURE_RE.sub("how", question)) - _QUESTION_FILLER
 
 
-def _needed(wanted: set[str]) -> int:
-    """How many of the question's words evidence must cover: most of them (60 %), at most 3."""
-    return min(3, math.ceil(0.6 * len(wanted)))
-
-
 def _not_found(question: str, *, searched: bool = False) -> str:
-    """The honest answer when nothing in the request (and, ``searched``, nothing the knowledge
-    base search returned) answers ``question``, naming what was looked for."""
+    """The honest "not found" (``searched``: not in the knowledge base either), naming what was looked for."""
     cleaned = _HOW_MEASURE_RE.sub("how", question)
     topic = " ".join(
         dict.fromkeys(
@@ -296,37 +246,15 @@ def _not_found(question: str, *, searched: bool = False) -> str:
 
 
 def _answer_question(question: str, context: list[Message], *, complete: bool = False) -> str | None:
-    """The answer to ``question`` from what ``context`` holds, or None when nothing answers it.
-
-    In this order: a fact of the key-facts block (:func:`_answer_from_facts`); else the evidence
-    (:func:`context_evidence`) that shares the most content words with the question, quoted with
-    its source ("From the conversation summary: “…”", "From an earlier message (2024-05-20,
-    #12): “…”", "From the knowledge base (Kestrel Sync plans and pricing › Free plan): “…”").
-
-    Evidence must cover most of the question's content words (60 %, at most 3 needed), so that
-    "favourite colour" is not answered with "favourite food" once the colour was forgotten; a
-    passage counts its title and headings, but must also have a sentence with one of the words
-    (its heading's count), which is what gets quoted. A question about the user ("my", "our") is
-    answered from the conversation, the summary and recall first; the knowledge base answers it
-    only when the question has two or more content words and one passage holds them all ("Is my
-    data encrypted?" yes, "What's my name?" never from a passage about device names). Ties go to
-    the evidence with the best sentence, then to what the user said (conversation, summary,
-    recall: the two most recent, oldest first, so a later correction comes last), then to the
-    best-ranked passage (first in the prompt). A question with no content word gets a request
-    to rephrase.
-
-    ``complete`` (agent mode, where the knowledge base can still be searched): only evidence
-    that answers the question outright may be quoted (:func:`_covers`); anything less is left to
-    a ``kb_search``, so that a passage an earlier search brought in ("Deleted files stay in the
-    trash … on Free and Personal plans …") never answers a new question it merely shares words
-    with ("Is there a free plan?").
-    """
+    """The answer from ``context``: a key fact, else the best-covering evidence quoted with its source; None when
+    nothing answers. ``complete`` (agent mode, knowledge base still searchable): only evidence that answers outright
+    (:func:`_covers`), anything less is left to ``kb_search``."""
     wanted = _question_words(question)
     if not wanted:
         return NOT_SURE
     evidence = context_evidence(context)
-    facts = [fact for message in context for fact in _facts_of(message)]
-    answer = _answer_from_facts(question, wanted, facts, evidence)
+    facts = [fact for message in context for fact in facts_of(message)]
+    answer = answer_from_facts(question, wanted, facts, evidence)
     if answer is not None:
         return answer
     if complete:
@@ -338,10 +266,8 @@ def _answer_question(question: str, context: list[Message], *, complete: bool = 
 
 
 def _covers(item: Evidence, wanted: set[str]) -> bool:
-    """Whether ``item`` answers a question about ``wanted`` outright: one of its sentences holds
-    every one of the words (its heading's count), and for a knowledge-base passage that
-    sentence's heading (the document title before the first heading) names one of them, so the
-    passage is about what is asked, not about something that mentions it."""
+    """Whether a sentence of ``item`` holds every ``wanted`` word and, in a passage, its heading names one: the
+    passage is about what is asked, not merely mentioning it."""
     return any(
         wanted <= words and (item.source != "kb" or bool(wanted & content_words(section)))
         for words, section in zip(item.sentence_words, item.sections, strict=True)
@@ -349,10 +275,8 @@ def _covers(item: Evidence, wanted: set[str]) -> bool:
 
 
 def _answer_from_memory(question: str, context: list[Message]) -> str | None:
-    """The quote of what the user said (the conversation, the summary, the recall block) that
-    answers ``question`` by the rules of :func:`_answer_question`, or None: the agent's answer
-    when its ``kb_search`` found nothing better. Knowledge-base passages from earlier searches
-    are left out: the knowledge base was just asked this very question."""
+    """The quote of what the user said that answers ``question``, or None; earlier passages are left out, as the
+    knowledge base was just asked this very question."""
     wanted = _question_words(question)
     if not wanted:
         return None
@@ -360,9 +284,8 @@ def _answer_from_memory(question: str, context: list[Message]) -> str | None:
 
 
 def _answer_from_passages(question: str, passages: list[Evidence]) -> str | None:
-    """The quote of the knowledge-base ``passages`` that answers ``question``, with the rules of
-    :func:`_answer_question` (a question about the user needs every one of 2+ words in one
-    passage), or None."""
+    """The quote of ``passages`` answering ``question``, or None; a question about the user needs 2+ words, all
+    in one passage."""
     wanted = _question_words(question)
     if not wanted:
         return None
@@ -374,11 +297,10 @@ def _answer_from_passages(question: str, passages: list[Evidence]) -> str | None
 
 
 def _quote(evidence: list[Evidence], wanted: set[str], *, kb_label: str = KB_SECTION_LABEL) -> str | None:
-    """The quote of the best-matching ``evidence`` (see :func:`_answer_question`), or None;
-    ``kb_label`` introduces a passage (``{section}``: its document and section)."""
+    """The quote of the best-matching ``evidence``, or None; ties go to the user's two latest, else the first."""
     scored = [(evidence_score(item, wanted), item) for item in evidence]
     best = max((score for score, _ in scored), default=(0, 0))
-    if best[0] < _needed(wanted) or best[1] < 1:
+    if best[0] < words_needed(wanted) or best[1] < 1:
         return None
     tied = [item for score, item in scored if score == best]
     chosen = [item for item in tied if item.source != "kb"][-2:] or tied[:1]
@@ -395,10 +317,8 @@ def _quote(evidence: list[Evidence], wanted: set[str], *, kb_label: str = KB_SEC
 
 
 def _evidence_quotes(item: Evidence, wanted: set[str]) -> list[tuple[str, str]]:
-    """``[(sentence, section)]`` to quote from ``item``: its best sentence
-    (:func:`evidence_quote`), and for a passage a second sentence of the same section when the
-    first misses question words that the second has ("Is my data encrypted?": the sentence on
-    encryption, then the one on the data)."""
+    """``[(sentence, section)]``: the best sentence, plus for a passage one of the same section with the words the
+    first misses, in passage order."""
     sentence, section = evidence_quote(item, wanted)
     quotes = [(sentence, section)]
     if item.source != "kb":
@@ -415,177 +335,6 @@ def _evidence_quotes(item: Evidence, wanted: set[str]) -> list[tuple[str, str]]:
         quotes.insert(0 if best < first else 1, (item.sentences[best], section))
     return quotes
 
-
-# --- answers from the key facts ------------------------------------------------------------------
-
-# Words a question may use for a slot of the key facts (memory/facts.py names the slots: rule
-# facts from the words before a value, the offline extraction's patterns, tool-call arguments).
-SLOT_WORDS: dict[str, str] = {
-    "user_id": "account user username login customer",
-    "order_id": "order",
-    "reservation_id": "reservation booking confirmation",
-    "zip_code": "zip postal postcode",
-    "tracking_id": "tracking parcel package shipment",
-    "flight_number": "flight",
-    "payment_card": "card payment visa mastercard amex",
-    "ticket_id": "ticket case issue",
-    "item_id": "item product sku",
-    "invoice_id": "invoice receipt",
-    "name": "called call",
-    "pet_name": "pet dog cat puppy kitten parrot rabbit hamster called",
-    "home_address": "address live living home",
-    "address": "address live living home",
-    "shipping_address": "address shipping delivery deliver ship",
-    "allergy": "allergic allergies allergy",
-    "likes": "like love enjoy favourite favorite",
-    "dislikes": "dislike hate",
-    "preference": "prefer preferred",
-    "email": "email mail address",
-    "phone": "phone mobile telephone number",
-    "amount": "amount money price cost paid pay total",
-    "date": "date day",
-    "time": "time",
-    "url": "url link website site",
-}
-# Slots holding identifiers also answer to "id", "number", "code", "reference".
-_ID_SLOT_SUFFIXES = ("_id", "_number", "_code", "_reference", "identifier")
-_MY_PHRASE_RE = re.compile(r"\b(?:my|our)\s+([^\W\d_][\w'’-]*(?:\s+[^\W\d_][\w'’-]*){0,3})", re.I)
-_FACTS_NAME = "the key facts"
-# A phrase ending in a plural ("account ids"), not in "-ss", "-us", "-is" ("address", "status").
-_PLURAL_RE = re.compile(r"(?<![sui'’])s$", re.I)
-# The kind of value a question asks for by its form: "when" a date or time, "how much" an amount.
-_ASKED_KINDS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"\bwhen\b|\bwhat\s+(?:date|day|time)\b", re.I), "date"),
-    (re.compile(r"\bhow\s+much\b", re.I), "amount"),
-)
-# The slots holding each kind of value: memory/facts.py names rule facts "amount" (money),
-# "date" and "time"; facts from tool calls are named after the argument ("departure_date",
-# "total_price").
-_SLOT_KINDS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"(?:^|_)(?:date|time|day)(?:_|$)"), "date"),
-    (re.compile(r"(?:^|_)(?:amount|price|cost|total|fee)(?:_|$)"), "amount"),
-)
-
-
-def _facts_of(message: Message) -> list[FactLine]:
-    """The facts of the key-facts blocks in ``message`` (none for an assistant's or tool's)."""
-    if message.get("role") not in ("system", "user"):
-        return []
-    blocks = message_blocks(plain_text(message.get("content")))
-    return [fact for block in blocks if block.kind == "facts" for fact in facts_lines(block.text)]
-
-
-def _slot_words(key: str) -> tuple[set[str], set[str]]:
-    """``(the slot's own words, the words a question may use for it)``, as content words."""
-    own = content_words(key)
-    extra = content_words(SLOT_WORDS.get(key, ""))
-    if key.endswith(_ID_SLOT_SUFFIXES):
-        extra |= content_words(" ".join(sorted(ID_WORDS)))
-    return own, own | extra
-
-
-def _answer_from_facts(question: str, wanted: set[str], facts: list[FactLine], evidence: list[Evidence]) -> str | None:
-    """The answer from the key-facts block, "Your account id is ACC-7731 (from the key facts).",
-    when one of its ``facts`` answers ``question``, else None.
-
-    A fact answers when its slot (``user_id``), the words a question uses for that slot
-    (:data:`SLOT_WORDS`: "account") and its text cover as many of the question's words as
-    evidence must (:func:`_needed`), one of them the slot's. Among several, the one covering
-    most, then the one whose slot has the fewest words the question lacks ("name" before
-    "pet_name" for "What's my name?"), then the first in the block (the block's keep order). The
-    answer names the slot in the question's own words ("my booking reference") when they all
-    match it. A fact whose value a later message of the retained window contradicts ("Sorry,
-    my name is Joan." while the block says Ada, before the key-facts job ran) gives way to that
-    message, unless the user pinned it or it is marked as current.
-
-    A question asking by its form for a date ("When did I pay?") or an amount ("How much …")
-    is never answered with the other kind: a fact of the asked kind said in the same sentence
-    as the matching one answers instead (:func:`_said_together`), else nothing in the block.
-    """
-    best: tuple[tuple[int, int, int], FactLine, set[str]] | None = None
-    for position, fact in enumerate(facts):
-        own, slot = _slot_words(fact.key)
-        covered = wanted & (slot | content_words(fact.text))
-        if len(covered) < _needed(wanted) or not covered & slot:
-            continue
-        rank = (len(covered), -len(own - wanted), -position)
-        if best is None or rank > best[0]:
-            best = (rank, fact, covered)
-    if best is None:
-        return None
-    _, fact, covered = best
-    asked = _kind_of(question, _ASKED_KINDS)
-    if asked is not None and _kind_of(fact.key, _SLOT_KINDS) not in (None, asked):
-        return _said_together(asked, fact, facts, evidence)
-    phrase = _question_phrase(question, covered)
-    if not fact.pinned and not fact.replaces and _contradicted(phrase, fact, evidence):
-        return None
-    if fact.text:
-        return f"From {_FACTS_NAME}: {fact.text.rstrip('.')} ({fact.values[0]})."
-    phrase = phrase or fact.key.replace("_", " ")
-    if len(fact.values) > 1:
-        values = ", ".join(fact.values[:-1]) + " and " + fact.values[-1]
-        return f"Your {phrase}: {values} (from {_FACTS_NAME}, newest first)."
-    verb = "are" if _PLURAL_RE.search(phrase) else "is"
-    replaces = f"; it replaces {fact.replaces}" if fact.replaces else ""
-    return f"Your {phrase} {verb} {fact.values[0]} (from {_FACTS_NAME}{replaces})."
-
-
-def _kind_of(text: str, kinds: tuple[tuple[re.Pattern[str], str], ...]) -> str | None:
-    """The kind (``date``, ``amount``) of the first of ``kinds`` whose pattern ``text`` matches."""
-    return next((kind for pattern, kind in kinds if pattern.search(text)), None)
-
-
-def _said_together(asked: str, matched: FactLine, facts: list[FactLine], evidence: list[Evidence]) -> str | None:
-    """The answer from the fact of kind ``asked`` whose value a sentence of what the user said
-    (conversation, summary, recall; the latest first) holds beside a value of ``matched``: "When
-    did I pay?" matches the amount, and "I paid 75 dollars on 3 April 2026." ties the date to it.
-    None when no sentence ties them (the block's grouped lines say nothing of which goes with
-    which)."""
-    candidates = [fact for fact in facts if _kind_of(fact.key, _SLOT_KINDS) == asked]
-    for item in reversed(evidence):
-        sentence = item.sentences[0].casefold()
-        if item.source == "kb" or not any(value.casefold() in sentence for value in matched.values):
-            continue
-        for fact in candidates:
-            for value in fact.values:
-                if value.casefold() in sentence:
-                    other = next(value for value in matched.values if value.casefold() in sentence)
-                    slot = fact.key.replace("_", " ")
-                    return f"Your {slot} is {value} (from {_FACTS_NAME}; said together with {other})."
-    return None
-
-
-def _question_phrase(question: str, covered: set[str]) -> str:
-    """The words after "my" in ``question`` that name the slot ("account id" of "What is my
-    account id?"), as long as each matches it; ``""`` when there are none."""
-    match = _MY_PHRASE_RE.search(question)
-    if match is None:
-        return ""
-    words: list[str] = []
-    for word in match.group(1).split():
-        stems = content_words(word)
-        if not stems or not stems <= covered:
-            break
-        words.append(word)
-    return " ".join(words)
-
-
-def _contradicted(phrase: str, fact: FactLine, evidence: list[Evidence]) -> bool:
-    """Whether a user message of the retained window says "my <phrase> …" without the fact's
-    value: it is newer than the block's facts, which come from summarized messages."""
-    if not phrase:
-        return False
-    said = f"my {phrase}".casefold()
-    return any(
-        item.source == "conversation"
-        and said in " ".join(item.sentences[0].split()).casefold()
-        and not any(value.casefold() in item.sentences[0].casefold() for value in fact.values)
-        for item in evidence
-    )
-
-
-# --- statements ----------------------------------------------------------------------------------
 
 _GREETING_RE = re.compile(
     r"^(?:hi|hello|hey|howdy|good\s+(?:morning|afternoon|evening))\b[\s!.,]*(?:there)?[\s!.,]*$", re.I
@@ -611,15 +360,12 @@ _FIRST_PERSON_RE = re.compile(
     r"|i|me|my|mine|myself|am|we|us|our|ours|ourselves)\b",
     re.I,
 )
-# How many sentences of a statement the acknowledgement restates.
 NOTED_SENTENCES = 2
 
 
 def _answer_statement(text: str, context: list[Message]) -> str:
-    """The reply to a message that asks no question: a greeting for a greeting, "You're
-    welcome." for thanks; without a ``kb_search`` tool (quick-answer mode), a request to search
-    is answered from the retrieved passages in the context; anything else is noted
-    (:func:`_acknowledge`)."""
+    """The reply to a message asking no question: greeted, thanked, a "search …" answered from the context's
+    passages (quick answer), else noted."""
     if not text:
         return "I received an empty message."
     if _GREETING_RE.match(text):
@@ -631,14 +377,13 @@ def _answer_statement(text: str, context: list[Message]) -> str:
     return _acknowledge(text)
 
 
-# Words that start a later noted sentence in lowercase once it follows "; " (names stay as typed).
+# Lowercased after "; " (names stay as typed).
 _JOINED_LOWERCASE = frozenset({"He", "She", "It", "They", "We", "This", "That", "These", "Those", "There"})
 
 
 def _acknowledge(text: str) -> str:
-    """Restate the statement as facts about the user, in the second person, leaving out
-    greetings and thanks: "Hi! My name is Ada, account ACC-7731." is noted as "Noted: your name
-    is Ada, account ACC-7731."; at most :data:`NOTED_SENTENCES` sentences, joined by "; "."""
+    """The statement restated in the second person ("My name is Ada." → "Noted: your name is Ada."): up to
+    :data:`NOTED_SENTENCES` sentences, greetings and thanks left out."""
     sentences: list[str] = []
     for piece in split_sentences(text):
         sentence = piece.strip()
@@ -657,6 +402,6 @@ def _acknowledge(text: str) -> str:
 
 
 def _clip(text: str, words: int) -> str:
-    """``text`` cut to at most ``words`` words, marking the cut with an ellipsis."""
+    """``text`` cut to at most ``words`` words, with an ellipsis."""
     parts = text.split()
     return text.strip() if len(parts) <= words else " ".join(parts[:words]) + "…"

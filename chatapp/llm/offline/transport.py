@@ -1,25 +1,6 @@
-"""The offline engine: an in-process OpenAI-compatible server, as an ``httpx2`` transport.
-
-Used when no endpoint is configured (docs/memory.md §6). ``openai.AsyncOpenAI`` talks to it exactly
-as to a remote server, so the app's whole SDK code path runs offline. Routes:
-
-- ``POST .../chat/completions``: JSON or, with ``"stream": true``, server-sent events; both carry
-  ``usage`` (for a stream only with ``stream_options.include_usage``, as OpenAI does).
-- ``GET .../models``: the single model ``offline-engine`` with its ``context_window`` (tokens:
-  the environment variable ``LLM_CONTEXT_WINDOW``, 2,048 by default offline).
-
-Replies are deterministic (no randomness, no clock: ``created`` is 0); what they say is decided in
-:mod:`chatapp.llm.offline.replies`. Demo switches are environment variables (docs/configuration.md),
-read from their settings at request time: ``OFFLINE_DELAY`` (seconds to sleep before answering;
-setting ``OFFLINE_DELAY_SECONDS``), ``OFFLINE_SUMMARY_DELAY`` (further seconds before answering
-summarizer requests only, to show and measure what background memory jobs save,
-docs/memory.md §10; setting ``OFFLINE_SUMMARY_DELAY_SECONDS``), ``OFFLINE_FAIL_SUMMARY``
-(summarizer requests get HTTP 500) and ``OFFLINE_FAIL_CHAT`` (all other chat requests get HTTP
-500); the two ``FAIL`` switches are booleans and their settings have the same names. Summarizer
-requests are summary prompts and key-facts extraction prompts (docs/memory.md §11). The demo
-walk-through adds a thinking time and a summarizer outage for its own chat only, through
-:mod:`chatapp.llm.offline.faults` (docs/demo.md).
-"""
+"""The offline engine (docs/memory.md §6): an in-process OpenAI-compatible server as an ``httpx2`` transport, so the
+SDK path runs unchanged: ``POST chat/completions`` (JSON or SSE, with usage) and ``GET models``. Deterministic
+(``created`` is 0); the ``OFFLINE_*`` switches (docs/configuration.md) are read per request."""
 
 from __future__ import annotations
 
@@ -45,7 +26,7 @@ STREAM_WORDS_PER_CHUNK = 3
 
 
 class OfflineTransport(httpx2.AsyncBaseTransport):
-    """Answers OpenAI Chat Completions requests in process; see the module docstring."""
+    """Answers OpenAI Chat Completions requests in process."""
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         path = request.url.path.rstrip("/")
@@ -105,11 +86,8 @@ async def _chat_completions(request: httpx2.Request, body: dict[str, Any]) -> ht
 
 
 async def _delay(request: httpx2.Request, seconds: float) -> None:
-    """Sleep ``seconds`` before answering, honouring the client's read timeout.
-
-    There is no socket here for the client's timeout to fire on, so the transport raises the
-    ``ReadTimeout`` a real server this slow would cause (the SDK turns it into APITimeoutError).
-    """
+    """Sleep ``seconds``; past the client's read timeout raise the ``ReadTimeout`` a slow server would cause, as
+    no socket is here for it to fire on."""
     if seconds <= 0:
         return
     read_timeout = (request.extensions.get("timeout") or {}).get("read")
@@ -154,9 +132,7 @@ def _completion_payload(reply: OfflineReply, *, completion_id: str, usage: dict[
 
 
 def _stream_events(reply: OfflineReply, *, completion_id: str, usage: dict[str, int] | None) -> list[dict[str, Any]]:
-    """The ``chat.completion.chunk`` objects of a streamed reply, shaped like OpenAI's: a role
-    chunk, text in pieces of a few words, each tool call as a head then its arguments in two
-    pieces (so clients must assemble them), a finish chunk, and the usage chunk if asked for."""
+    """OpenAI-shaped ``chat.completion.chunk`` objects: role, text in pieces, tool calls in pieces, finish, usage."""
     deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
     words = reply.text.split(" ")
     for start in range(0, len(words) if reply.text else 0, STREAM_WORDS_PER_CHUNK):
