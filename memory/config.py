@@ -1,5 +1,4 @@
-"""Every setting of the memory engine in one frozen value; the owning app builds it once per use
-from its own settings (docs/configuration.md lists them)."""
+"""Every setting of the memory engine in one frozen value (docs/configuration.md lists them)."""
 
 from __future__ import annotations
 
@@ -14,17 +13,9 @@ RecallScope = Literal["chat", "owner"]
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryConfig:
-    """The engine's settings. Token figures are tokens, times seconds.
-
-    The chat model: ``chat_model`` (its tokenizer counts the request), ``context_window`` and
-    ``calibrate`` (learn the estimate's factor from the provider's reported prompt tokens,
-    docs/memory.md §5). The request: the ratios, caps and shares of :class:`MemoryBudget`
-    (docs/memory.md §3, §11, §12). The summarizer: ``summary_model`` and the windows of the
-    summarizer and its failover, attempts per layer and their timeout (§4). When compression runs
-    (§10): ``compression``, ``sync_wait_seconds``, ``precompress_tokens`` and the memory job's
-    timing, and how many extraction batches one job runs (None: all). Recall: ``recall_scope``, ``recall_deadline_seconds`` (None waits for the query's
-    embedding, as replays do) and the tools whose results are never indexed.
-    """
+    """The engine's settings, built once per use by the owning app; figures in tokens and seconds. ``calibrate``: learn
+    the estimate's factor (docs/memory.md §5); the budget (§3, §11, §12); the summarizer and its failover (§4); when
+    compression runs (§10); recall (§12), ``recall_deadline_seconds`` None waiting for the embedding, as replays do."""
 
     chat_model: str
     context_window: int

@@ -1,4 +1,4 @@
-"""The OpenAI Chat Completions message as memory handles it, and its wire form."""
+"""The Chat Completions message as memory handles it; its wire form has ``content`` None only beside ``tool_calls``."""
 
 from __future__ import annotations
 
@@ -11,14 +11,12 @@ WIRE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 
 
 def to_wire(message: Message) -> Message:
-    """A copy with only the keys the Chat Completions API accepts (``content`` None only beside ``tool_calls``)."""
     wire = {key: message[key] for key in WIRE_KEYS if message.get(key) not in (None, [])}
     wire.setdefault("content", None if wire.get("tool_calls") else "")
     return wire
 
 
 def call_ids(message: Message) -> list[str]:
-    """The ``tool_calls`` ids of an assistant message, in order (empty for anything else)."""
     if message.get("role") != "assistant":
         return []
     return [call.get("id") for call in message.get("tool_calls") or () if call.get("id")]

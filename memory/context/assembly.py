@@ -31,10 +31,8 @@ MERGE_SEPARATOR = "\n\n"
 
 
 def steps_note(*, content: str, summary_type: str, count: int) -> Message:
-    """The "steps so far" note standing, in the model-facing copy only, for ``count`` older
-    messages of the current turn folded to fit the context window (docs/memory.md I5, in-turn
-    compaction). An assistant message: it takes the place of the assistant's own earlier steps;
-    ``summary_type`` ``raw`` marks a raw archive (no summarizer)."""
+    """The "steps so far" note standing, in the model-facing copy only, for ``count`` folded older messages of the
+    current turn (docs/memory.md I5); an assistant message, as it replaces the assistant's own steps."""
     header = (STEPS_NOTE_RAW_HEADER if summary_type == "raw" else STEPS_NOTE_HEADER).format(count=count)
     return {"role": "assistant", "content": f"{header}\n{content}"}
 
@@ -42,15 +40,9 @@ def steps_note(*, content: str, summary_type: str, count: int) -> Message:
 def elide_current_turn(
     current: list[Message], excess: int, counter: TokenCounter, *, first: Iterable[int] = ()
 ) -> tuple[list[Message], list[dict[str, Any]]]:
-    """Shrink oversized content inside the current turn by about ``excess`` tokens, and no more.
-
-    The messages at the indexes ``first`` go first (a "steps so far" note, which stands for the
-    oldest material), then tool results, oldest first, then assistant text; the user's messages
-    are never touched (docs/memory.md I5, docs/memory.md F-07). Only what is needed is cut, so a
-    newer result stays whole when cutting older ones is enough. Each shortened content keeps its
-    head and ends with a visible marker. Returns the new model-facing list and one record per
-    elision ``{"id", "role", "tokens_before", "tokens_after"}``. Input dicts are not modified.
-    """
+    """Shrink content in the current turn by about ``excess`` tokens, no more (docs/memory.md I5, F-07): messages at
+    ``first`` (a steps note) go first, then tool results and assistant text, oldest first; the user's never. Each keeps
+    its head and a marker. Returns ``(new list, [{"id", "role", "tokens_before", "tokens_after"}])``, inputs intact."""
     result = list(current)
     records: list[dict[str, Any]] = []
     order = [i for i in first if 0 <= i < len(current) and current[i].get("role") != "user"]
@@ -84,8 +76,8 @@ def elide_current_turn(
 
 @dataclass(kw_only=True)
 class Assembly:
-    """A model-facing request: ``messages`` (wire dicts, no ids), ``sources`` aligned with them
-    (``{"id", "kind"}``), ``sections`` in tokens and ``tokens`` for the whole request."""
+    """A model-facing request: wire ``messages`` (no ids), ``sources`` aligned with them (``{"id", "kind"}``),
+    ``sections`` and ``tokens`` in tokens."""
 
     messages: list[Message]
     sources: list[dict[str, Any]]
@@ -105,21 +97,10 @@ def assemble(
     facts: FactsBlock | None = None,
     recall: RecallResult | None = None,
 ) -> Assembly:
-    """``[system] + [key facts] + [summary block] + [recall] + retained window + current turn``
-    (docs/memory.md §3 step 5, §11, §12).
-
-    Internal keys (``id``, ``token_count``) never reach the wire; ``sources`` keeps the ids. A
-    message carrying the internal key ``folded_ids`` (a "steps so far" note) gets a source
-    ``{"id": None, "kind": "current", "folded": [ids], "message_ids": [ids]}`` (``message_ids``, as
-    the other blocks' sources say which stored messages they stand for). With ``strict_alternation`` two user or
-    two assistant messages in a row are merged into one (docs/memory.md F-38, see
-    :func:`merge_same_role_neighbours`); the merged message's source is the first part's with
-    ``"merged": [sources of the later parts]``, and its tokens count in the first part's section.
-    ``facts``: the key-facts block (nothing is sent when it holds no message); its source is
-    :attr:`memory.facts.FactsBlock.source` (kind ``facts`` with ``fact_ids`` and ``message_ids``).
-    ``recall``: the recall block (none when it recalled nothing); its source has kind ``recall``
-    with ``item_ids`` and the recalled ``message_ids``.
-    """
+    """``[system] + [key facts] + [summary] + [recall] + retained window + current turn`` (docs/memory.md §3 step 5,
+    §11, §12): internal keys stay off the wire, ``sources`` keep the ids; a steps note's source carries ``folded``
+    and ``message_ids``; with ``strict_alternation`` same-role neighbours are merged (F-38), the first part's source
+    listing the others in ``merged``."""
     messages: list[Message] = []
     sources: list[dict[str, Any]] = []
     owners: list[str] = []
@@ -168,9 +149,7 @@ def assemble(
 
 
 def mergeable(first: Message, second: Message) -> bool:
-    """Whether ``second`` may be merged into ``first`` for strict alternation: both ``user``, or
-    both ``assistant`` with no ``tool_calls`` on ``first`` (its results must follow it directly,
-    so nothing is appended after a call). System and tool messages are never merged."""
+    """Both ``user``, or both ``assistant`` without ``tool_calls`` on ``first`` (its results must follow it)."""
     return (
         first.get("role") == second.get("role")
         and first.get("role") in ("user", "assistant")
@@ -179,10 +158,8 @@ def mergeable(first: Message, second: Message) -> bool:
 
 
 def merge_messages(first: Message, second: Message) -> Message:
-    """One wire message saying what ``first`` then ``second`` said: contents joined by a blank
-    line (text parts concatenated when either content is a list), ``second``'s ``tool_calls``
-    kept (an assistant's text followed by its calls is one legal message). A ``name`` survives
-    only when both carry the same. Neither input is modified."""
+    """One wire message saying what ``first`` then ``second`` said: contents joined by a blank line, ``second``'s
+    ``tool_calls`` kept, a ``name`` only when both carry it. Inputs are not modified."""
     merged = {key: value for key, value in second.items() if key != "name"}
     if first.get("name") and first.get("name") == second.get("name"):
         merged["name"] = first["name"]
@@ -209,14 +186,8 @@ def merge_same_role_neighbours(
     sections: dict[str, int],
     counter: TokenCounter,
 ) -> tuple[list[Message], list[dict[str, Any]]]:
-    """Strict alternation (docs/memory.md F-38): merge every run of same-role ``user`` or
-    ``assistant`` wire messages (see :func:`mergeable`) into one, in the model-facing copy only.
-
-    ``sources`` are aligned with ``messages``; ``owners`` names each message's section, whose
-    entry in ``sections`` (tokens) is corrected in place by what a merge saves. Tool pairing is
-    untouched: a tool message is never merged and nothing is put between a call and its results.
-    Returns the new aligned ``(messages, sources)``; inputs are not modified.
-    """
+    """Strict alternation (docs/memory.md F-38): every run of :func:`mergeable` messages merged into one, the
+    ``sections`` of ``owners`` corrected in place. Returns the new aligned ``(messages, sources)``."""
     out: list[Message] = []
     out_sources: list[dict[str, Any]] = []
     out_owners: list[str] = []

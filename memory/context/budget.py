@@ -8,52 +8,19 @@ from typing import Literal
 from memory.tokens.calibration import MAX_FACTOR, MIN_FACTOR
 
 SummaryRole = Literal["system", "user"]
-# The summary block's header and message overhead take about 25 tokens; leave room for text too.
+# The summary block's header and overhead take about 25 tokens; leave room for text too.
 MIN_SUMMARY_RESERVE = 64
-# Default room left for the model's reply (tokens): an eighth of the window, at most this much.
+# Default room for the reply: an eighth of the window, at most this many tokens.
 MAX_DEFAULT_REPLY_RESERVE = 4096
 Mode = Literal["agent", "quick-answer"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryBudget:
-    """Token budget of one model request; every figure is in tokens.
-
-    ``context_window``: the model's maximum input. Compression starts when the estimated request
-    exceeds ``trigger_tokens = context_window * trigger_ratio`` (default 0.5) and aims at
-    ``target_tokens = trigger_tokens * target_ratio`` (default 0.6), docs/memory.md §1.
-    ``summary_max_tokens``: the hard cap on the summary; the back-scan keeps
-    ``summary_reserve_tokens`` free for the summary block (the cap, limited to a quarter of the
-    target so a small window still retains recent messages, and at least 64, enough for the
-    block's header). ``summary_ratio``: the summary may grow by at most this share of the text it
-    folds in (default 0.3, docs/memory.md §3 step 4). ``preserve_turns`` (agent mode, default 5):
-    whole recent turns the engine tries to keep verbatim; the budget always wins.
-    ``summarizer_context_window``: bounds one summarizer request (input plus output).
-    ``summary_role="user"`` is for providers that accept one leading system message only: the
-    summary block and any later system message of the history are then sent as user messages.
-    ``strict_alternation``: for chat templates that reject two user or two assistant messages in
-    a row, neighbours of the same role are merged in the model-facing copy (docs/memory.md F-38).
-    ``reply_reserve_tokens``: room kept free for the model's reply; when the current turn alone is
-    over the target, its content is elided (or its older steps folded) only down to
-    ``request_limit_tokens = context_window - reply_reserve_tokens`` (docs/memory.md I5). None
-    means an eighth of the window, at most 4,096.
-    ``facts_max_tokens`` / ``facts_share`` / ``facts_min_tokens``: the key-facts block may take
-    ``facts_share`` of the target (default 8 %), at most ``facts_max_tokens`` (default 400) and
-    at least ``facts_min_tokens`` (default 96, at most a quarter of the target) tokens
-    (docs/memory.md §11); a share or maximum of 0 turns the block off. ``recall_share``: the recall block may take this share of the target
-    (default 25 %, docs/memory.md §12), reserved only when something was recalled; 0 turns
-    recall off. ``recall_fill``: a request under the trigger lets the recall block grow past its
-    share into the room left under the trigger, for admitted items that did not fit (default
-    True; docs/memory.md §12, "Budget").
-    ``token_factor``: provider tokens per token of our estimate for this model (default 1.0,
-    within [0.5, 2.0]; docs/memory.md §5, "Calibration"). The budget treats a request estimated at
-    ``E`` tokens as ``E × token_factor``; equivalently the window, trigger, target and request
-    limit are expressed in estimated tokens by dividing by it (:attr:`window_tokens`). Every
-    other figure here is in estimated tokens, except ``context_window`` and the reply reserve.
-    Raises ``ValueError`` for a window under 64 tokens, ratios outside (0, 1], an unknown role,
-    a reply reserve that is negative or leaves no room under the window, or a ``token_factor``
-    outside its bounds.
-    """
+    """Token budget of one model request (docs/memory.md §1, §3), in estimated tokens except ``context_window`` and
+    the reply reserve (§5 "Calibration"); key facts §11, recall §12, reply reserve I5, ``summary_role`` F-10,
+    alternation F-38. Raises ``ValueError`` for a window under 64 tokens, a ratio outside (0, 1], an unknown role, a
+    reply reserve outside [0, window) or a ``token_factor`` out of bounds."""
 
     context_window: int
     trigger_ratio: float = 0.5
@@ -88,8 +55,7 @@ class MemoryBudget:
 
     @property
     def window_tokens(self) -> int:
-        """The context window in tokens of our estimate: ``context_window / token_factor``
-        (docs/memory.md §5, "Calibration"); ``context_window`` itself at factor 1.0."""
+        """``context_window / token_factor``: the window in tokens of our estimate (§5 "Calibration")."""
         return int(self.context_window / self.token_factor)
 
     @property
@@ -106,10 +72,7 @@ class MemoryBudget:
 
     @property
     def facts_budget_tokens(self) -> int:
-        """The key-facts block's budget in tokens (docs/memory.md §11):
-        ``min(facts_share * target, facts_max_tokens)``, raised to ``facts_min_tokens`` (at most a
-        quarter of the target) so that a small window still pins a few facts; 0 when
-        ``facts_share`` or ``facts_max_tokens`` is 0 (the block is off)."""
+        """``facts_share`` of the target, at most ``facts_max_tokens``, at least the floor (§11); 0: off."""
         if not self.facts_share or not self.facts_max_tokens:
             return 0
         share = min(int(self.target_tokens * self.facts_share), self.facts_max_tokens)
@@ -117,13 +80,11 @@ class MemoryBudget:
 
     @property
     def facts_pinned_tokens(self) -> int:
-        """What the facts the user pinned may take of the key-facts block when that is more than
-        :attr:`facts_budget_tokens`: a quarter of the target, in tokens (docs/memory.md §11)."""
+        """What the user's pinned facts may take when over the facts budget: a quarter of the target."""
         return self.target_tokens // 4 if self.facts_budget_tokens else 0
 
     @property
     def recall_budget_tokens(self) -> int:
-        """The recall block's budget in tokens: ``recall_share`` of the target (docs/memory.md §12)."""
         return max(0, int(self.target_tokens * self.recall_share))
 
     @property
@@ -132,14 +93,11 @@ class MemoryBudget:
 
     @property
     def reply_reserve(self) -> int:
-        """Tokens kept free for the reply (see ``reply_reserve_tokens``)."""
         if self.reply_reserve_tokens is not None:
             return self.reply_reserve_tokens
         return min(MAX_DEFAULT_REPLY_RESERVE, self.context_window // 8)
 
     @property
     def request_limit_tokens(self) -> int:
-        """The most a request whose current turn alone is over the target may take (estimated
-        tokens): the window minus the reply reserve, divided by ``token_factor``. Elision and
-        in-turn folding aim here, not at the target (docs/memory.md I5)."""
+        """What a turn over the target may take: window minus reply reserve, in estimated tokens (I5)."""
         return int((self.context_window - self.reply_reserve) / self.token_factor)

@@ -44,8 +44,7 @@ logger = logging.getLogger(__name__)
 CAS_ROUNDS = 3
 
 
-# How long a request in background mode waits, by default, for a compression already running for
-# its conversation (seconds; MEMORY_SYNC_WAIT_MS, docs/memory.md §10 "fast first token").
+# Default wait in seconds of a background-mode request for a running compression (docs/memory.md §10).
 SYNC_WAIT_SECONDS = 0.25
 
 
@@ -54,16 +53,9 @@ STEPS_CACHE_SIZE = 64
 
 
 class ContextBuilder:
-    """Managed short-term memory for one model configuration.
-
-    ``budget``: the token budget; ``chain``: the summarizer degradation chain (layers 1-2; the
-    raw archive is layer 3, built here); ``counter``: the token counter of the chat model;
-    ``store``: where summaries and compression events are kept. The engine remembers the
-    "steps so far" notes of recent turns (in memory, at most 64) so that in-turn compaction
-    folds only the steps added since the previous model call. ``jobs``: where requests in
-    background mode hand their compression (None: they only read); ``sync_wait_seconds``: how
-    long such a request waits for a compression already running (seconds).
-    """
+    """Managed short-term memory for one model configuration: ``chain`` is the summarizer degradation chain (layers 1-2;
+    the raw archive, layer 3, is built here); recent turns' "steps so far" notes stay in memory (at most
+    :data:`STEPS_CACHE_SIZE`) so in-turn compaction folds only new steps; without ``jobs`` background requests read."""
 
     def __init__(
         self,
@@ -88,16 +80,10 @@ class ContextBuilder:
         self._recalled: tuple[ContextRequest, int | None, tuple[RecallInput, RecallResult]] | None = None
 
     async def build_context(self, request: ContextRequest) -> MemoryContext:
-        """Load the summary and the increment, compress when over the trigger (or forced), write
-        the new summary back (compare-and-set) and return the model-facing context.
-
-        A failing summarizer never raises here: it degrades to the raw archive (docs/memory.md
-        §4). After :data:`CAS_ROUNDS` lost compare-and-set rounds the context is built degraded,
-        with nothing written. A stored summary over the cap is rewritten within it (F-40); a
-        current turn too big for the window has its older steps folded before any refusal (I5).
-        With ``request.compression == "background"`` (and no ``force``) see :meth:`read_context`.
-        Storage errors propagate.
-        """
+        """Load the summary and the increment, compress when over the trigger (or forced), write the summary back
+        (compare-and-set) and return the context. A failing summarizer degrades (docs/memory.md §4); after
+        :data:`CAS_ROUNDS` lost rounds nothing is written; a summary over the cap is rewritten (F-40); an oversized turn
+        is folded before it is refused (I5). Background mode: :meth:`read_context`. Storage errors propagate."""
         if request.compression == "background" and not request.force:
             return await self.read_context(request)
         events: list[CompressionRecord] = []
@@ -114,8 +100,7 @@ class ContextBuilder:
                 context.path = "no_progress"
                 return context
             if oversized:
-                # docs/memory.md F-40: a summary over the cap (the window was lowered) is shrunk
-                # now, with or without new messages, instead of blocking every request.
+                # F-40: a summary over the cap (a lowered window) is shrunk now rather than block every request.
                 plan.notes.append(
                     f"the stored summary ({summary_tokens} tokens) is over the summary cap of {self.summary_cap} "
                     "tokens: it is rewritten within the cap"
@@ -161,18 +146,10 @@ class ContextBuilder:
         return context
 
     async def read_context(self, request: ContextRequest) -> MemoryContext:
-        """The context of a request that makes no summarizer call for the conversation's history
-        and writes no summary (docs/memory.md §10, "fast first token").
-
-        Under the trigger: the stored summary and the increment, as usual. Over it, with
-        something to summarize: wait at most ``sync_wait_seconds`` for the conversation's memory
-        job; if that moved the summary and the request is now under the trigger, use it
-        (``waited``); otherwise queue the job and send the degraded context, the stored summary
-        plus a raw archive of what does not fit, built in memory only (``deferred``). When only
-        the current turn is too big (nothing older to summarize) the request is built as in
-        sync mode (elision, then folding of its older steps, docs/memory.md I5). Storage errors
-        propagate.
-        """
+        """The context of a request that neither summarizes history nor writes (docs/memory.md §10, "fast first token"):
+        over the trigger it waits up to ``sync_wait_seconds`` for the memory job (``waited``), else schedules it and
+        sends a degraded context (``deferred``); a turn too big alone is built as in sync mode (I5). Storage errors
+        propagate."""
         before = await self.store.get(request.memory_key)
         plan = await self._plan(request, before)
         if not plan.needs_compression:
@@ -203,20 +180,13 @@ class ContextBuilder:
         return context
 
     async def precompress_due(self, request: ContextRequest, *, next_message_tokens: int) -> bool:
-        """Whether :meth:`precompress` would compress now (reads only: the summary and the
-        increment). Storage errors propagate."""
+        """Whether :meth:`precompress` would compress now (reads only; storage errors propagate)."""
         return await self._precompress_plan(request, next_message_tokens) is not None
 
     async def precompress(self, request: ContextRequest, *, next_message_tokens: int) -> MemoryContext | None:
-        """Pre-compression (docs/memory.md §10): plan the conversation's next request as if a
-        user message of ``next_message_tokens`` tokens arrived after everything
-        ``request.load_increment`` returns, and when that request would cross the trigger (with
-        something to summarize, or a summary over its cap), compress now exactly as a request in
-        sync mode would (summarizer chain, compare-and-set, compression events recorded with
-        ``origin="job"``). Returns that context, or None when nothing needed doing. The imagined
-        message is never stored, sent or summarized: it is the current turn of the plan.
-        Storage errors propagate.
-        """
+        """Pre-compression (docs/memory.md §10): when the next request, imagined with a user message of
+        ``next_message_tokens`` tokens (never stored), would cross the trigger, compress now as sync mode would
+        (``origin="job"``). The context, or None when nothing was needed; storage errors propagate."""
         planned = await self._precompress_plan(request, next_message_tokens)
         return None if planned is None else await self.build_context(planned)
 
@@ -238,9 +208,8 @@ class ContextBuilder:
         return planned
 
     async def degraded_context(self, request: ContextRequest, *, reason: str) -> MemoryContext:
-        """A context built with no summarizer and no write: the stored summary plus, when the
-        request is over the trigger, a raw archive of what does not fit (docs/memory.md §4,
-        layer 3, kept in memory only). ``reason`` is recorded in ``repairs``."""
+        """A context with no summarizer call and no write: the stored summary plus, over the trigger, a raw archive of
+        what does not fit (docs/memory.md §4, layer 3, in memory only); ``reason`` goes to ``repairs``."""
         summary = await self.store.get(request.memory_key)
         plan = await self._plan(request, summary)
         if plan.to_summarize:
@@ -260,8 +229,7 @@ class ContextBuilder:
         return context
 
     async def summarize(self, summary: Summary, messages: list[Message], *, cap: int | None = None) -> Outcome:
-        """Fold ``messages`` into ``summary`` within ``cap`` tokens (default :attr:`summary_cap`);
-        see :class:`memory.summary.incremental.IncrementalSummarizer`. Nothing is written."""
+        """Fold ``messages`` into ``summary`` within ``cap`` tokens (default :attr:`summary_cap`); writes nothing."""
         folder = IncrementalSummarizer(
             chain=self.chain,
             counter=self.counter,
@@ -323,14 +291,9 @@ class ContextBuilder:
     def _fill_room(
         self, plan: Plan, data: RecallInput, chosen: RecallResult, *, replan: Callable[[RecallResult], Plan]
     ) -> Plan:
-        """``plan`` (made with recall selection ``chosen`` of ``data``) with a larger recall block
-        when the request is under the trigger and admitted items were left out for the budget
-        (docs/memory.md §12, "Budget"): the block may grow into the room the request leaves under
-        the trigger, so a request after a compression, far below it, carries more of what the
-        question may need, and a request never crosses the trigger because of recall. The wider
-        selection is the same ranking with a larger budget (the items it adds are the next best
-        admitted ones), planned again by ``replan``; ``plan`` itself when there is nothing to add,
-        when ``budget.recall_fill`` is off, or when the wider plan would compress."""
+        """``plan`` with its recall block grown into the room under the trigger when admitted items were left out
+        (docs/memory.md §12, "Budget"), planned again by ``replan``; ``plan`` itself when nothing is added,
+        ``recall_fill`` is off, or the wider plan would compress."""
         if not self.budget.recall_fill or plan.needs_compression or not chosen.over_budget:
             return plan
         room = self.budget.trigger_tokens - (plan.tokens_before - chosen.tokens)
@@ -343,9 +306,8 @@ class ContextBuilder:
         return plan if widened.needs_compression else widened
 
     async def _recall(self, request: ContextRequest, boundary: int | None) -> tuple[RecallInput, RecallResult] | None:
-        """The request's recall input and selection (docs/memory.md §12), searched once per
-        request and boundary (a request planned again, e.g. after a lost compare-and-set, reuses
-        it). When the loader fails, the request goes on without recall and its report says why."""
+        """The request's recall input and selection (docs/memory.md §12), searched once per request and boundary; a
+        failing loader gives no recall and a note saying why."""
         if request.load_recall is None or self.budget.recall_budget_tokens <= 0:
             return None
         cached = self._recalled
@@ -364,10 +326,8 @@ class ContextBuilder:
         return data, result
 
     async def _build(self, request: ContextRequest, plan: Plan, summary: Summary, *, degraded: bool = False) -> Request:
-        """The request for ``plan`` with ``summary``. When eliding alone cannot fit it under the
-        request limit without cutting into the newest step, the older steps of the current turn
-        are folded into a "steps so far" note first (through the summarizer chain, or the raw
-        archive when ``degraded``) and the request is built again (docs/memory.md I5)."""
+        """The request for ``plan``; when elision alone would cut into the newest step, the older steps are first folded
+        into a "steps so far" note (the raw archive when ``degraded``, docs/memory.md I5)."""
         build = partial(
             build_request,
             plan=plan,
@@ -394,9 +354,8 @@ class ContextBuilder:
         return folded
 
     async def _fold_steps(self, memory_key: str, plan: Plan, *, cap: int, degraded: bool) -> StepsNote:
-        """The "steps so far" note for the older steps of ``plan``'s current turn, at most
-        ``cap`` tokens. Incremental: a note made for an earlier model call of the same turn is
-        reused and only the steps added since are folded into it. Nothing is written."""
+        """The "steps so far" note of ``plan``'s older steps within ``cap`` tokens, reusing the note of an earlier call
+        of the turn so only new steps are folded. Nothing is written."""
         units = foldable_steps(plan)
         members = [message for unit in units for message in unit.members]
         key = (memory_key, plan.current[0].members[0].get("id"))
@@ -467,8 +426,7 @@ class ContextBuilder:
         events: list[CompressionRecord],
         built: Request | None = None,
     ) -> MemoryContext:
-        """The context of a compressing request, with an ``overflow`` event when its current
-        turn had to be elided or folded, or it is still over the context window."""
+        """A compressing request's context, with an ``overflow`` event when its turn was elided, folded or too big."""
         built = built or await self._build(request, plan, summary)
         if built.elisions or built.overflow or built.steps is not None:
             notes = []
@@ -508,10 +466,8 @@ class ContextBuilder:
         elisions: list[dict[str, Any]] | None = None,
         attempts: list[dict[str, Any]] | None = None,
     ) -> CompressionRecord:
-        """Record one compression event; ``outcome`` is the summarization it reports (None for
-        ``no_progress`` and ``overflow``), ``after`` the summary written (``compression`` only).
-        ``attempts``: summarizer attempts to record when there is no ``outcome`` (the folding
-        of an ``overflow`` event's "steps so far" note)."""
+        """Record one compression event: ``outcome`` the summarization it reports (None for ``no_progress`` and
+        ``overflow``), ``after`` the summary written, ``attempts`` a "steps so far" note's (no ``outcome``)."""
         written = after if kind == "compression" else None
         record = CompressionRecord(
             kind=kind,
@@ -551,14 +507,8 @@ class ContextBuilder:
 
 
 class AgentMemoryMiddleware:
-    """The before-model hook of agent mode: call :meth:`before_model` before every model call
-    (after the previous step's messages are stored) with that step's :class:`ContextRequest`,
-    and send the returned context's messages.
-
-    If building the context fails for any reason other than cancellation, the agent continues on
-    a degraded context (old summary plus a raw archive of what did not fit, nothing written)
-    instead of aborting the run (docs/memory.md §4).
-    """
+    """The before-model hook of agent mode: :meth:`before_model` before every model call; any failure but
+    cancellation gives a degraded context rather than aborting the run (docs/memory.md §4)."""
 
     def __init__(self, engine: ContextBuilder) -> None:
         self.engine = engine

@@ -1,5 +1,5 @@
-"""Pure planning of one model request (docs/memory.md §3): what to keep, what to summarize,
-what to elide. No ORM, no I/O; :mod:`memory.engine` wraps it with storage and summarizers."""
+"""Pure planning of one model request (docs/memory.md §3): what to keep, summarize and elide; :mod:`memory.engine`
+wraps it with storage and summarizers."""
 
 from __future__ import annotations
 
@@ -15,13 +15,10 @@ from memory.facts.values import KeyFact
 from memory.messages import Message
 from memory.recall.values import RecallInput, RecallResult
 from memory.summary.archive import summary_block
-
-# A summary shorter than this many tokens is never asked for, however small the prefix.
 from memory.summary.store import Summary
 from memory.tokens.counter import REPLY_PRIMING_TOKENS, TokenCounter
 
-# Rounds of back-scan the planner makes while the key-facts block grows with the boundary
-# (docs/memory.md §11); the block only grows, so this ends early in practice.
+# Back-scans while the key-facts block grows with the boundary (docs/memory.md §11); it only grows, so few are made.
 FACTS_PLAN_ROUNDS = 4
 
 
@@ -36,16 +33,8 @@ def summary_message(summary: Summary, role: str) -> Message | None:
 
 @dataclass(kw_only=True)
 class Plan:
-    """The decision for one request.
-
-    ``tokens_before``: estimated request with the old summary and the whole increment (tokens).
-    ``needs_compression``: ``tokens_before`` exceeds the trigger. ``to_summarize`` / ``retained``:
-    the back-scan's split of the history units (``to_summarize`` empty without compression).
-    ``current``: the current turn's units, never summarized. ``retain_budget``: tokens the
-    retained window may take. ``tools``: the tool schemas of the request. ``notes``: why things
-    happened, as sentences. ``facts``: the key-facts block for the boundary after this plan
-    (docs/memory.md §11), its tokens already reserved before the back-scan.
-    """
+    """The decision for one request: ``tokens_before`` (old summary and whole increment), the back-scan's split into
+    ``to_summarize`` and ``retained`` (``retain_budget`` tokens), the ``current`` turn and ``notes`` saying why."""
 
     system: Message | None
     history: list[Unit]
@@ -83,31 +72,11 @@ def plan_request(
     facts: Sequence[KeyFact] = (),
     recall: RecallResult | None = None,
 ) -> Plan:
-    """Decide what a request keeps verbatim and what must be folded into the summary.
-
-    ``increment``: every persisted message after the boundary, ascending id. The budget for the
-    retained window is ``target - system - current turn - summary reserve - tool schemas``; a zero
-    or negative budget retains nothing (docs/memory.md F-18). In agent mode a note records when the
-    budget forced fewer than ``budget.preserve_turns`` whole turns to be kept.
-    ``summarize_below``: no message with this id or above may be summarized (the start of a
-    concurrent turn still in flight, docs/memory.md F-26); units from there on stay verbatim, unless
-    that would put the request over the context window (the window wins) and ``in_flight_yields``
-    is true. A memory job plans with ``in_flight_yields`` false: it never folds a turn in flight,
-    whose own request must still find its user message verbatim (elided, folded within the turn
-    or refused as too large: docs/memory.md I2, I5), whatever the size.
-    ``force``: compress now whatever the size: all history before the current turn is summarized.
-    The cut is moved forward to a turn start so the retained window after the summary begins
-    with a user message; a boundary stored inside a turn forces that repair even under the
-    trigger (docs/memory.md F-38).
-    ``facts``: the conversation's active key facts. The key-facts block pins those whose source
-    message the summary covers (docs/memory.md §11), so its size depends on the boundary this plan
-    picks: its tokens are reserved before the back-scan, and when folding more messages grows
-    the block, the back-scan is made again with the larger reserve (at most
-    :data:`FACTS_PLAN_ROUNDS` times; the block only grows, so the rounds end early).
-    ``recall``: what recall selected for this request (docs/memory.md §12); its block's tokens
-    are reserved before the back-scan too. Its items of this conversation all lie at or before
-    the stored boundary, so none of them can be in the retained window (I4).
-    """
+    """Decide what a request keeps verbatim and what is folded into the summary (docs/memory.md §3): the retained window
+    gets ``target - system - facts - recall - current turn - summary reserve - tools`` tokens (none at 0 or less, F-18);
+    the cut moves to a turn start (F-38); nothing from ``summarize_below`` on is folded (F-26) unless that overflows the
+    window and ``in_flight_yields`` (a memory job passes False: I2, I5). Folding pins more key facts, so the back-scan
+    is redone with the larger block (§11); recalled items all precede the boundary (I4)."""
 
     def block_for(boundary: int | None) -> FactsBlock:
         return facts_block(
@@ -160,9 +129,7 @@ def plan_request(
     )
     split_only = False
     if not plan.needs_compression and summary.content.strip() and history_units and not history_units[0].starts_turn:
-        # A boundary stored inside a turn (by an older version): fold the rest of that turn now,
-        # so the window after the summary starts with a user message (docs/memory.md F-38). The
-        # request is under the trigger: the back-scan keeps everything and the snap folds the rest.
+        # A boundary stored inside a turn: fold the rest of it so the window starts with a user message (F-38).
         plan.needs_compression = split_only = True
         plan.retain_budget = sum(unit.tokens for unit in history_units)
         plan.notes.append("the stored boundary splits a turn: its remaining messages are summarized")
@@ -229,10 +196,8 @@ def _split(
     fixed: int,
     budget: MemoryBudget,
 ) -> list[str]:
-    """One back-scan of :func:`plan_request`: set ``plan.to_summarize`` / ``plan.retained`` for
-    ``plan.retain_budget`` (tokens), keep a turn in flight verbatim unless that overflows the
-    window (``fixed``: tokens of everything but history and summary), and move the cut to a turn
-    start (docs/memory.md F-26, F-38). Returns the notes saying why."""
+    """One back-scan of :func:`plan_request` for ``plan.retain_budget`` (``fixed``: tokens of all but history and
+    summary), honouring a turn in flight and turn starts (F-26, F-38). Returns the notes saying why."""
     notes: list[str] = []
     plan.to_summarize, plan.retained = back_scan(history_units, plan.retain_budget)
     # The in-flight pin also bounds the snap to a turn start below, unless it had to yield.
@@ -248,8 +213,7 @@ def _split(
         )
         if pinned is not None:
             pinned_units = plan.to_summarize[pinned:] + plan.retained
-            # The pin yields to the window: a dead turn that still looks in flight must not
-            # block compression for good.
+            # The pin yields to the window: a dead turn that still looks in flight must not block compression for good.
             if (
                 not in_flight_yields
                 or fixed + budget.summary_reserve_tokens + sum(unit.tokens for unit in pinned_units)
@@ -277,13 +241,8 @@ def _split(
 
 @dataclass(frozen=True, kw_only=True)
 class StepsNote:
-    """Older steps of the current turn folded into one "steps so far" note (docs/memory.md I5,
-    in-turn compaction), for the model-facing copy only: nothing of it is stored as the summary.
-
-    ``units``: the folded units (whole tool groups, never the user's question nor the newest
-    step); ``content``: the note's text without its header; ``summary_type``: ``llm`` or ``raw``
-    (raw archive, no summarizer); ``attempts``: the summarizer attempts made for it (their JSON
-    form, empty when it came from the cache or the raw archive)."""
+    """Older steps of the current turn folded into a "steps so far" note, in the model-facing copy only (docs/memory.md
+    I5); ``summary_type`` ``llm`` or ``raw``; ``attempts`` as JSON, empty from the cache or the raw archive."""
 
     units: list[Unit]
     content: str
@@ -298,13 +257,8 @@ class StepsNote:
 
 @dataclass(kw_only=True)
 class Request:
-    """The final model-facing request and what was done to make it fit.
-
-    ``elisions``: messages of the current turn shortened in the copy; ``overflow``: still over the
-    context window (must not be sent); ``fold_wanted``: eliding alone cannot bring the request
-    under ``budget.request_limit_tokens`` without cutting into the newest step, and the current
-    turn has older steps that could be folded instead (the engine then folds them and builds
-    again with ``steps``); ``steps``: the note used, if any; ``facts``: the key-facts block sent."""
+    """The final request and what was done to make it fit: ``overflow`` True must not be sent; ``fold_wanted``: elision
+    alone would cut into the newest step, and older steps could be folded instead (I5)."""
 
     assembly: Assembly
     elisions: list[dict[str, Any]]
@@ -315,9 +269,7 @@ class Request:
 
 
 def foldable_steps(plan: Plan) -> list[Unit]:
-    """The units of the current turn in-turn compaction may fold: everything between the user's
-    question (the first unit) and the newest step (the last unit). Empty when there is no such
-    middle, so the question and the newest step are never folded."""
+    """The units in-turn compaction may fold: those between the user's question and the newest step, or none."""
     units = plan.current
     if len(units) < 3 or not units[0].starts_turn:
         return []
@@ -333,11 +285,8 @@ def steps_note_room(
     tools: list[dict[str, Any]] | None,
     facts: FactsBlock | None = None,
 ) -> int:
-    """Tokens the text of a "steps so far" note may take so that the request fits
-    ``budget.request_limit_tokens``: what is left after the system prompt, the key-facts block
-    (``facts``, default ``plan.facts``), the summary block, the user's question, the newest
-    step, the tool schemas and the note's own header. May be zero or negative (the engine then
-    asks for a minimal note and elision does the rest)."""
+    """Tokens a "steps so far" note's text may take so the request fits ``budget.request_limit_tokens``; may be 0 or
+    less (the engine then asks for a minimal note and elision does the rest)."""
     block = summary_message(summary, budget.summary_role)
     kept = [*plan.current[0].wire, *plan.current[-1].wire] if plan.current else []
     fixed = (
@@ -354,10 +303,8 @@ def steps_note_room(
 
 
 def folded_facts(plan: Plan, summary: Summary, *, budget: MemoryBudget, counter: TokenCounter) -> FactsBlock:
-    """The key-facts block of ``plan`` once in-turn compaction folds :func:`foldable_steps`: those
-    steps are no longer verbatim, so their facts are pinned as if summarized (docs/memory.md
-    §11). The engine sizes the "steps so far" note after this block: a verbatim identifier is
-    worth more than the note's paraphrase of it."""
+    """The key-facts block once :func:`foldable_steps` are folded: their facts are pinned as if summarized (§11); the
+    note is sized after it, as a verbatim identifier is worth more than its paraphrase."""
     covered = {m["id"] for unit in foldable_steps(plan) for m in unit.members if m.get("id") is not None}
     return facts_block(
         plan.facts_input,
@@ -381,18 +328,9 @@ def build_request(
     steps: StepsNote | None = None,
     facts: FactsBlock | None = None,
 ) -> Request:
-    """Assemble ``[system] + [key facts] + [summary block] + retained + current turn``
-    (docs/memory.md §3 step 5, §11; the key-facts block is ``facts``, by default ``plan.facts``;
-    with ``steps`` see :func:`folded_facts`).
-
-    When a compressing request with no history left to give up is still over
-    ``budget.request_limit_tokens`` (the window minus the reply reserve; not the target, which
-    the current turn alone may exceed), content inside the current turn is elided, oldest first
-    and only as much as needed (docs/memory.md I5). ``steps``: older steps of the current turn
-    replaced by a "steps so far" note placed right after the user's question (elided first if
-    still needed). With ``budget.strict_alternation`` same-role neighbours are merged (F-38).
-    ``overflow`` is True when the request is still over the context window (in estimated tokens,
-    ``budget.window_tokens``: docs/memory.md §5, "Calibration")."""
+    """Assemble the request (docs/memory.md §3 step 5): over ``budget.request_limit_tokens`` with no history left, a
+    compressing request's current turn is elided, oldest first (I5); a ``steps`` note follows the question; ``overflow``
+    when over ``budget.window_tokens``."""
     block = summary_message(summary, budget.summary_role)
     facts = plan.facts if facts is None else facts
     note_index: list[int] = []

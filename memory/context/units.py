@@ -52,7 +52,7 @@ def group_units(
 ) -> list[Unit]:
     """Group ``messages`` into units, pairing tool calls and results by id (docs/memory.md F-01 to F-06): orphan results
     stay members but leave ``wire``; unanswered calls leave ``wire`` unless ``allow_trailing_calls`` and still running.
-    ``single_system`` sends a later system message as a marked user message (F-09, F-10). Stored dicts are not modified."""
+    ``single_system`` sends a later system message as a marked user message (F-09, F-10); stored dicts stay intact."""
     units: list[Unit] = []
     index = 0
     while index < len(messages):

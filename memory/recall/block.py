@@ -1,5 +1,4 @@
-"""The recall block of a request and the report of what recall brought and why
-(docs/memory.md §12). Pure."""
+"""The recall block of a request and the report of what recall brought and why (docs/memory.md §12). Pure."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ from typing import Any
 from memory.recall.values import RecallInput, RecallItem, RecallResult, ScoredCandidate
 from memory.tokens.counter import TokenCounter
 
-# The recall block's first line (docs/memory.md §12, "the block").
 RECALL_HEADER = "[Recalled from earlier — verbatim, may be outdated]"
 
 
@@ -17,9 +15,7 @@ _ROLE_LABELS = {"user": "User", "assistant": "Assistant", "tool": "Tool"}
 
 
 def recall_line(item: RecallItem) -> str:
-    """One item of the recall block: ``- 2024-05-20 (chat "Trip", msg 123) User: text``, the
-    date of ``created_at`` in its own time zone, the chat part left out when the title is empty,
-    ``msgs 12, 13`` for a piece of several messages; the text verbatim, later lines indented."""
+    """``- 2024-05-20 (chat "Trip", msg 123) User: text``, no chat part without a title; the text verbatim, indented."""
     where = f'chat "{item.chat_title}", ' if item.chat_title else ""
     ids = ", ".join(str(i) for i in item.message_ids)
     msg = f"msgs {ids}" if len(item.message_ids) > 1 else f"msg {ids}"
@@ -29,17 +25,14 @@ def recall_line(item: RecallItem) -> str:
 
 
 def render_recall(items: Sequence[RecallItem]) -> str:
-    """The recall block's text: :data:`RECALL_HEADER`, then one :func:`recall_line` per item in
-    chronological order (``created_at``, then message ids)."""
+    """:data:`RECALL_HEADER`, then one :func:`recall_line` per item in chronological order."""
     ordered = sorted(items, key=lambda item: (item.created_at, item.message_ids, item.id))
     return "\n".join([RECALL_HEADER, *(recall_line(item) for item in ordered)])
 
 
 def recall_block(items: Sequence[RecallItem], *, role: str, counter: TokenCounter) -> tuple[dict[str, Any], int]:
-    """The recall block message for ``items`` (docs/memory.md §12: after the summary, before the
-    retained window): ``{"role": role, "content": render_recall(items)}`` and its size in
-    tokens (``counter.count_message``). ``role``: the summary block's role. Raises ValueError for
-    no items (no recall means no block)."""
+    """``({"role": role, "content": ...}, tokens)``: the block for ``items`` (docs/memory.md §12, "Block"). Raises
+    ValueError for no items: no recall means no block."""
     if not items:
         raise ValueError("a recall block needs at least one item")
     message = {"role": role, "content": render_recall(items)}
@@ -47,13 +40,7 @@ def recall_block(items: Sequence[RecallItem], *, role: str, counter: TokenCounte
 
 
 def recall_report(data: RecallInput | None, result: RecallResult) -> dict[str, Any]:
-    """The JSON form of one request's recall for the inspector and the request snapshot:
-    ``query``, ``model`` (None: lexical only), ``latency_ms``, ``embedding_ms``, ``notes``, ``tokens`` of the
-    block, and for ``items`` (recalled, block order), ``rejected`` (best refused) and
-    ``over_budget`` each ``{"item_id", "memory_key", "chat_title", "message_ids", "role",
-    "created_at", "text", "lexical_rank", "cosine", "dense_rank", "rrf", "decay", "score",
-    "reason", "context_of"}`` (``context_of``: the item id a context item is next to, else
-    null). Empty (``{}``) when the request had no recall."""
+    """One request's recall as JSON: the ``recall`` of ``memory.context`` (docs/protocol.md); ``{}`` without recall."""
     if data is None:
         return {}
 

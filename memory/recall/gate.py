@@ -1,5 +1,4 @@
-"""The admission gate of recall (docs/memory.md §12): whether a candidate is relevant at all,
-from its shared terms, their rarity, identifiers and cosine. Returning nothing is valid. Pure."""
+"""The admission gate of recall (docs/memory.md §12 "Admission gate", F-33): is a candidate relevant at all. Pure."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from memory.recall.values import RecallCandidate, TermRarity
 DENSE_WEIGHT = 0.5
 
 
-# Words that carry no topic: left out of the terms a lexical match is measured on.
 _STOP_WORDS = frozenset(
     """
     a about after again all also am an and any are as at be been before being both but by can could
@@ -25,15 +23,13 @@ _STOP_WORDS = frozenset(
 )
 
 
-# A run of CJK characters (Han, kana, Hangul): indexed as overlapping character pairs.
 _CJK_RUN_RE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+")
 
 
 _WORD_RE = re.compile(r"[^\W_]+(?:['’][^\W_]+)?", re.UNICODE)
 
 
-# Letters and digits joined by - . / : (an order number, a loan id, a version): one term when it
-# holds both a letter and a digit (docs/memory.md §12, "gate").
+# An identifier such as ``LN-4050`` is one term when it holds a letter and a digit (docs/memory.md §12).
 _JOINED_RE = re.compile(r"[^\W_]+(?:[-./:][^\W_]+)+", re.UNICODE)
 
 
@@ -45,26 +41,9 @@ _HAS_DIGIT = re.compile(r"\d")
 
 @dataclass(frozen=True, kw_only=True)
 class RecallThresholds:
-    """The admission gate's thresholds for one embedding model (docs/memory.md §12, "gate").
-
-    ``model``: the embedding model they were calibrated for (``""``: no embedder); ``high``: a
-    cosine at or above it admits alone; ``moderate``: a cosine at or above it admits together
-    with a lexical hit (the full-text search found the item and it holds at least
-    ``moderate_share`` of the query's content terms); both None when cosines of the model are not
-    trusted for admission (they still rank). Without a usable cosine an item is admitted when it
-    holds at least ``lexical_share`` of the query's content terms and at least ``lexical_terms``
-    of them (:func:`lexical_overlap`). When the owner's term frequencies are known
-    (:class:`TermRarity`), that count-based floor gives way to the rarity floor: the matched terms'
-    rarity weights (:meth:`TermRarity.weight`, 0..~1) sum to at least ``rarity_mass``, make at
-    least ``rarity_share`` of the query's weight (``rarity_single_share`` when a single term
-    matched: one word admits only when it is most of what the query asks about, so a name in a
-    greeting does not), and at least ``rarity_relative`` of the best
-    candidate's matched weight (:func:`rarity_overlap`). An exact identifier match always admits.
-    ``dense_weight``: the weight of the dense rank in the fused score (:func:`rrf`), lower for a
-    model whose cosines rank poorly.
-    Calibrated on LoCoMo by ``bench/recall_calibrate.py`` (count floor) and
-    ``bench/locomo_recall.py`` (rarity floor, docs/benchmarks.md).
-    """
+    """The gate's thresholds for one embedding model (docs/memory.md §12 "Admission gate"): a cosine from ``high``
+    admits alone, from ``moderate`` with a lexical hit (both None: cosines only rank); ``lexical_*`` is the count floor,
+    ``rarity_*`` the rarity floor; ``dense_weight`` weighs the dense rank in :func:`rrf`."""
 
     model: str
     high: float | None
@@ -79,18 +58,14 @@ class RecallThresholds:
     dense_weight: float = DENSE_WEIGHT
 
 
-# Without an embedder, or with a model nobody calibrated: the conservative lexical floor.
-# On LoCoMo (bench/recall_calibrate.py): an evidence turn admitted for 48 % of the questions,
-# 0.93 foreign turns admitted per question asked of another conversation.
+# Without an embedder, or for an uncalibrated model: the conservative lexical floor (bench/recall_calibrate.py).
 LEXICAL_THRESHOLDS = RecallThresholds(
     model="", high=None, moderate=None, moderate_share=1.0, lexical_share=0.4, lexical_terms=2
 )
 
 
-# Per embedding model name (docs/memory.md §12). e5 cosines are compressed (LoCoMo: evidence turns
-# p50 0.80, other turns of the same conversation p50 0.80, another conversation's best turn p50
-# 0.82), so a cosine alone admits only above every foreign turn seen (p99 0.86), and a moderate one
-# admits lexical hits too thin for the floor: evidence for 52 % of the questions, 1.1 foreign.
+# e5 cosines are compressed (docs/benchmarks.md): a cosine alone admits only above every foreign turn seen on
+# LoCoMo; a moderate one admits lexical hits too thin for the floor.
 RECALL_THRESHOLDS: dict[str, RecallThresholds] = {
     "multilingual-e5-small": RecallThresholds(
         model="multilingual-e5-small",
@@ -104,9 +79,7 @@ RECALL_THRESHOLDS: dict[str, RecallThresholds] = {
 
 
 def thresholds_for(model: str | None) -> RecallThresholds:
-    """The gate's thresholds for embedding model ``model``: its calibrated entry of
-    :data:`RECALL_THRESHOLDS`; for None (no embedder) or an uncalibrated model,
-    :data:`LEXICAL_THRESHOLDS` (cosines then only rank, docs/memory.md §12)."""
+    """The calibrated thresholds of ``model``; :data:`LEXICAL_THRESHOLDS` for None or an uncalibrated model."""
     if model and model in RECALL_THRESHOLDS:
         return RECALL_THRESHOLDS[model]
     return replace(LEXICAL_THRESHOLDS, model=model or "")
@@ -114,10 +87,7 @@ def thresholds_for(model: str | None) -> RecallThresholds:
 
 @lru_cache(maxsize=65536)
 def _stem(word: str) -> str:
-    """A light English suffix strip, the same on both sides of a comparison ("groups", "group";
-    "painted", "paint"; "running", "run"; "shared", "share"; "families", "family"): one of
-    ``'s ies ing ed es s`` off, then a last ``e`` dropped and a last ``y`` made ``i``. Words of
-    three letters or fewer, and stems that would be shorter, stay as they are."""
+    """A light English suffix strip (``'s ies ing ed es s``, a final ``e`` or ``y``), the same on both sides."""
     stem = word
     for suffix, keep in (("'s", ""), ("’s", ""), ("ies", "i"), ("ing", ""), ("ed", ""), ("es", ""), ("s", "")):
         if word.endswith(suffix) and len(word) - len(suffix) + len(keep) >= 3 and not word.endswith("ss"):
@@ -134,13 +104,8 @@ def _stem(word: str) -> str:
 
 @lru_cache(maxsize=4096)
 def content_terms(text: str) -> frozenset[str]:
-    """The terms of ``text`` a lexical match is measured on (docs/memory.md §12, "gate"): an
-    identifier-like token (letters and digits joined by ``-``, ``.``, ``/`` or ``:``, such as
-    ``LN-4050`` or ``ZX-88213``) as one term in lower case, so ``LN-4049`` shares nothing with it;
-    other words in lower case without English stop words and one-letter words, lightly stemmed
-    (:func:`_stem`); and every pair of adjacent characters of a CJK run (a lone CJK character as
-    itself). Pure, never raises; the terms of recent texts are remembered (recall sees the same
-    items again)."""
+    """The terms a lexical match is measured on (docs/memory.md §12): identifier-like tokens whole, other words
+    lower-cased, stop words dropped and stemmed, CJK runs as character pairs. Cached, never raises."""
     terms: set[str] = set()
     for run in _CJK_RUN_RE.findall(text):
         if len(run) == 1:
@@ -158,9 +123,7 @@ def content_terms(text: str) -> frozenset[str]:
 
 
 def lexical_overlap(query_terms: frozenset[str], text: str) -> tuple[int, float]:
-    """How much of a query ``text`` holds: ``(matched, share)``, the number of ``query_terms``
-    (:func:`content_terms` of the query) among the content terms of ``text``, and that number
-    over ``len(query_terms)`` (0.0 for a query without content terms)."""
+    """``(matched, share)``: how many of ``query_terms`` ``text`` holds, and that over their number."""
     if not query_terms:
         return 0, 0.0
     matched = len(query_terms & content_terms(text))
@@ -168,9 +131,7 @@ def lexical_overlap(query_terms: frozenset[str], text: str) -> tuple[int, float]
 
 
 def rarity_overlap(query_terms: frozenset[str], text: str, rarity: TermRarity) -> tuple[float, float]:
-    """How much of a query ``text`` holds, by rarity: ``(mass, share)``, the sum of
-    :meth:`TermRarity.weight` over the ``query_terms`` (:func:`content_terms` of the query) that
-    ``text`` holds, and that sum over the weight of all of ``query_terms`` (0.0 when that is 0)."""
+    """``(mass, share)``: the rarity weight of the ``query_terms`` ``text`` holds, and that over theirs."""
     if not query_terms:
         return 0.0, 0.0
     matched = query_terms & content_terms(text)
@@ -187,29 +148,10 @@ def admit(
     rarity: TermRarity | None = None,
     best_mass: float = 0.0,
 ) -> tuple[bool, str]:
-    """The admission gate for one candidate (docs/memory.md §12, "gate"; SPEC F-33): whether it
-    may be recalled, and why, as a short text for the inspector.
-
-    Refused first: a user or assistant item whose content terms are all in ``query_terms`` (it
-    only repeats the question, e.g. the same question asked in another chat). Admitted, in this
-    order: an exact identifier match; a cosine ≥ ``thresholds.high``; the
-    lexical floor; a cosine ≥ ``moderate`` with a lexical hit (the full-text search found the
-    item, ``lexical_rank`` not None, and it holds at least ``moderate_share`` of
-    ``query_terms``; with ``rarity``, its matched weight also at least ``rarity_relative`` of
-    ``best_mass``). The lexical floor is, with ``rarity`` (the owner's term frequencies), the
-    rarity floor: the weight of the query terms the item holds (:func:`rarity_overlap`) at least
-    ``rarity_mass``, at least ``rarity_share`` of the query's weight (``rarity_single_share``
-    when it holds only one of them) and at least
-    ``rarity_relative`` of ``best_mass`` (the best candidate's matched weight for this query);
-    without ``rarity``, the count floor: at least ``lexical_terms`` of ``query_terms`` (or all
-    of them when the query has fewer) and at least ``lexical_share`` of them. Cosines count only
-    when ``thresholds`` has them (a calibrated model). Returning nothing is a valid answer:
-    sharing a common word is never enough on its own. ``query_terms``: :func:`content_terms` of
-    the query. Never raises.
-    """
+    """``(admitted, reason for the inspector)`` (docs/memory.md §12 "Admission gate", F-33): a repeat of the question
+    is refused; an identifier, a high cosine, the lexical floor (the rarity floor with ``rarity``, else the count
+    floor), or a moderate cosine with a lexical hit admit. Never raises."""
     if candidate.item.role != "tool" and content_terms(candidate.item.text) <= query_terms:
-        # An earlier asking of the same question (or a bare restatement) tells the model nothing
-        # new, and in the block it would crowd out what answers it.
         return False, "repeats the question: it holds nothing the question does not say"
     if candidate.identifier_match:
         return True, "identifier match"
@@ -219,7 +161,6 @@ def admit(
     dense = cosine is not None and thresholds.high is not None and thresholds.moderate is not None
     if dense and cosine is not None and thresholds.high is not None and cosine >= thresholds.high:
         return True, f"cosine {cosine:.3f} ≥ {thresholds.high:.2f}"
-    # With rarity, a lexical hit must also be at least rarity_relative of the best one.
     strong_enough = True
     if rarity is not None:
         mass, mass_share = rarity_overlap(query_terms, candidate.item.text, rarity)

@@ -1,5 +1,4 @@
-"""The recall index as the engine uses it: a storage port (docs/memory.md §12). The database
-keeps it (:class:`memory.storage.index.OrmRecallIndex`); the engine never reads a row itself."""
+"""The recall index port (docs/memory.md §12), kept by ``memory.storage.index``; storage errors propagate."""
 
 from __future__ import annotations
 
@@ -19,13 +18,6 @@ Found = tuple[
 
 
 class RecallIndex(Protocol):
-    """One owner's index of stored messages: written by the memory job, searched by requests.
-
-    ``scope_key`` names the owner, ``memory_key`` the conversation, ``boundary`` the id up to
-    which this conversation's own items may be recalled (its summary's boundary). Storage errors
-    propagate.
-    """
-
     def embeddings_known(self, *, scope_key: str, model: str) -> bool | None:
         """Whether the owner has embeddings of ``model``, if this process knows (None: ask)."""
         ...
@@ -35,8 +27,7 @@ class RecallIndex(Protocol):
     async def lexical(
         self, *, scope_key: str, memory_key: str, boundary: int | None, scope: Scope, query: str
     ) -> tuple[LexicalHits, TermRarity | None]:
-        """The full-text hits for ``query`` with their rows, and the rarity of its terms when
-        anything was found."""
+        """Full-text hits of ``query`` with their rows (this chat's up to ``boundary``), and its terms' rarity."""
         ...
 
     async def candidates(
@@ -53,8 +44,7 @@ class RecallIndex(Protocol):
         rarity: TermRarity | None,
         now: datetime,
     ) -> Found:
-        """The candidates (full-text ``hits`` plus the nearest by ``vector``), the rarity, the
-        candidates scored once for the request, and the neighbours of the best of this chat."""
+        """``hits`` plus the nearest by ``vector``, the rarity, the scored candidates, the best's neighbours."""
         ...
 
     async def write(

@@ -1,5 +1,4 @@
-"""What the recall index holds (docs/memory.md §12): each stored message split into pieces of
-at most 120 tokens, tool results headed by their call. Pure."""
+"""What the recall index holds (docs/memory.md §12 "The index"): messages in verbatim pieces of ≤ 120 tokens. Pure."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from typing import Any
 from memory.text.fulltext import search_text
 from memory.tokens.counter import TokenCounter
 
-# Largest piece of a message that is indexed as one item, in tokens (docs/memory.md §12).
 INDEX_PIECE_TOKENS = 120
 
 
@@ -25,10 +23,8 @@ CALL_ARGS_TOKENS = 40
 MIN_BODY_TOKENS = 40
 
 
-# Sentence ends: ASCII .!? before whitespace (so "A-1.5" or "example.com" stay whole), the CJK
-# full stops 。！？ and the full-width semicolon ；, each with closing quotes or brackets, and line
-# breaks (docs/memory.md F-39). A piece is a verbatim slice packed up to a token budget, so a cut
-# after an abbreviation leaves out nothing; the summarizer's rule (memory.sentences) skips those.
+# Sentence ends (docs/memory.md F-39) without the summarizer's abbreviation rule: a piece is a verbatim slice packed up
+# to a budget, so a cut after an abbreviation leaves nothing out.
 _SENTENCE_END_RE = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s)|[。！？；]+[」』”’）)]*|\n")
 
 
@@ -37,8 +33,7 @@ _CLAUSE_END_RE = re.compile(r"[,;:](?=\s)|[，、：；]|\s")
 
 
 def message_text(content: Any) -> str:
-    """The text of a stored message's ``content``: a string as it is, the ``text`` parts of a
-    list of content parts joined by spaces, ``""`` for None."""
+    """A stored ``content`` as text: a string as it is, content parts' ``text`` joined by spaces, ``""`` for None."""
     if isinstance(content, list):
         return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
     return "" if content is None else str(content)
@@ -57,9 +52,8 @@ def _call_header(call: dict[str, Any], counter: TokenCounter) -> str:
 
 
 def _prefix_within(text: str, max_tokens: int, counter: TokenCounter) -> str:
-    """The longest prefix of ``text`` (whole characters, at least one) of at most ``max_tokens``
-    tokens, found by bisection on the character count (no token spans more than 32 characters
-    in practice, so longer prefixes are not tried: a huge text costs no more than a short one)."""
+    """The longest prefix of ``text`` within ``max_tokens`` (at least one character), by bisection."""
+    # No token spans more than 32 characters in practice, so a huge text costs no more than a short one.
     low, high = 1, min(len(text), max(1, max_tokens) * 32)
     while low < high:
         middle = (low + high + 1) // 2
@@ -71,7 +65,6 @@ def _prefix_within(text: str, max_tokens: int, counter: TokenCounter) -> str:
 
 
 def _spans(text: str, pattern: re.Pattern[str]) -> list[str]:
-    """``text`` cut after each match of ``pattern``; the pieces joined give ``text`` back."""
     pieces, start = [], 0
     for match in pattern.finditer(text):
         if match.end() > start:
@@ -83,9 +76,8 @@ def _spans(text: str, pattern: re.Pattern[str]) -> list[str]:
 
 
 def _pack(parts: list[str], max_tokens: int, counter: TokenCounter, *, finer: list[re.Pattern[str]]) -> list[str]:
-    """Consecutive ``parts`` joined greedily into pieces of at most ``max_tokens`` tokens; a part
-    that alone is larger is cut by the next pattern of ``finer``, and when none is left, into
-    prefixes of whole characters. Joined, the pieces give the parts back."""
+    """``parts`` joined greedily into pieces of at most ``max_tokens``; a part that alone is larger is cut by the next
+    pattern of ``finer``, else between characters. Joined, the pieces give the parts back."""
     pieces: list[str] = []
     current = ""
     for part in parts:
@@ -116,24 +108,10 @@ def split_for_index(
     max_tokens: int = INDEX_PIECE_TOKENS,
     call: dict[str, Any] | None = None,
 ) -> list[str]:
-    """The pieces of one stored message that recall indexes (docs/memory.md §12, "the index").
-
-    ``message``: a stored message as a dict with ``role``, ``content`` (str, content parts or
-    None) and, for a tool result, ``name``; ``call``: for a tool result, the assistant's tool call
-    it answers (``{"function": {"name", "arguments"}}``). A user or assistant message gives its
-    text, or ``name: text`` when the message names its speaker (OpenAI ``name``, e.g. a replayed
-    conversation between two people: a question about one of them then finds what they said); a
-    tool result gives ``name(arguments) -> result`` (arguments cut to
-    :data:`CALL_ARGS_TOKENS` tokens), the header repeated on every piece so each stands alone.
-    Other roles (system), and messages without text (an assistant message that only calls tools:
-    its calls are indexed with their results), give ``[]``.
-
-    A text of at most ``max_tokens`` tokens (:class:`memory.tokens.TokenCounter`) is one piece;
-    a longer one is cut into consecutive pieces of at most ``max_tokens`` tokens at sentence ends
-    (``.!?`` before whitespace, ``。！？；``, line breaks), an over-long sentence at clause
-    breaks or spaces, else between characters. Pieces are verbatim slices of the text, stripped of
-    surrounding whitespace; empty ones are dropped. Never raises.
-    """
+    """The verbatim pieces of one stored message that recall indexes (docs/memory.md §12 "The index"): user or assistant
+    text (``name: text`` when it names its speaker), a tool result as ``name(arguments) -> result`` with the header on
+    each piece; cut to ``max_tokens`` at sentence ends, then clause breaks or spaces, then characters. ``[]`` for other
+    roles or no text; never raises."""
     role = message.get("role")
     if role not in ("user", "assistant", "tool"):
         return []
@@ -156,10 +134,8 @@ def split_for_index(
 
 @dataclass(frozen=True, kw_only=True)
 class IndexPiece:
-    """One item to store: ``message_ids`` oldest first (a tool result: its call's message, then
-    itself), ``last_message_id`` the newest of them, ``piece`` its place in that message (from
-    0), ``role``, verbatim ``text``, ``search_text`` (see :func:`memory.fulltext.search_text`),
-    ``tokens`` (its size in tokens) and ``created_at`` (its newest message's time, aware)."""
+    """One item to store: ``message_ids`` oldest first, ``piece`` its place in the newest message (from 0), verbatim
+    ``text``, its ``tokens`` and ``created_at`` (the newest message's, aware)."""
 
     message_ids: tuple[int, ...]
     last_message_id: int
@@ -177,7 +153,6 @@ class IndexPiece:
 
 
 def _tool_name(call: dict[str, Any] | None, message: dict[str, Any]) -> str:
-    """The name of the tool a result answers: its call's function name, else the message's name."""
     function = call.get("function") if isinstance(call, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     return str(name or message.get("name") or "")
@@ -191,14 +166,8 @@ def message_pieces(
     max_tokens: int = INDEX_PIECE_TOKENS,
     skip_tools: frozenset[str] = frozenset(),
 ) -> list[IndexPiece]:
-    """The items of ``messages`` (stored messages as dicts with ``id``, ``role``, ``content``,
-    ``tool_calls``, ``tool_call_id``, ``name`` and ``created_at``), in message order, by
-    :func:`memory.recall.split_for_index`. ``calls``: tool-call id → ``(message id, call)`` of
-    the assistant messages that made calls answered among ``messages`` (the caller reads the ones
-    outside the batch); the calls made inside ``messages`` are added here. A tool result whose
-    call is unknown is indexed as ``name -> result``. The results of the tools named in
-    ``skip_tools`` (the call's function name, else the message's ``name``) give no item (the
-    owning app's choice, docs/memory.md §12, "the index"). Never raises."""
+    """The items of ``messages`` in order (:func:`split_for_index`); ``calls``: call id → (message id, call) for calls
+    stored before the batch; a result of a tool in ``skip_tools`` gives none (docs/memory.md §12). Never raises."""
     known = dict(calls)
     for message in messages:
         for call in message.get("tool_calls") or ():

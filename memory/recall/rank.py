@@ -1,5 +1,4 @@
-"""Recall ranking (docs/memory.md §12): fused full-text and dense ranks, the floored time
-decay, and the selection that fits the block's budget. Pure."""
+"""Recall ranking (docs/memory.md §12): fused ranks, floored time decay, the selection within the budget. Pure."""
 
 from __future__ import annotations
 
@@ -20,11 +19,11 @@ if TYPE_CHECKING:
 _NEAR_MISS_TOKENS = 8
 
 
-# Reciprocal-rank fusion constant and the weight of the dense side (docs/memory.md §12).
+# Reciprocal-rank fusion constant (docs/memory.md §12).
 RRF_K = 60
 
 
-# Floored time decay: floor + (1 - floor) * 0.5 ** (age_days / half_life_days) (SPEC §10).
+# The floored time decay (docs/memory.md §12, F-35).
 DECAY_FLOOR = 0.9
 
 
@@ -38,18 +37,13 @@ RECALL_MAX_ITEMS = 12
 RECALL_MAX_REJECTED = 5
 
 
-# Context around what was recalled (docs/memory.md §12, "context"): of the best this many
-# recalled items, those of the request's own chat bring the items next to them (the next one
-# first, then the one before) while the budget has room. On LoCoMo: evidence in context 0.721 →
-# 0.784 at 8,192 tokens and 0.684 → 0.738 at 4,096, foreign hits unchanged (docs/benchmarks.md).
+# The best this many recalled items of the request's own chat bring their neighbours (docs/memory.md §12).
 RECALL_CONTEXT_ANCHORS = 3
 
 
 def decay(age_days: float, *, floor: float = DECAY_FLOOR, half_life_days: float = DECAY_HALF_LIFE_DAYS) -> float:
-    """The floored time decay ``floor + (1 - floor) * 0.5 ** (age_days / half_life_days)``
-    (SPEC §10 "time decay", docs/memory.md §12): 1.0 for a new item, ``floor`` in the limit, so
-    it breaks ties between similar matches and never filters. A negative age counts as 0.
-    Raises ValueError for ``floor`` outside 0..1 or ``half_life_days`` ≤ 0."""
+    """``floor + (1 - floor) * 0.5 ** (age_days / half_life_days)`` (docs/memory.md §12, F-35): it breaks ties, never
+    filters; a negative age counts as 0. Raises ValueError for ``floor`` outside 0..1 or ``half_life_days`` ≤ 0."""
     if not 0.0 <= floor <= 1.0:
         raise ValueError(f"decay floor must be within 0..1, got {floor}")
     if half_life_days <= 0:
@@ -60,8 +54,7 @@ def decay(age_days: float, *, floor: float = DECAY_FLOOR, half_life_days: float 
 def rrf(
     lexical_rank: int | None, dense_rank: int | None, *, k: int = RRF_K, dense_weight: float = DENSE_WEIGHT
 ) -> float:
-    """Reciprocal-rank fusion of a lexical and a dense rank (1 = best, None = not found by that
-    side): ``1/(k + lexical_rank) + dense_weight/(k + dense_rank)`` (docs/memory.md §12)."""
+    """``1/(k + lexical_rank) + dense_weight/(k + dense_rank)``; a side that did not find the item adds 0."""
     lexical = 1.0 / (k + lexical_rank) if lexical_rank is not None else 0.0
     dense = dense_weight / (k + dense_rank) if dense_rank is not None else 0.0
     return lexical + dense
@@ -75,13 +68,8 @@ def score_candidates(
     thresholds: RecallThresholds,
     rarity: TermRarity | None = None,
 ) -> list[ScoredCandidate]:
-    """Every candidate gated (:func:`admit`, with ``rarity`` and the best matched weight among
-    ``candidates`` when ``rarity`` is given) and scored, best score first (docs/memory.md §12):
-    dense ranks by cosine among ``candidates`` (equal cosines share a rank), ``rrf * decay``
-    (the dense side weighted by ``thresholds.dense_weight``) with the age in days from
-    ``created_at`` to ``now`` (aware). Equal scores: the newer item
-    first, then the higher id. A candidate listed twice (same item id) counts once, as listed
-    with its best lexical rank."""
+    """Every candidate gated (:func:`admit`) and scored ``rrf * decay`` (docs/memory.md §12), best first, then newer,
+    then higher id; an item listed twice counts once, with its best lexical rank."""
     unique: dict[int, RecallCandidate] = {}
     for candidate in candidates:
         seen = unique.get(candidate.item.id)
@@ -139,34 +127,19 @@ def select_recall(
     neighbors: Mapping[int, Sequence[RecallItem]] | None = None,
     scored: Sequence[ScoredCandidate] | None = None,
 ) -> RecallResult:
-    """What to recall for ``query`` from ``candidates`` (docs/memory.md §12; SPEC F-33, F-35).
-
-    Candidates are gated and scored (:func:`score_candidates`, ``rarity``: the owner's term
-    frequencies for the rarity floor, None for the count floor); admitted ones are taken best
-    score first while the block (header, lines and message overhead, :func:`recall_block`) stays
-    within ``budget_tokens`` tokens and at most ``max_items`` are taken; one that does not fit is
-    skipped and the next tried, so eviction is deterministic (lowest score first). Then the
-    context: ``neighbors`` maps an item id to the items next to it in its chat (the next one
-    first, then the one before; already scoped by the caller, :func:`memory.services.recall_neighbors`),
-    and the :data:`RECALL_CONTEXT_ANCHORS` best items taken bring theirs, best anchor first, while
-    the block stays within the budget (a context item is admitted by its anchor, not by the
-    gate, and counts for no item limit: at most two per anchor). ``scored``: the candidates
-    already scored this way (:func:`recall_scored`; ``candidates``, ``query``, ``now``,
-    ``thresholds`` and ``rarity`` then only document them). Nothing
-    admitted, or nothing fitting, gives an empty result (no block). ``now``: aware datetime the
-    ages are measured to; ``role``: the block's role; ``item.tokens`` is trusted as a lower bound
-    of an item's line (one counted with another encoding may be skipped a few tokens early).
-    Never raises for any candidates.
-    """
+    """What to recall for ``query`` (docs/memory.md §12, F-33, F-35): admitted candidates best first while the block
+    stays within ``budget_tokens`` and ``max_items`` (one that does not fit is skipped), then the ``neighbors`` of the
+    :data:`RECALL_CONTEXT_ANCHORS` best in the room left (ungated, no item limit). ``scored``: from
+    :func:`recall_scored`. ``item.tokens`` is trusted as a lower bound of a line. Empty when nothing is admitted or
+    fits; never raises."""
     if scored is None:
         scored = score_candidates(candidates, query=query, now=now, thresholds=thresholds, rarity=rarity)
     admitted = [s for s in scored if s.admitted]
     rejected = tuple(s for s in scored if not s.admitted)[:RECALL_MAX_REJECTED]
     if not admitted or budget_tokens <= 0:
         return RecallResult(rejected=rejected, over_budget=tuple(admitted))
-    # Lines are counted one by one (cheap, cached); the sum may differ from the block's count by
-    # a token merge across a line break, so a near miss is counted exactly and the whole block is
-    # checked once at the end.
+    # Lines are counted one by one; a token merge across a line break may make the sum differ, so a near miss is
+    # counted exactly and the whole block is checked at the end.
     position = {s.item.id: i for i, s in enumerate(admitted)}
     taken: list[ScoredCandidate] = []
     over: list[ScoredCandidate] = []
@@ -174,7 +147,6 @@ def select_recall(
 
     def fits(entry: ScoredCandidate) -> int | None:
         """The block's size with ``entry`` added to ``taken``, or None when it would pass the budget."""
-        # ``item.tokens`` (the text alone) bounds the line's cost from below: no need to count.
         if total + entry.item.tokens > budget_tokens + _NEAR_MISS_TOKENS:
             return None
         cost = counter.count_text("\n" + recall_line(entry.item))
@@ -223,21 +195,15 @@ def select_recall(
 def recall_scored(
     candidates: Sequence[RecallCandidate], *, query: str, now: datetime, model: str | None, rarity: TermRarity | None
 ) -> tuple[ScoredCandidate, ...]:
-    """:func:`score_candidates` of ``candidates`` for ``query`` under the gate of embedding model
-    ``model`` (:func:`thresholds_for`) and ``rarity``, as :class:`RecallInput` carries them
-    (``scored``), so the selections of one request score once. Never raises."""
+    """:func:`score_candidates` under the gate of ``model`` (:func:`thresholds_for`), so one request scores once."""
     return tuple(score_candidates(candidates, query=query, now=now, thresholds=thresholds_for(model), rarity=rarity))
 
 
 def recall_anchors(
     scored: Sequence[ScoredCandidate], *, memory_key: str, limit: int = RECALL_CONTEXT_ANCHORS + 2
 ) -> list[RecallItem]:
-    """The items whose neighbours the owning app should fetch for :func:`select_recall`'s
-    context (docs/memory.md §12, "context"): those of conversation ``memory_key`` (the
-    request's own; an item of another chat comes alone) among the ``limit`` best admitted of
-    ``scored`` (best first, :func:`recall_scored`). The default is a little over
-    :data:`RECALL_CONTEXT_ANCHORS`, since an item that does not fit the budget brings no context
-    and the next one may. Never raises."""
+    """The items whose neighbours the app should fetch for the context (docs/memory.md §12): the request chat's among
+    the ``limit`` best admitted, a little over the anchors, since one that does not fit brings none."""
     best = [s.item for s in scored if s.admitted][:limit]
     return [item for item in best if item.memory_key == memory_key]
 
@@ -245,9 +211,7 @@ def recall_anchors(
 def _context(
     taken: Sequence[ScoredCandidate], neighbors: Mapping[int, Sequence[RecallItem]], *, now: datetime
 ) -> list[ScoredCandidate]:
-    """The context items the best :data:`RECALL_CONTEXT_ANCHORS` of ``taken`` (best score first)
-    bring from ``neighbors``, in the order they are offered to the budget, without the items
-    already taken or offered: each scored 0 with its decay, ``reason`` naming its anchor."""
+    """The context items the best anchors of ``taken`` offer, in order, each scored 0 and naming its anchor."""
     seen = {s.item.id for s in taken}
     offered: list[ScoredCandidate] = []
     for anchor in sorted(taken, key=lambda s: -s.score)[:RECALL_CONTEXT_ANCHORS]:
@@ -272,9 +236,7 @@ def _context(
 
 
 def recall_for(data: RecallInput, *, budget_tokens: int, counter: TokenCounter, role: str) -> RecallResult:
-    """:func:`select_recall` of ``data`` with the gate of its embedding model
-    (:func:`thresholds_for`) and its term rarity within ``budget_tokens`` tokens; ``role``: the
-    summary block's."""
+    """:func:`select_recall` of ``data`` under the gate of its embedding model; ``role``: the summary block's."""
     return select_recall(
         data.candidates,
         query=data.query,

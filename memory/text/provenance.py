@@ -1,20 +1,8 @@
-"""Which parts of a user message the user says about themselves, and which they quote or paste.
-
-A forwarded email's "my name is Tom" is not the user's name, and a pasted log's ids are not the
-user's order numbers (SPEC §11 "Provenance", FAULTS F-49 and F-50). :func:`text_spans` splits a
-message into consecutive spans of one provenance each; :func:`repetitive_values` finds bursts of
-values of one shape (a log's ids, a checklist's times) so extraction can collapse or cap them.
-Pure: line rules and regular expressions, no I/O.
-
-Kinds: ``own`` (the user's own words), ``quoted`` (``>`` lines; quotation marks after "he
-said", "she wrote", "it says" and the like), ``forwarded`` (a forwarded email or chat: its
-marker, a From/To/Subject/Date header block, "On …, X wrote:", a timestamped chat excerpt,
-to the end of the message or an end marker; a cue such as "my boss forwarded this:" starts one
-too), ``code`` (fenced or indented blocks), ``log``
-(timestamped or levelled lines, stack traces), ``table`` (3+ rows: Markdown, tab- or
-comma-separated) and ``document`` (what follows "here is the document:" and the like, or a
-paragraph far longer than chat).
-"""
+"""Which parts of a user message the user says about themselves, and which they quote or paste (F-49, F-50): a forwarded
+email's "my name is Tom" is not the user's name. Kinds: ``own``, ``quoted`` (``>`` lines, reported speech),
+``forwarded`` (to the end or an end marker), ``code``, ``log``, ``table`` (3+ rows) and ``document`` (announced, or a
+paragraph far longer than chat); :func:`repetitive_values` finds bursts of one-shaped values (a log's ids) for
+extraction to collapse or cap. Pure."""
 
 from __future__ import annotations
 
@@ -44,8 +32,7 @@ class ProvenanceSpan:
 
 @dataclass(frozen=True, slots=True)
 class ValueBurst:
-    """Values of one ``shape`` (:func:`value_shape`) seen together: ``values`` in order of
-    appearance, ``indexes`` their positions in the list given to :func:`repetitive_values`."""
+    """Values of one ``shape`` seen together, in order, and their ``indexes`` in what :func:`repetitive_values` got."""
 
     shape: str
     values: tuple[str, ...]
@@ -53,9 +40,8 @@ class ValueBurst:
 
 
 _FENCE = re.compile(r"^[ \t]{0,3}(```|~~~)")
-# Where a forwarded part starts, anywhere in the message: a marker ("---------- Forwarded message
-# ---------", "-----Original Message-----", "---- From: …"), or a cue ending in a colon ("my boss
-# forwarded this:", "Fwd:", "转发给我:"), after which the rest is forwarded.
+# Where a forwarded part starts: a marker ("-----Original Message-----", "---- From: …") or a cue ending in a colon
+# ("my boss forwarded this:", "Fwd:", "转发给我:"); the rest of the message is forwarded.
 _FORWARD = re.compile(
     r"(?P<marker>-{2,}\s*(?:forwarded message|original message|weitergeleitete nachricht|message transféré"
     r"|mensaje reenviado)\s*-{2,}|begin forwarded message:|-{3,}\s*(?=(?:from|von|de|发件人)\s*[:：])"
@@ -138,10 +124,9 @@ _CLOSING = {'"': '"', "“": "”", "«": "»", "„": "“", "「": "」", "『
 
 
 def text_spans(text: str) -> list[ProvenanceSpan]:
-    """``text`` as consecutive spans of one provenance each, covering it from 0 to ``len(text)``
-    with no gap (a line's newline belongs to its line), neighbours of one kind merged; ``[]`` for
-    an empty text. Block kinds are decided per line (see the module docstring), quotations inside
-    the user's own lines per character. Never raises."""
+    """``text`` as consecutive spans of one provenance each, covering it with no gap (a newline belongs to its line),
+    neighbours of one kind merged; ``[]`` for an empty text. Blocks are decided per line, quotations inside the user's
+    own lines per character. Never raises."""
     if not text:
         return []
     lower = text.lower()

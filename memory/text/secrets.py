@@ -1,19 +1,8 @@
-"""Credentials in user text: where they are, and a copy with each one replaced by a visible marker.
-
-Memory writes text for the model (summary, key facts, recall index) and must never carry a
-password, key, token, one-time code or card number into it (SPEC §11 "Secrets", FAULTS F-51);
-the stored message stays as the user sent it. Pure regular expressions plus checksums (Luhn,
-IBAN mod 97), no I/O, fast enough to run on every stored message.
-
-Found by **shape**: private key blocks, provider API keys (``sk-``, ``ghp_``, ``xox?-``,
-``AKIA``, ``AIza`` …), JWTs and bearer tokens, credentials inside URLs, IBANs, card numbers
-(13-19 digits passing Luhn), US social security numbers. Found after a **cue word** (English,
-Chinese, German, French, Spanish): passwords and PINs ("my password is …", "pw: …", "密码是…",
-"Passwort: …", "mot de passe : …", "contraseña: …"), card security codes, one-time codes
-("your code is 482913", "OTP 4829", "验证码 482913") and long high-entropy runs after "token",
-"key" or "secret". Ordinary identifiers (order and booking references, flight and phone numbers,
-dates, amounts, zip codes, tracking numbers, 4-digit card tails) are left alone.
-"""
+"""Credentials in user text: where they are, and a copy with each replaced by a visible marker (F-51). Memory's own text
+(summary, key facts, recall index) must never carry a password, key, token, one-time code or card number; the stored
+message stays as sent. Found by shape (key blocks, provider keys, JWTs, IBANs, Luhn-valid card numbers …) or after a
+cue word in five languages; ordinary identifiers are left alone. Pure regular expressions and checksums, fast enough
+for every stored message."""
 
 from __future__ import annotations
 

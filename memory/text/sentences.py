@@ -1,14 +1,10 @@
-"""Where sentences end (docs/memory.md F-39), for the extractive summarizer and the offline engine: at ``.!?`` before
-whitespace, at ``。！？；``, and at a line break, but not at a period after a single letter, an abbreviation, or before
-a lowercase word or a digit (a false end joins kept pieces into statements nobody made)."""
+"""Where sentences end (docs/memory.md F-39), for the extractive summarizer and the offline engine. Pure."""
 
 from __future__ import annotations
 
 import re
 
-# Words whose period is an abbreviation's, not a sentence end, even before a capitalised word:
-# titles, months, weekdays, address and company words, and a few Latin ones. Not "No" ("No. I
-# did not") nor "etc" ("..., etc. The next"), which end sentences too often.
+# Words whose period is not a sentence end; not "No" ("No. I did not") nor "etc" ("etc. The next"), which often are.
 ABBREVIATIONS = (
     *("Dr", "Mr", "Mrs", "Ms", "Mx", "Prof", "Rev", "Gen", "Col", "Capt", "Lt", "Sgt", "St", "Jr", "Sr"),
     *("Jan", "Feb", "Mar", "Apr", "Jun", "Jul", "Aug", "Sep", "Sept", "Oct", "Nov", "Dec"),

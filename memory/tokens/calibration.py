@@ -1,28 +1,21 @@
-"""The token-estimate calibration rule (docs/memory.md §5 "Calibration"), pure: each call reporting
-``usage.prompt_tokens`` gives a sample ``prompt_tokens / estimate``; the model's factor follows them, up fast (an
-underestimate overflows the window), down slowly (an overestimate only wastes room). The budget multiplies by it."""
+"""The token-estimate calibration rule, pure; its figures and their reasons are docs/memory.md §5 "Calibration"."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-# The factor's bounds: a tokenizer off by more than this is a configuration error, not a drift.
 MIN_FACTOR = 0.5
 MAX_FACTOR = 2.0
-# Smaller requests teach nothing: per-message overheads and the reply priming, counted differently, dominate them.
 MIN_SAMPLE_TOKENS = 256
-# A sample this many times beyond the bounds measures something else (a provider counting otherwise): ignored.
 OUTLIER_MARGIN = 2.0
-# Share of the distance to a sample the factor moves: up fast, down slowly.
 RAISE_WEIGHT = 0.5
 LOWER_WEIGHT = 0.2
-# Stored factors are rounded to this many decimals (a stable figure for the inspector).
 FACTOR_DECIMALS = 4
 
 
 @dataclass(frozen=True, kw_only=True)
 class Calibration:
-    """One model's calibration: ``factor`` (provider tokens per estimated token, 1.0 at first), ``samples`` moving it."""
+    """One model's calibration: ``factor`` (provider tokens per estimated token, 1.0 at first) and its ``samples``."""
 
     model: str
     factor: float = 1.0
@@ -34,8 +27,7 @@ def clamp_factor(factor: float) -> float:
 
 
 def sample_ratio(*, estimated_tokens: int, prompt_tokens: int | None) -> float | None:
-    """One call's sample ``prompt_tokens / estimated_tokens``, or None: no figure, a request under
-    :data:`MIN_SAMPLE_TOKENS`, or an outlier."""
+    """One call's ``prompt_tokens / estimated_tokens``, or None: no figure, too small a request, or an outlier."""
     if prompt_tokens is None or prompt_tokens <= 0 or estimated_tokens < MIN_SAMPLE_TOKENS:
         return None
     ratio = prompt_tokens / estimated_tokens
@@ -45,8 +37,7 @@ def sample_ratio(*, estimated_tokens: int, prompt_tokens: int | None) -> float |
 
 
 def calibration_observe(current: Calibration, *, estimated_tokens: int, prompt_tokens: int | None) -> Calibration:
-    """``current`` moved towards one call's clamped sample (itself without one): :data:`RAISE_WEIGHT` of the way up or
-    :data:`LOWER_WEIGHT` down, so a steady ratio is approached geometrically."""
+    """``current`` moved towards one call's clamped sample (itself without one), faster up than down."""
     ratio = sample_ratio(estimated_tokens=estimated_tokens, prompt_tokens=prompt_tokens)
     if ratio is None:
         return current

