@@ -15,7 +15,7 @@ checks what the model would be sent:
 - ``answer``: share of the questions whose answer text is in the request (case-insensitive; a
   rough proxy, the same for every method);
 - ``foreign``: recalled items per question that come from another of the owner's chats (another
-  conversation: nothing there answers the question, every such item is noise, SPEC F-33);
+  conversation: nothing there answers the question, every such item is noise, docs/memory.md F-33);
 - ``p50_ms``/``p95_ms``: the recall report's ``latency_ms`` over the questions: what the request
   waited for the search (full-text and vector search, and what was left of the question's
   embedding, started as the question's turn opened); with an embedder, the embedding's own

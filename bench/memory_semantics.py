@@ -1,5 +1,5 @@
 """Does memory keep what the user *meant*? Scenario replays checked on the last request
-(SPEC §11, FAULTS F-46 to F-54).
+(docs/memory.md F-46 to F-54).
 
 Each scenario of ``bench/scenarios/semantics/<kind>.json`` (kinds: :data:`KINDS`) is a list of
 LoCoMo-format conversations replayed in order under one owner (``manage.py replay --format

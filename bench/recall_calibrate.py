@@ -1,4 +1,4 @@
-"""Calibrate recall's admission gate on LoCoMo (docs/memory.md §12, "gate"; SPEC F-33).
+"""Calibrate recall's admission gate on LoCoMo (docs/memory.md §12, "gate"; F-33).
 
 For every annotated question (categories 1-4, with evidence) of the conversations in
 ../shared/data/locomo, the question is the query and each turn of a conversation is an indexed

@@ -1,9 +1,9 @@
 """Cue words that change what a clause says about a fact: negation, withdrawal, self-correction.
 
 "I'm no longer allergic to penicillin" withdraws a fact, "I don't like jazz anymore" turns a
-preference around, "sorry, typo: 555-0199" corrects a value (SPEC §11 "Fact operations",
-FAULTS F-46 to F-48). The cue lists are data, one tuple of regular expressions per language
-(English, Chinese, German, French, Spanish); :func:`statement_cues` reads one clause. Pure.
+preference around, "sorry, typo: 555-0199" corrects a value (docs/memory.md F-46 to F-48). The cue lists are data, one
+tuple of regular expressions per language (English, Chinese, German, French, Spanish);
+:func:`statement_cues` reads one clause. Pure.
 
 Phrases that hold a negation word without negating the statement ("not only … but also", "can't
 wait", 不但, 不错) are removed before negation and withdrawal are looked for; so are phrases of

@@ -1,7 +1,7 @@
 """Relative dates and times in a message, resolved against the message's own time.
 
 "Tomorrow at 3pm" said on 2026-11-22 means 2026-11-23 15:00 for ever after; a fact that keeps
-only the words is wrong the next day (SPEC §11 "Time", FAULTS F-52). Pure: regular expressions
+only the words is wrong the next day (docs/memory.md F-52). Pure: regular expressions
 and calendar arithmetic in the zone of the message's time, no I/O. English and Chinese.
 
 Conventions (weeks start on Monday, as ISO 8601 weeks do):

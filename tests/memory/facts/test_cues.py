@@ -1,4 +1,4 @@
-"""Negation, withdrawal and self-correction cues per language (FAULTS F-46 to F-48), including
+"""Negation, withdrawal and self-correction cues per language (docs/memory.md F-46 to F-48), including
 phrases that look like one and are not."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Recall ranking (docs/memory.md §12): admission gate, fusion, floored decay, budget, block.
 
-Pure functions of memory/recall.py; SPEC F-33 (nothing relevant, nothing recalled) and F-35
+Pure functions of memory/recall/; docs/memory.md F-33 (nothing relevant, nothing recalled) and F-35
 (decay breaks ties only) are covered here, the storage side in the index's tests.
 """
 

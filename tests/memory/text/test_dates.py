@@ -1,4 +1,4 @@
-"""Relative dates resolved against a message's own time (FAULTS F-52), in English and Chinese,
+"""Relative dates resolved against a message's own time (docs/memory.md F-52), in English and Chinese,
 with the documented conventions for weekdays, weeks and bare hours."""
 
 from __future__ import annotations

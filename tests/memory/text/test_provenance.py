@@ -1,4 +1,4 @@
-"""Provenance of the parts of a user message (FAULTS F-49, F-50): the user's own words versus
+"""Provenance of the parts of a user message (docs/memory.md F-49, F-50): the user's own words versus
 what they quote, forward or paste, and bursts of similar values."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The credential detector: what it withholds, in several languages and formats, and the
-ordinary identifiers it must leave alone (FAULTS F-51)."""
+ordinary identifiers it must leave alone (docs/memory.md F-51)."""
 
 from __future__ import annotations
 
