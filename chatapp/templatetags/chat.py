@@ -8,7 +8,7 @@ from typing import Any
 from django import template
 from django.utils.safestring import SafeString
 
-from chatapp.ui.inspector import MARK_LABELS
+from chatapp.ui.inspector.marks import MARK_LABELS
 from chatapp.ui.markup import markdown_render
 
 register = template.Library()

@@ -90,24 +90,13 @@ from chatapp.realtime.protocol import (
     MemorySummaryEvent,
     ServerEvent,
 )
-from chatapp.ui.inspector import (
-    MARK_NOT_SENT,
-    MESSAGE_SECTIONS,
-    PATH_LABELS,
-    SUMMARY_TYPE_LABELS,
-    EstimateCheck,
-    Gauge,
-    InspectorState,
-    KeyFacts,
-    MarkBasis,
-    RecallSection,
-    Section,
-    estimate_check_build,
-    inspector_state_get,
-    key_fact_from_dict,
-    key_facts_build,
-    recall_build,
-)
+from chatapp.ui.inspector.facts import KeyFacts, key_fact_from_dict, key_facts_build
+from chatapp.ui.inspector.gauge import EstimateCheck, Gauge, Section, estimate_check_build
+from chatapp.ui.inspector.marks import MARK_NOT_SENT, MarkBasis
+from chatapp.ui.inspector.recall import RecallSection, recall_build
+from chatapp.ui.inspector.request import MESSAGE_SECTIONS, PATH_LABELS
+from chatapp.ui.inspector.state import InspectorState, inspector_state_get
+from chatapp.ui.inspector.summary import SUMMARY_TYPE_LABELS
 from memory.api import CompressionRecord
 
 PAGE_TEMPLATE = "chat/session.html"

@@ -61,7 +61,9 @@ from chatapp.ui.forms import (
     SessionModeForm,
     SessionRenameForm,
 )
-from chatapp.ui.inspector import inspector_state_get, key_facts_section_get, recall_section_get
+from chatapp.ui.inspector.facts import key_facts_section_get
+from chatapp.ui.inspector.recall import recall_section_get
+from chatapp.ui.inspector.state import inspector_state_get
 from chatapp.ui.page_feed import chat_page_state_get, compression_sentence
 from memory.api import KeyFact, KeyFactNotFound
 
