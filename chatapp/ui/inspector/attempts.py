@@ -10,10 +10,8 @@ from typing import Any
 
 @dataclass(frozen=True, kw_only=True)
 class AttemptStep:
-    """One entry of an :class:`AttemptLog`: a summarizer try (``kind`` ``try``: its ``number``
-    in its layer, ``ok``, and for a failed one ``error_index``, the 1-based position of its error
-    in :attr:`AttemptLog.errors` when the log has several) or the backoff wait before one
-    (``kind`` ``wait``). ``ms``: milliseconds."""
+    """A summarizer try (``kind`` ``try``; ``error_index``: 1-based into :attr:`AttemptLog.errors`
+    when it has several) or the backoff wait before one (``wait``); ``ms`` milliseconds."""
 
     kind: str
     ms: int
@@ -24,8 +22,7 @@ class AttemptStep:
 
 @dataclass(frozen=True, kw_only=True)
 class AttemptGroup:
-    """Consecutive tries of one summarizer: ``phase`` ``primary`` or ``failover``, its ``model``,
-    and its tries with the waits between them, in order."""
+    """Consecutive tries of one summarizer (``phase`` ``primary`` or ``failover``) and their waits."""
 
     phase: str
     model: str
@@ -34,19 +31,14 @@ class AttemptGroup:
 
 @dataclass(frozen=True, kw_only=True)
 class ErrorLine:
-    """One distinct error of an :class:`AttemptLog` and how many tries failed with it."""
-
     text: str
     count: int
 
 
 @dataclass(frozen=True, kw_only=True)
 class AttemptLog:
-    """A compression's summarizer attempts as the inspector lists them: each distinct error once
-    (``errors``, first seen first), the tries and backoff waits in order (``groups``), and
-    milliseconds that add up: ``total_ms = tries_ms + waits_ms + other_ms``, where ``other_ms`` is
-    the rest of the compression's recorded duration (transcript, raw archive, bookkeeping; also
-    the waits of attempts recorded before waits were)."""
+    """Each distinct error once, the tries and waits in order, and milliseconds that add up:
+    ``total_ms = tries_ms + waits_ms + other_ms`` (``other_ms``: the rest of the recorded duration)."""
 
     groups: list[AttemptGroup]
     errors: list[ErrorLine]
@@ -61,28 +53,18 @@ class AttemptLog:
         return self.tries_ms + self.waits_ms + self.other_ms
 
 
-# An endpoint's error names the endpoint, then quotes the provider's message, which may name the
-# same engine again ("LLMError: The offline engine failed with HTTP 500: offline engine: ...",
-# after the exception's class as the summarizer records it). A label with a colon (an endpoint's
-# URL) never matches.
+# The provider's message quoted in an endpoint's error may name the engine again; a URL label never matches.
 _REPEATED_LABEL = re.compile(r"^(?P<head>(?:\w+: )?(?:The )?(?P<label>[^:]+?) [^:]*?: )(?P=label): ", re.IGNORECASE)
 
 
 def error_text(text: str) -> str:
-    """A summarizer error as the inspector shows it: ``text`` with the engine's name said once
-    (``LLMError: The offline engine failed with HTTP 500: injected`` for ``... HTTP 500: offline
-    engine: injected``); any other text unchanged. Pure."""
+    """``text`` with the engine's name said once (``...HTTP 500: offline engine: x`` -> ``...HTTP 500: x``)."""
     return _REPEATED_LABEL.sub(r"\g<head>", text, count=1)
 
 
 def attempt_log_build(attempts: Iterable[dict[str, Any]], *, duration_ms: int) -> AttemptLog:
-    """The :class:`AttemptLog` of a compression event's ``attempts`` (``{"model", "phase",
-    "number", "latency_ms", "ok", "error", "wait_ms"}``, :class:`memory.summarizer.Attempt`) and
-    its ``duration_ms``. Pure. A try numbered 1, or of another phase or model, starts a new group
-    (a long transcript is summarized in chunks, each with its own tries). When the parts add up to
-    more than ``duration_ms`` (an event that recorded no duration, or rounding to whole
-    milliseconds), ``other_ms`` is 0 and the total is the parts' sum. Errors are tidied by
-    :func:`error_text`."""
+    """The log of an event's ``attempts`` (``Attempt.as_dict()`` rows). A try numbered 1, or of another
+    phase or model, starts a group (chunked transcripts); ``other_ms`` is never below 0."""
     rows = list(attempts)
     distinct: dict[str, int] = {}
     for row in rows:

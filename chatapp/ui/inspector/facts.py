@@ -25,10 +25,8 @@ FACT_STATUS_LABELS = {
 
 @dataclass(frozen=True, kw_only=True)
 class FactRow:
-    """One key fact as the inspector lists it: ``status`` is where the last request had it
-    (:data:`FACT_PINNED`, :data:`FACT_IN_WINDOW`, :data:`FACT_OVER_BUDGET`, or ``""`` when that
-    request did not consider it or recorded no facts); ``replaced_by`` is, for a superseded
-    fact, the fact that superseded it (None when unknown)."""
+    """A listed fact: ``status`` where the last request had it (a ``FACT_*`` or ``""``), and for a
+    superseded one the fact that ``replaced_by`` it (None when unknown)."""
 
     fact: KeyFact
     status: str = ""
@@ -40,15 +38,13 @@ class FactRow:
 
     @property
     def note(self) -> str:
-        """The fact's one-line ``text`` when it says more than the value: ``""`` for a rule's
-        fact, whose text only restates its key and value (docs/memory.md §11)."""
+        """The fact's ``text`` when it says more than the value (a rule's never does, docs/memory.md §11)."""
         text = self.fact.text
         return "" if self.fact.extractor == "rule" or not text or text == self.fact.value else text
 
     @property
     def extractor_label(self) -> str:
-        """Who found the fact: ``rule``, ``LLM (<model>)``, ``offline engine (no language model)``
-        (the offline engine answers extraction requests with patterns) or ``you`` (an edited value)."""
+        """``rule``, ``LLM (<model>)``, ``offline engine (no language model)`` or ``you`` (an edit)."""
         extractor = self.fact.extractor
         if extractor == "user":
             return "you"
@@ -60,16 +56,9 @@ class FactRow:
 
 @dataclass(frozen=True, kw_only=True)
 class KeyFacts:
-    """The inspector's Key facts section of one session (docs/memory.md §11).
-
-    ``current``: facts neither superseded nor hidden, those the owner pinned first, then newest
-    first; ``superseded``: facts a newer value of their slot replaced (kept, never deleted),
-    newest first; ``hidden``: facts the owner hid (whether superseded or not), newest first.
-    ``request``: the last request's ``facts`` snapshot ``{"pinned", "in_window", "over_budget":
-    [fact ids], "tokens": n}`` (None before the first request, or for a request recorded without
-    it). ``error``: what was wrong with the owner's last input (``""`` when nothing), about fact
-    ``error_fact_id``.
-    """
+    """Current (pinned first), superseded and hidden facts, each newest first; ``request`` the last
+    request's ``facts`` snapshot ``{"pinned", "in_window", "over_budget": [ids], "tokens": n}`` or None;
+    ``error`` what was wrong with the owner's last input about fact ``error_fact_id``."""
 
     session_id: int
     current: list[FactRow] = field(default_factory=list)
@@ -81,7 +70,6 @@ class KeyFacts:
 
     @property
     def block_tokens(self) -> int | None:
-        """The size of the last request's key-facts block in tokens (None when not recorded)."""
         return None if self.request is None else int(self.request.get("tokens") or 0)
 
     @property
@@ -90,14 +78,11 @@ class KeyFacts:
 
     @property
     def fact_ids(self) -> frozenset[int]:
-        """The ids of every fact listed (current, superseded and hidden)."""
         return frozenset(row.fact.id for row in (*self.current, *self.superseded, *self.hidden))
 
 
 def key_facts_build(*, session_id: int, facts: Iterable[KeyFact], request: dict[str, Any] | None) -> KeyFacts:
-    """The Key facts section from every stored fact of the session (``facts``: current,
-    superseded and hidden, as ``memory.api.key_fact_list`` returns them or a ``memory.facts``
-    event carries them) and the last request's ``facts`` snapshot (see :class:`KeyFacts`). Pure."""
+    """The section from every stored fact of the session and the last request's ``facts`` snapshot."""
     rows = list(facts)
     by_id = {fact.id: fact for fact in rows}
     statuses: dict[int, str] = {}
@@ -123,29 +108,25 @@ def key_facts_build(*, session_id: int, facts: Iterable[KeyFact], request: dict[
 
 
 def key_facts_get(*, session_id: int, request: dict[str, Any] | None) -> KeyFacts:
-    """The Key facts section of chat session ``session_id`` as stored, with the ``facts``
-    snapshot ``request`` of its last request (no access check: callers authorize)."""
+    """As stored, with the last request's snapshot ``request`` (no access check: callers authorize)."""
     facts = memory_engine().facts(memory_key_of(session_id))
     return key_facts_build(session_id=session_id, facts=facts, request=request)
 
 
 def key_facts_of_call(call: ModelCall | None) -> dict[str, Any] | None:
-    """The ``facts`` snapshot of a recorded model call (None without a call, for a call recorded
-    before the key facts were kept, and for one built without a facts loader: ``{}``)."""
+    """The ``facts`` snapshot of a model call; None without a call or an empty snapshot."""
     facts = call.context.get("facts") if call is not None else None
     return facts if isinstance(facts, dict) and facts else None
 
 
 def key_facts_section_get(*, session_id: int) -> KeyFacts:
-    """The Key facts section of chat session ``session_id``, with the ``facts`` snapshot of its
-    newest model call (no access check: callers authorize)."""
+    """With the snapshot of the session's newest model call (no access check: callers authorize)."""
     last_call = ModelCall.objects.filter(session_id=session_id).order_by("-id").first()
     return key_facts_get(session_id=session_id, request=key_facts_of_call(last_call))
 
 
 def key_fact_from_dict(data: dict[str, Any]) -> KeyFact:
-    """A fact from its JSON form (``KeyFact.as_dict()``, as a ``memory.facts`` event carries it).
-    Raises ``KeyError`` for a missing ``id``, ``key`` or ``value``."""
+    """A fact from ``KeyFact.as_dict()``; ``KeyError`` for a missing ``id``, ``key`` or ``value``."""
     return KeyFact(
         id=int(data["id"]),
         kind=str(data.get("kind") or "other"),

@@ -25,7 +25,6 @@ class Gauge:
 
     @property
     def used_percent(self) -> float:
-        """``used`` as a share of the window, capped at 100 (for the bar's width)."""
         return min(100.0, percent(self.used, self.context_window))
 
     @property
@@ -38,8 +37,7 @@ class Gauge:
 
     @property
     def level(self) -> str:
-        """``low`` (at most the target), ``mid`` (up to the trigger), ``high`` (over the trigger,
-        within the window) or ``over`` (over the window): the gauge's colour and pattern."""
+        """``low`` (at most the target), ``mid`` (to the trigger), ``high`` (to the window) or ``over``."""
         if self.used > self.context_window:
             return "over"
         if self.used > self.trigger_tokens:
@@ -50,14 +48,11 @@ class Gauge:
 
     @property
     def level_label(self) -> str:
-        """:attr:`level` in words (``under the target``, ``over the target``, ``over the
-        trigger``, ``over the context window``), shown beside the bar and read by screen readers."""
         return GAUGE_LEVEL_LABELS[self.level]
 
     @property
     def value_text(self) -> str:
-        """The whole gauge in one sentence for assistive technology (the meter's
-        ``aria-valuetext``): used and window, the level, then the marks with their figures."""
+        """The whole gauge in one sentence: the meter's ``aria-valuetext``."""
         return (
             f"{self.used:,} of {self.context_window:,} tokens, {self.level_label}; "
             f"target {self.target_tokens:,}, trigger {self.trigger_tokens:,}, window {self.context_window:,}"
@@ -66,8 +61,7 @@ class Gauge:
 
 @dataclass(frozen=True, kw_only=True)
 class Section:
-    """One part of a request: ``tokens`` as the engine counted them, ``percent`` of the context
-    window, ``text`` the exact text sent (``""`` for the free space and the reply priming)."""
+    """One part of a request: the engine's ``tokens``, ``percent`` of the window, the exact ``text`` sent."""
 
     key: str
     label: str
@@ -79,15 +73,9 @@ class Section:
 
 @dataclass(frozen=True, kw_only=True)
 class EstimateCheck:
-    """Our estimate of one request against the provider's ``usage.prompt_tokens`` and the
-    calibration the request was budgeted with (docs/memory.md §5, "Calibration"); tokens.
-
-    ``estimated_tokens``: the engine's estimate; ``prompt_tokens``: the provider's figure (None
-    until the reply ended, or when it reports none); ``factor``: provider tokens per estimated
-    token the budget applied; ``context_window`` the model's window and ``window_tokens`` the
-    same in estimated tokens; ``enabled``: ``LLM_TOKEN_CALIBRATION``; ``offline``: the offline
-    engine, which counts with our own tokenizer, so the page shows no comparison; ``recorded``:
-    the call was recorded with its calibration (False for calls older than calibration)."""
+    """Our estimate of one request against the provider's ``prompt_tokens`` (None until reported) and
+    the calibration it was budgeted with (docs/memory.md §5, "Calibration"); ``window_tokens`` is the
+    window in estimated tokens; ``recorded``: the call kept its calibration. Tokens."""
 
     estimated_tokens: int
     prompt_tokens: int | None
@@ -100,28 +88,24 @@ class EstimateCheck:
 
     @property
     def shown(self) -> bool:
-        """Whether the page compares the figures: not for the offline engine."""
+        """The offline engine counts with our own tokenizer: nothing to compare."""
         return not self.offline
 
     @property
     def ratio(self) -> float | None:
-        """This request's provider figure per estimated token (None when not reported)."""
         if self.prompt_tokens is None or self.estimated_tokens <= 0:
             return None
         return self.prompt_tokens / self.estimated_tokens
 
     @property
     def difference(self) -> int | None:
-        """Provider-reported minus estimated tokens (None when not reported)."""
         return None if self.prompt_tokens is None else self.prompt_tokens - self.estimated_tokens
 
 
 def estimate_check_build(
     calibration: dict[str, Any] | None, *, estimated_tokens: int, prompt_tokens: int | None, context_window: int
 ) -> EstimateCheck:
-    """The :class:`EstimateCheck` of a request from the ``calibration`` its record or its
-    ``memory.context`` event carries (``{factor, window_tokens, enabled, offline}``, see
-    :func:`chatapp.llm.calibration.calibration_report`; None for calls older than calibration)."""
+    """From the ``calibration`` a call or ``memory.context`` event carries (``calibration_report``; None if older)."""
     calibration = calibration or {}
     return EstimateCheck(
         estimated_tokens=estimated_tokens,

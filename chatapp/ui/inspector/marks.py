@@ -9,9 +9,7 @@ from chatapp.models import Message
 MARK_SUMMARIZED = "summarized"
 MARK_RETAINED = "retained"
 MARK_CURRENT = "current"
-# A note the app wrote in place of a reply: shown, never sent to the model (docs/memory.md F-37).
-MARK_NOT_SENT = "not-sent"
-# Stored after the last request was built (above all, the reply to it): the next request carries it.
+MARK_NOT_SENT = "not-sent"  # an app-written note, never sent to the model (docs/memory.md F-37)
 MARK_NEXT = "next"
 MARK_LABELS = {
     MARK_SUMMARIZED: "in summary",
@@ -24,8 +22,7 @@ MARK_LABELS = {
 
 @dataclass(frozen=True, kw_only=True)
 class MarkBasis:
-    """What decides a transcript message's mark: the summary's ``boundary`` (covered: id at most
-    the boundary) and the ids the last request sent as retained window and as current turn."""
+    """The summary's ``boundary`` (ids up to it are covered) and the ids the last request sent."""
 
     boundary: int | None = None
     history_ids: frozenset[int] = frozenset()
@@ -33,17 +30,15 @@ class MarkBasis:
 
     @property
     def newest_id(self) -> int | None:
-        """The largest message id the last request covered (its summary's boundary, its retained
-        window and its current turn); None before any request and any summary."""
+        """The largest message id the last request covered; None before any request and summary."""
         ids = [*self.history_ids, *self.current_ids]
         if self.boundary is not None:
             ids.append(self.boundary)
         return max(ids, default=None)
 
     def mark(self, message_id: int) -> str:
-        """``summarized``, ``retained``, ``current``; ``next`` for a message stored after the last
-        request was built -- above all the reply to it, which no request has carried yet, so every
-        bubble says where it stands; ``""`` for an older message the last request did not carry."""
+        """``summarized``, ``retained``, ``current``, ``next`` (stored after the last request, e.g. its
+        reply) or ``""`` (older, and not carried)."""
         if self.boundary is not None and message_id <= self.boundary:
             return MARK_SUMMARIZED
         if message_id in self.history_ids:
@@ -56,12 +51,10 @@ class MarkBasis:
         return ""
 
     def mark_of(self, message_id: int, origin: str) -> str:
-        """:meth:`mark`, except :data:`MARK_NOT_SENT` for a row of ``origin`` ``app``, which no
-        request ever holds nor any summary covers (docs/memory.md F-37)."""
+        """:meth:`mark`, but :data:`MARK_NOT_SENT` for an ``app`` row (docs/memory.md F-37)."""
         return MARK_NOT_SENT if origin == Message.Origin.APP else self.mark(message_id)
 
 
 def message_marks_get(*, session_id: int, basis: MarkBasis) -> dict[int, str]:
-    """``{message id: mark}`` for every message of the session (see :meth:`MarkBasis.mark_of`)."""
     rows = Message.objects.filter(session_id=session_id).order_by("id").values_list("id", "origin")
     return {message_id: basis.mark_of(message_id, origin) for message_id, origin in rows}

@@ -16,17 +16,9 @@ from chatapp.ui.inspector.stored import datetime_or_none, int_or_none
 
 @dataclass(frozen=True, kw_only=True)
 class RecallEntry:
-    """One candidate of a request's recall as the inspector lists it (an entry of
-    :func:`memory.api.recall_report`'s ``items``, ``rejected`` or ``over_budget``).
-
-    ``session_id``: the chat its message is in (None when its memory key names no chat);
-    ``same_chat``: that chat is the inspected one; ``message_ids``: its stored messages, oldest
-    first; ``lexical_rank`` (1 = the best full-text hit) and ``dense_rank`` (1 = the best cosine)
-    are None when that side did not find it; ``cosine`` is None without an embedding; ``rrf``
-    the fused rank, ``decay`` the age factor (0.9..1), ``score`` = ``rrf * decay``; ``reason``
-    the admission gate's verdict in words (docs/memory.md §12); ``context_of``: for an item
-    brought as the context of a recalled one (not gated, no score), that item's id, else None.
-    """
+    """An entry of a recall report's ``items``, ``rejected`` or ``over_budget`` (docs/memory.md §12):
+    ``session_id`` its chat (None: no chat), ranks None when that side missed it, ``score = rrf * decay``,
+    ``context_of`` the recalled item it came with (then not gated, no score)."""
 
     item_id: int
     session_id: int | None
@@ -47,13 +39,12 @@ class RecallEntry:
 
     @property
     def message_id(self) -> int | None:
-        """The message the entry links to: its newest (a tool result's own, not its call's)."""
+        """The newest of its messages (a tool result's own, not its call's)."""
         return self.message_ids[-1] if self.message_ids else None
 
     @property
     def href(self) -> str:
-        """A link to the message: the transcript anchor ``#message-N`` in the same chat, that
-        chat's page with the anchor for another chat of the owner, ``""`` when unknown."""
+        """``#message-N`` in this chat, that chat's page with the anchor for another, ``""`` when unknown."""
         if self.message_id is None:
             return ""
         anchor = f"#message-{self.message_id}"
@@ -90,17 +81,8 @@ class RecallEntry:
 
 @dataclass(frozen=True, kw_only=True)
 class RecallSection:
-    """The inspector's Recall section of one session (docs/memory.md §12): what recall brought
-    into the last request and why.
-
-    ``request``: that request's recall report (:func:`memory.api.recall_report`; None before
-    the first request, or for one recorded without recall); ``embedder``: the embedder the
-    settings select now (``{backend, model, reason}``, :func:`chatapp.llm.embeddings.embedder_choice`);
-    ``index``: the session's own index (``{items, embedded, models}``,
-    :func:`memory.api.memory_index_status`; None when not read); ``items`` the recalled entries
-    in block order, ``rejected`` the best refused ones, ``over_budget`` admitted ones left out
-    for the token budget (best score first).
-    """
+    """What recall brought into the last request and why: its ``recall_report`` (None: no recall), the
+    embedder the settings select now and the session's index status (None when not read)."""
 
     session_id: int
     request: dict[str, Any] | None
@@ -116,12 +98,10 @@ class RecallSection:
 
     @property
     def model(self) -> str | None:
-        """The embedding model the last request's search used; None: lexical only."""
         return None if self.request is None else self.request.get("model") or None
 
     @property
     def lexical_only(self) -> bool:
-        """The last request's search was full-text only (no embedder, or it failed or was late)."""
         return self.request is not None and self.model is None
 
     @property
@@ -130,7 +110,6 @@ class RecallSection:
 
     @property
     def tokens(self) -> int:
-        """The size of the last request's recall block in tokens (0: no block)."""
         return 0 if self.request is None else int(self.request.get("tokens") or 0)
 
     @property
@@ -145,9 +124,7 @@ def recall_build(
     embedder: dict[str, str],
     index: dict[str, Any] | None = None,
 ) -> RecallSection:
-    """The Recall section from a request's recall report ``request`` (see
-    :class:`RecallSection`; a ``memory.context`` event's ``recall`` or a ``ModelCall``'s
-    ``context["recall"]``). Pure; entries whose ``item_id`` is missing are skipped."""
+    """The section from a recall report (an event's or a call's); entries without ``item_id`` are skipped."""
 
     def entries(key: str) -> list[RecallEntry]:
         found = request.get(key) if request is not None else None
@@ -165,16 +142,13 @@ def recall_build(
 
 
 def recall_of_call(call: ModelCall | None) -> dict[str, Any] | None:
-    """The recall report of a recorded model call (None without a call, for a call recorded
-    before recall was kept, and for one built without recall: ``{}``)."""
+    """The recall report of a model call; None without a call or an empty report."""
     recall = call.context.get("recall") if call is not None else None
     return recall if isinstance(recall, dict) and recall else None
 
 
 def recall_get(*, session_id: int, request: dict[str, Any] | None) -> RecallSection:
-    """The Recall section of chat session ``session_id`` with the recall report ``request`` of
-    its last request, the embedder the settings select and the session's index status (one
-    query; no access check: callers authorize)."""
+    """With the report ``request`` and the index status (one query; no access check: callers authorize)."""
     return recall_build(
         session_id=session_id,
         request=request,
@@ -184,7 +158,6 @@ def recall_get(*, session_id: int, request: dict[str, Any] | None) -> RecallSect
 
 
 def recall_section_get(*, session_id: int) -> RecallSection:
-    """The Recall section of chat session ``session_id``, with the recall report of its newest
-    model call (no access check: callers authorize)."""
+    """With the report of the newest model call (no access check: callers authorize)."""
     last_call = ModelCall.objects.filter(session_id=session_id).order_by("-id").first()
     return recall_get(session_id=session_id, request=recall_of_call(last_call))

@@ -41,12 +41,8 @@ PATH_LABELS = {
 
 @dataclass(frozen=True, kw_only=True)
 class RequestSnapshot:
-    """The last request sent to the chat model, from its ``ModelCall`` record.
-
-    ``gauge.used`` is the engine's estimate (``ModelCall.estimated_tokens``); ``prompt_tokens``
-    what the provider reported (None until the reply ended, or when it reports nothing).
-    ``summary`` is the summary state the request was built with.
-    """
+    """One recorded model call: ``gauge.used`` the engine's estimate, ``prompt_tokens`` the provider's
+    (None until reported), ``summary`` the summary state the request was built with."""
 
     model_call_id: int
     turn_id: int | None
@@ -76,19 +72,12 @@ class RequestSnapshot:
 
     @property
     def prompt_tokens_difference(self) -> int | None:
-        """Provider-reported minus estimated prompt tokens (None when not reported)."""
         return None if self.prompt_tokens is None else self.prompt_tokens - self.gauge.used
 
 
 def request_snapshot_build(call: ModelCall) -> RequestSnapshot:
-    """The inspector's view of one recorded model call (pure: reads only ``call``'s fields).
-
-    Sections are the engine's own per-section counts; ``Reply priming`` is the rest of the
-    estimate (the tokens every request adds for the reply to start) and ``Free`` what is left of
-    the context window, so the rows add up to the window exactly. The gauge's window is the
-    context window in estimated tokens (divided by the calibration factor the request was
-    budgeted with, docs/memory.md §5, "Calibration"), the unit of every other figure.
-    """
+    """The snapshot of ``call`` (pure). The engine's section counts, ``Reply priming`` (the rest of the
+    estimate) and ``Free`` add up to the window, in estimated tokens (docs/memory.md §5, "Calibration")."""
     context = call.context
     used = int(context["tokens"])
     check = estimate_check_build(
@@ -160,8 +149,7 @@ def request_snapshot_build(call: ModelCall) -> RequestSnapshot:
 
 
 def messages_text(messages: Iterable[dict[str, Any]]) -> str:
-    """Wire messages as readable text: per message a ``[role ...]`` line, then the content exactly
-    as sent, then its ``tool_calls`` as JSON. Messages are separated by a blank line."""
+    """Wire messages as text: per message a ``[role ...]`` line, the content as sent, its ``tool_calls`` JSON."""
     parts: list[str] = []
     for message in messages:
         header = str(message.get("role", "?"))

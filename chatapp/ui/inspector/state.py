@@ -17,9 +17,7 @@ from chatapp.ui.inspector.recall import RecallSection, recall_get, recall_of_cal
 from chatapp.ui.inspector.request import RequestSnapshot, request_snapshot_build
 from chatapp.ui.inspector.summary import CurrentSummary, TimelineEvent, summary_versions_build
 
-# How many compression events the timeline (and the summary's version history) shows.
-TIMELINE_MAX_EVENTS = 100
-
+TIMELINE_MAX_EVENTS = 100  # compression events in the timeline and the summary's versions
 
 HEALTH_LABELS = {
     "idle": "idle",
@@ -28,7 +26,6 @@ HEALTH_LABELS = {
     "failover": "failover",
     "raw_archive": "raw archive",
 }
-
 
 JOB_STATUS_LABELS = {
     "idle": "idle",
@@ -41,9 +38,7 @@ JOB_STATUS_LABELS = {
 
 @dataclass(frozen=True, kw_only=True)
 class Health:
-    """The summarizer's health as of the last compression (``memory.services.summarizer_health_get``).
-    ``event_id``: that compression event in the timeline, where its attempts and error are listed
-    (None when the timeline does not hold it)."""
+    """The summarizer's health as of the last compression; ``event_id`` that event in the timeline, or None."""
 
     status: str
     last_error: str
@@ -57,7 +52,6 @@ class Health:
 
     @property
     def error(self) -> str:
-        """``last_error`` as the inspector shows it (:func:`error_text`)."""
         return error_text(self.last_error)
 
     @property
@@ -67,11 +61,8 @@ class Health:
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryJob:
-    """The session's memory job (docs/memory.md §10): ``status`` idle / queued (pending in this
-    process) / running (here, or holding its lease on another worker) / failed (the last job had a
-    failed step); ``last_error`` of the last job; ``watermarks`` step name → message id;
-    ``attempts`` step name → its last attempt ``{step, at, ok, error, duration_ms,
-    watermark_before, watermark_after}``; ``runs``: jobs that had work, so far."""
+    """The session's memory job (docs/memory.md §10); ``watermarks`` and ``attempts`` (the last one)
+    by step name; ``runs``: jobs that had work so far."""
 
     status: str
     last_error: str
@@ -86,9 +77,7 @@ class MemoryJob:
 
 @dataclass(frozen=True, kw_only=True)
 class InspectorState:
-    """Everything the inspector panel shows for one session. ``can_compress``: whether "Compress
-    now" has something to fold (a message before the newest user message that the summary does
-    not cover yet); the button is disabled otherwise."""
+    """Everything the inspector shows for one session; ``can_compress``: "Compress now" has something to fold."""
 
     session_id: int
     request: RequestSnapshot | None
@@ -102,7 +91,6 @@ class InspectorState:
 
     @property
     def basis(self) -> MarkBasis:
-        """The basis of the transcript's marks: the stored boundary and the last request's ids."""
         return MarkBasis(
             boundary=self.summary.boundary,
             history_ids=self.request.history_ids if self.request else frozenset(),
@@ -111,13 +99,8 @@ class InspectorState:
 
 
 def inspector_state_get(*, session_id: int) -> InspectorState:
-    """The inspector's state for chat session ``session_id`` (no access check: callers authorize).
-
-    ``request`` is the session's newest ``ModelCall`` (None before the first), ``key_facts``
-    every key fact of the session with that call's key-facts groups, ``recall`` that call's
-    recall (docs/memory.md §12) with the embedder and the index status; the timeline and the
-    summary versions cover the newest ``TIMELINE_MAX_EVENTS`` compression events, newest first.
-    """
+    """From the session's newest ``ModelCall`` (``request`` None before the first) and its newest
+    ``TIMELINE_MAX_EVENTS`` compression events, newest first (no access check: callers authorize)."""
     memory_key = memory_key_of(session_id)
     engine = memory_engine()
     events = engine.events(memory_key, limit=TIMELINE_MAX_EVENTS)[::-1]

@@ -13,9 +13,7 @@ from chatapp.ui.inspector.attempts import AttemptLog, attempt_log_build
 from chatapp.ui.inspector.stored import datetime_or_none
 from memory.api import CompressionRecord
 
-# How a summary was written: the type stored (none / llm / raw), except that an ``llm`` result
-# every successful attempt of which came from an extractive summarizer (the offline engine copies
-# sentences; no language model wrote it) is ``extractive``.
+# The stored type (none / llm / raw), but ``extractive`` for an ``llm`` one no language model wrote.
 SUMMARY_KIND_EXTRACTIVE = "extractive"
 SUMMARY_TYPE_LABELS = {
     "none": "none yet",
@@ -27,10 +25,8 @@ SUMMARY_TYPE_LABELS = {
 
 @dataclass(frozen=True, kw_only=True)
 class SummaryVersion:
-    """One write of the summary: a compression event of kind ``compression``. ``tokens_before``
-    and ``tokens_after`` are the request's size around it; ``previous_chars`` is the length of the
-    summary it replaced, in characters (0 for the first; None when that version is older than the
-    events read)."""
+    """One write of the summary (a ``compression`` event); ``previous_chars``: the replaced summary's length
+    in characters (0 for the first, None when older than the events read)."""
 
     version: int | None
     created_at: datetime
@@ -47,7 +43,6 @@ class SummaryVersion:
 
     @property
     def result_label(self) -> str:
-        """How this version was written, in words (see :func:`summary_kind`)."""
         kind = self.summary_kind or self.result_type
         return SUMMARY_TYPE_LABELS.get(kind, kind)
 
@@ -70,9 +65,8 @@ class SummaryVersion:
 
 @dataclass(frozen=True, kw_only=True)
 class CurrentSummary:
-    """The session's stored summary now (``summary_type`` none/llm/raw; ``boundary`` the id of
-    the last message it covers) and its versions, newest first. ``summary_kind``: how it was
-    written (:func:`summary_kind`; ``""`` when its version is not among the events read)."""
+    """The stored summary (``boundary``: the last message id it covers) and its versions, newest first;
+    ``summary_kind`` ``""`` when its version is not among the events read."""
 
     summary_type: str
     content: str
@@ -89,14 +83,12 @@ class CurrentSummary:
 
     @property
     def type_label(self) -> str:
-        """``LLM summary``, ``extractive summary``, ``raw archive`` or ``none yet``."""
         return SUMMARY_TYPE_LABELS.get(self.kind, self.kind)
 
 
 @dataclass(frozen=True, kw_only=True)
 class TimelineEvent:
-    """One compression event as the timeline shows it; ``attempts`` are the summarizer tries
-    ``{"model", "phase", "number", "latency_ms", "ok", "error"}``, ``notes`` plain sentences."""
+    """One compression event as the timeline shows it; ``notes`` as plain sentences."""
 
     id: int
     kind: str
@@ -123,7 +115,6 @@ class TimelineEvent:
 
     @property
     def attempt_log(self) -> AttemptLog:
-        """Its attempts with their waits, each error once (:func:`attempt_log_build`)."""
         return attempt_log_build(self.attempts, duration_ms=self.duration_ms)
 
     @property
