@@ -8,7 +8,7 @@ from typing import Any
 from django import template
 from django.utils.safestring import SafeString
 
-from chatapp.ui.inspector import MARK_LABELS
+from chatapp.ui.inspector.marks import MARK_LABELS
 from chatapp.ui.markup import markdown_render
 
 register = template.Library()
@@ -16,7 +16,6 @@ register = template.Library()
 
 @register.filter
 def markdown(text: str | None) -> SafeString:
-    """Message text as sanitized HTML (see :func:`chatapp.ui.markup.markdown_render`)."""
     return markdown_render(text)
 
 
@@ -33,18 +32,15 @@ def pretty_json(value: Any) -> str:
 
 @register.filter
 def mark_label(mark: str) -> str:
-    """What a transcript mark (:meth:`chatapp.ui.inspector.MarkBasis.mark`) says to people; ``""`` for none."""
     return MARK_LABELS.get(mark, "")
 
 
 @register.filter
 def tokens(value: int | None) -> str:
-    """A token count with thousands separators (``1,234``); ``—`` for None."""
     return "—" if value is None else f"{value:,}"
 
 
 @register.filter
 def ms(value: int | None) -> str:
-    """Milliseconds as the inspector shows them (``1,509\u00a0ms``: a no-break space keeps the unit with the figure);
-    ``—`` for None."""
+    """``1,509\u00a0ms`` (a no-break space keeps the unit with the figure); ``—`` for None."""
     return "—" if value is None else f"{value:,}\u00a0ms"

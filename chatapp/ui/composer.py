@@ -1,8 +1,6 @@
-"""The composer's token count (docs/memory.md §5): the typed message against the room one message has, the window
-minus what every request of the chat carries anyway (system prompt with the passages' share or the tool schemas, key
-facts as last sent, the summary or its reserve, the recall budget). A user message is never shortened (I5), so a
-request over the window fails; the retained window is not subtracted (compression makes room), so over the room is a
-warning. Over ``CHAT_MAX_MESSAGE_CHARS`` the socket refuses the message (``too_long``)."""
+"""The composer's token count (docs/memory.md §5): the typed message against the room for one message, the window
+minus what every request carries (system prompt with passages or tools, key facts, summary or its reserve, recall
+budget). The retained window is not subtracted (compression makes room), so over the room is only a warning."""
 
 from __future__ import annotations
 
@@ -14,7 +12,6 @@ from chatapp.chats.memory import memory_engine, memory_key_of, next_request_of_m
 from chatapp.llm.clients import chat_endpoint
 from chatapp.models import ChatSession, Message, ModelCall
 
-# What the composer says about the message: nothing typed, fits, or too large to be sent.
 STATE_EMPTY = "empty"
 STATE_OK = "ok"
 STATE_OVER_WINDOW = "over_window"
@@ -23,9 +20,8 @@ STATE_OVER_CHARS = "over_chars"
 
 @dataclass(frozen=True, kw_only=True)
 class ComposerCount:
-    """The count of one text in one chat. ``tokens``: its cost as a user message (None over ``max_chars``: the socket
-    refuses it anyway); ``room``: the most one message may take now, at least 0; ``chars``/``max_chars`` in
-    characters; ``context_window`` in tokens."""
+    """``tokens`` of the text as a user message (None over ``max_chars``, which the socket refuses) against
+    ``room``, the most one message may take now (tokens, at least 0); ``chars`` in characters."""
 
     session_id: int
     tokens: int | None
@@ -54,8 +50,7 @@ class ComposerCount:
 
 
 def composer_count_get(*, session: ChatSession, text: str) -> ComposerCount:
-    """The composer's count of ``text`` in ``session`` (callers authorize): three queries, plus the calibration when it
-    applies; never raises for any text."""
+    """Three queries, plus the calibration when it applies; never raises for any text (callers authorize)."""
     endpoint = chat_endpoint()
     engine = memory_engine()
     engine.use_token_factor(engine.token_factor())

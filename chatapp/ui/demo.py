@@ -1,5 +1,4 @@
-"""The demo walk-through's entry (docs/demo.md): an async view, so the demo starts on the event loop its turns
-run on."""
+"""The demo's entry (docs/demo.md): an async view, so the demo starts on the event loop its turns run on."""
 
 from __future__ import annotations
 
@@ -13,18 +12,15 @@ from chatapp.chats.selectors import session_newest_of_owner
 from chatapp.chats.services import chat_session_create
 from chatapp.conversation.demo import DEMO_MODE, DEMO_TITLE, demo_running_sessions, demo_start
 
-# At most this many demos run in one process at a time; past it /demo/ answers 503.
 DEMO_MAX_RUNNING = 8
 TOO_MANY_DEMOS = "Too many demos are running right now. Please try again in a minute."
-# A GET of /demo/ (``make demo`` prints it) only leads to the focused button: links, prefetchers and scripts
-# without cookies must not start demos.
+# A GET only leads to the button: links, prefetchers and cookie-less scripts must not start demos.
 DEMO_BUTTON_URL = "/?demo=1#start-demo"
 
 
 @require_http_methods(["GET", "POST"])
 async def demo_start_view(request: HttpRequest) -> HttpResponse:
-    """POST (the CSRF-checked button): start the demo in a new chat of the caller's and redirect to it; to the running
-    one when the caller has one here; 503 past :data:`DEMO_MAX_RUNNING`. GET starts nothing."""
+    """POST: start the demo in a new chat (or go to the caller's running one); 503 past ``DEMO_MAX_RUNNING``."""
     if request.method == "GET":
         return redirect(DEMO_BUTTON_URL)
     owner = await sync_to_async(owner_ensure)(request)

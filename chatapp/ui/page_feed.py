@@ -1,66 +1,7 @@
-"""The chat page: its state, and the live feed that keeps an open page up to date.
-
-The page is server-rendered (``templates/chat/session.html`` and its named partials). Its socket
-(``/ws/chat/<id>/page/``, opened by htmx's WebSocket extension;
-:class:`chatapp.realtime.consumers.ChatPageConsumer`) receives HTML instead of JSON: each server
-event (:mod:`chatapp.realtime.protocol`, docs/protocol.md) becomes one frame of out-of-band
-fragments (``hx-swap-oob``) that the extension swaps into the page. :class:`PageFeed` renders
-them from the typed event and remembers what its page shows, so that a message is appended once
-and only the transcript marks that changed are sent.
-
-Most events carry everything their fragments need and are rendered without touching the
-database; the few that query do so because the event does not (and should not) carry it:
-
-==================== ==================================================  ===========================
-event                fragments of the frame                              database
-==================== ==================================================  ===========================
-(connect, chat.sync) snapshot: the transcript, the live replies, the     the page's whole state as
-                     inspector, the turn status and the title            stored
-chat.message         the message appended to ``#messages``, rendered     a user message only: the
-                     from the event's message (once; the first one       session row, for the title
-                     removes the empty-state line); a user message also  this message may have set
-                     refreshes the title and its sidebar entry; a        (and the sidebar entry
-                     turn's tool step resets its live reply to           showing it)
-                     "thinking", its final reply removes it
-chat.turn            a live reply (``#stream-<turn id>``, "thinking"),   the turns in flight (a
-                     the turn status and an empty announcement (the      turn queued on any worker
-                     last one is cleared)                                counts too)
-chat.delta           the text appended to the live reply                 none
-chat.retrieval       a line in the live reply naming the passages found  none
-memory.compression   an announcement (and, within a turn, a line in the  none
-                     live reply)
-memory.context       the inspector's "Last request" panel (gauge and     none: the event's sections,
-                     sections; the exact texts sent follow at            sources, summary boundary
-                     chat.done), its Recall section and the changed      and recall report (the
-                     transcript marks                                    index status as the feed
-                                                                         remembers it)
-memory.summary       the inspector, the changed marks and a refresh of   the inspector's state
-                     the composer's count (it posts what is typed)       ("compress now" changed
-                                                                         the summary, its versions
-                                                                         and the timeline; no
-                                                                         chat.done follows)
-memory.facts         the inspector's Key facts section, rendered from    none: the event's facts,
-                     the event's facts (a memory job extracted new       and the last request's
-                     ones)                                               key-facts groups as the
-                                                                         feed remembers them
-chat.done            the live reply removed; the inspector, the          the inspector's state, once
-                     changed marks, the turn status and a refresh of     per turn (summary,
-                     the composer's count; the demo's last (or stopped)  timeline, health and the
-                     step also says in ``#thread-note`` that the demo    provider's token counts
-                     ended                                               changed), and the turns in
-                                                                         flight
-error                the error text; a rejected message's pending        none
-                     bubble is marked
-chat.ack             nothing: the stored message arrives as              none
-                     ``chat.message``
-==================== ==================================================  ===========================
-
-The session's deletion (the group's ``session.deleted``) is not a server event: the consumer
-sends :meth:`PageFeed.deleted` before it closes the socket.
-
-Marks are recomputed for the messages the page shows (the feed remembers them), never by
-selecting every message of the session. :meth:`PageFeed.needs_database` says which events
-query: async callers render those through ``orm_async`` and the others directly.
+"""The chat page's state, and the live feed of its socket (``/ws/chat/<id>/page/``, docs/architecture.md
+"The chat page"): :class:`PageFeed` renders each server event as out-of-band htmx fragments and remembers
+what the page shows, so a message is appended once and only changed marks are sent. The few events that
+query the database say so (:meth:`PageFeed.needs_database`): async callers render those through ``orm_async``.
 """
 
 from __future__ import annotations
@@ -90,24 +31,13 @@ from chatapp.realtime.protocol import (
     MemorySummaryEvent,
     ServerEvent,
 )
-from chatapp.ui.inspector import (
-    MARK_NOT_SENT,
-    MESSAGE_SECTIONS,
-    PATH_LABELS,
-    SUMMARY_TYPE_LABELS,
-    EstimateCheck,
-    Gauge,
-    InspectorState,
-    KeyFacts,
-    MarkBasis,
-    RecallSection,
-    Section,
-    estimate_check_build,
-    inspector_state_get,
-    key_fact_from_dict,
-    key_facts_build,
-    recall_build,
-)
+from chatapp.ui.inspector.facts import KeyFacts, key_fact_from_dict, key_facts_build
+from chatapp.ui.inspector.gauge import EstimateCheck, Gauge, Section, estimate_check_build
+from chatapp.ui.inspector.marks import MARK_NOT_SENT, MarkBasis
+from chatapp.ui.inspector.recall import RecallSection, recall_build
+from chatapp.ui.inspector.request import MESSAGE_SECTIONS, PATH_LABELS
+from chatapp.ui.inspector.state import InspectorState, inspector_state_get
+from chatapp.ui.inspector.summary import SUMMARY_TYPE_LABELS
 from memory.api import CompressionRecord
 
 PAGE_TEMPLATE = "chat/session.html"
@@ -116,8 +46,7 @@ CHAT_DELETED_TEXT = "This chat was deleted in another tab or window: nothing mor
 
 @dataclass(frozen=True, kw_only=True)
 class ChatPageState:
-    """What the chat page of ``session`` shows: ``transcript`` as ``(message, mark)`` pairs in id
-    order, ``running`` the ids of the turns still answering, and the inspector's state."""
+    """``transcript`` as ``(message, mark)`` pairs in id order, ``running`` the turns still answering."""
 
     session: ChatSession
     transcript: list[tuple[Message, str]]
@@ -126,7 +55,7 @@ class ChatPageState:
 
 
 def chat_page_state_get(*, session: ChatSession) -> ChatPageState:
-    """The chat page's state for ``session`` (no access check: callers authorize)."""
+    """No access check: callers authorize."""
     inspector = inspector_state_get(session_id=session.pk)
     basis = inspector.basis
     return ChatPageState(
@@ -141,23 +70,18 @@ def chat_page_state_get(*, session: ChatSession) -> ChatPageState:
 
 
 def turns_running(session_id: int) -> list[int]:
-    """Ids of the session's turns still answering (see ``turns.turn_in_flight_list``)."""
     return turns.turn_in_flight_list(session_id=session_id)
 
 
 def partial_render(name: str, context: dict[str, Any]) -> str:
-    """The named partial ``name`` of the chat page rendered for a socket (no request, so no
-    CSRF field: htmx sends the token in the ``X-CSRFToken`` header set on ``<body>``)."""
+    """A partial of the chat page for a socket: no request, so no CSRF field (htmx sends the header)."""
     return render_to_string(f"{PAGE_TEMPLATE}#{name}", context)
 
 
 @dataclass(frozen=True, kw_only=True)
 class LiveRequest:
-    """The inspector's "Last request" panel as a ``memory.context`` event tells it, before the
-    reply: the attributes the ``request-panel`` partial reads of an
-    :class:`~chatapp.ui.inspector.RequestSnapshot`. The provider's token counts and the exact
-    texts sent are not known yet (``texts_pending``): they come from the stored ``ModelCall``
-    when the inspector is rebuilt at ``chat.done``. Token figures are tokens."""
+    """The "Last request" panel from a ``memory.context`` event, before the reply: what ``request-panel``
+    reads of a ``RequestSnapshot``; provider counts and texts come at ``chat.done`` (``texts_pending``)."""
 
     model_call_id: int
     step: int
@@ -175,16 +99,11 @@ class LiveRequest:
 
     @property
     def path_label(self) -> str:
-        """How memory met this request, in words (as :attr:`RequestSnapshot.path_label`)."""
         return PATH_LABELS.get(self.memory_path, "").format(waited_ms=self.waited_ms)
 
 
 def live_request_build(event: MemoryContextEvent, *, model_call_id: int, mode: str = "") -> LiveRequest:
-    """The "Last request" panel of the request ``event`` describes (pure). Sections are the
-    engine's own counts in the order of :func:`chatapp.ui.inspector.request_snapshot_build`:
-    the message sections, the tool schemas, the reply priming (the rest of the estimate) and the
-    free space, so that the rows add up to the context window (in estimated tokens, as
-    :func:`chatapp.ui.inspector.request_snapshot_build`)."""
+    """The panel of the request ``event`` describes (pure), its rows as ``request_snapshot_build`` makes them."""
     check = estimate_check_build(
         event.calibration, estimated_tokens=event.tokens, prompt_tokens=None, context_window=event.context_window
     )
@@ -218,8 +137,6 @@ def live_request_build(event: MemoryContextEvent, *, model_call_id: int, mode: s
 
 
 def mark_basis_from_context(event: MemoryContextEvent) -> MarkBasis:
-    """The transcript marks' basis of the request ``event`` describes: its summary's boundary and
-    the message ids it sent as retained window and as current turn."""
     return MarkBasis(
         boundary=event.summary.get("last_message_id"),
         history_ids=_source_ids(event.sources, "history"),
@@ -228,13 +145,9 @@ def mark_basis_from_context(event: MemoryContextEvent) -> MarkBasis:
 
 
 class PageFeed:
-    """The live feed of one open chat page: turns server events into out-of-band HTML frames
-    (see the module docstring) and remembers what the page shows -- the marks of the messages
-    it has (``marks``), the basis of new marks, the turns it shows a live reply for
-    (``streams``) and their modes, the last request's key-facts groups (``fact_request``,
-    as :attr:`chatapp.ui.inspector.KeyFacts.request`) and the session's recall index status
-    (``recall_index``, as :attr:`chatapp.ui.inspector.RecallSection.index`) and the demo step
-    each of the page's demo turns is (``demo_steps``, by turn id)."""
+    """The live feed of one open chat page: server events to out-of-band HTML frames; remembers the page's
+    marks, live replies (``streams``), the last request's key-facts groups, the recall index status and the
+    demo step of each demo turn."""
 
     def __init__(self, *, session_id: int) -> None:
         self.session_id = session_id
@@ -247,8 +160,7 @@ class PageFeed:
         self.demo_steps: dict[int, int] = {}
 
     def snapshot(self) -> str:
-        """The page's whole state as stored; resets what the feed remembers. Returns ``""``
-        when the session no longer exists."""
+        """The page's whole state as stored, and the feed's memory reset; ``""`` for a deleted session."""
         session = ChatSession.objects.filter(pk=self.session_id).first()
         if session is None:
             return ""
@@ -273,14 +185,12 @@ class PageFeed:
         )
 
     def needs_database(self, event: ServerEvent) -> bool:
-        """Whether rendering ``event`` queries the database (see the module docstring); the
-        others may be rendered directly in async code."""
+        """Whether rendering ``event`` queries the database; the others may render in async code."""
         if isinstance(event, ChatMessageEvent):
             return event.message.get("role") == Message.Role.USER
         return isinstance(event, ChatTurnEvent | ChatDoneEvent | MemorySummaryEvent)
 
     def render(self, event: ServerEvent) -> str:
-        """The frame for server event ``event`` (``""`` when the page needs nothing)."""
         if isinstance(event, ChatDeltaEvent):
             return self._stream_ensure(event.turn_id) + format_html(
                 '<div hx-swap-oob="beforeend:#stream-{} .stream-text">{}</div>', event.turn_id, event.text
@@ -289,8 +199,7 @@ class PageFeed:
             return self._message(event.message)
         if isinstance(event, ChatTurnEvent):
             self.modes[event.turn_id] = event.mode
-            # A new turn clears the last announcement (an earlier compression's, say): only what
-            # this turn does is announced from here on.
+            # A new turn clears the last announcement: only what this turn does is announced.
             return self._stream_ensure(event.turn_id) + self._turn_status() + announce("")
         if isinstance(event, ChatRetrievalEvent):
             titles = ", ".join(dict.fromkeys(p["title"] for p in event.passages)) or "nothing matched"
@@ -320,8 +229,7 @@ class PageFeed:
         return ""
 
     def deleted(self) -> str:
-        """The frame telling the page its chat was deleted (in another tab or window): the
-        composer disabled, an alert saying so, and the chat's entry gone from the sidebar."""
+        """The frame for a chat deleted elsewhere: composer disabled, an alert, its sidebar entry gone."""
         notice = format_html(
             '<div id="errors" class="errors" role="alert" hx-swap-oob="true"><p>{}</p></div>', CHAT_DELETED_TEXT
         )
@@ -332,14 +240,12 @@ class PageFeed:
         )
 
     def _demo_step_note(self, message_id: int, client_id: str | None) -> None:
-        """Remember the demo step of a user message whose client id is ``demo-<step>``."""
         step = (client_id or "").removeprefix(DEMO_CLIENT_ID_PREFIX)
         if client_id != step and step.isdigit():
             self.demo_steps[message_id] = int(step)
 
     def _demo_end(self, event: ChatDoneEvent) -> str:
-        """The demo's end in ``#thread-note`` (a status region) when ``event`` ends its last step
-        or a step the user stopped (the demo stops with it, chatapp.conversation.demo); else ``""``."""
+        """The demo's end in ``#thread-note`` when ``event`` ends its last step or a stopped one."""
         step = self.demo_steps.get(event.turn_id)
         if step is None:
             return ""
@@ -352,14 +258,11 @@ class PageFeed:
         return format_html('<p id="thread-note" class="thread-note" role="status" hx-swap-oob="true">{}</p>', text)
 
     def _message(self, message: dict[str, Any]) -> str:
-        """The fragments of a stored message, rendered from its ``chat.message`` dict
-        (``Message.as_dict()``)."""
         message_id = int(message["id"])
         parts: list[str] = []
         if message_id not in self.marks:
             if not self.marks:
-                # The page's first message: the empty-state line goes (it shows only while the
-                # transcript it was rendered with is empty, so the target exists).
+                # The first message: the empty-state line, sure to be there, goes.
                 parts.append('<div hx-swap-oob="delete:#messages .empty-chat"></div>')
             mark = self.basis.mark_of(message_id, message.get("origin", Message.Origin.MODEL))
             self.marks[message_id] = mark
@@ -381,9 +284,7 @@ class PageFeed:
         return "".join(parts)
 
     def _context(self, event: MemoryContextEvent) -> str:
-        """A request was built: its "Last request" panel and marks, from the event alone. A
-        request that overflowed was not sent (no model call): the inspector keeps showing the
-        last one sent, and only the summary's boundary moves."""
+        """The panel and marks from the event alone; for an overflow (nothing sent) only the boundary moves."""
         if event.model_call_id is None:
             return self._marks_update(
                 MarkBasis(
@@ -403,14 +304,12 @@ class PageFeed:
         return panel + recall_render(recall) + self._marks_update(mark_basis_from_context(event))
 
     def _inspector(self) -> str:
-        """The whole inspector as stored, and the marks on its basis."""
         state = inspector_state_get(session_id=self.session_id)
         self.fact_request = state.key_facts.request
         self.recall_index = state.recall.index if state.recall else None
         return partial_render("inspector", {"inspector": state, "oob": True}) + self._marks_update(state.basis)
 
     def _marks_update(self, basis: MarkBasis) -> str:
-        """Take ``basis`` for the page's marks; the fragments of the marks that changed."""
         self.basis = basis
         # An app-written row keeps its "not sent" mark whatever the request (docs/memory.md F-37).
         changed = {message_id: basis.mark(message_id) for message_id, was in self.marks.items() if was != MARK_NOT_SENT}
@@ -439,8 +338,7 @@ class PageFeed:
         )
 
     def _composer_refresh(self) -> str:
-        """The composer's count asks again (the summary, and so the room for a message, may have
-        changed): it posts what is typed, so the feed needs no query for it."""
+        """The composer recounts (the room for a message may have changed); it posts what is typed."""
         return partial_render("composer-refresh", {"session_id": self.session_id, "oob": True})
 
     def _turn_status(self) -> str:
@@ -450,7 +348,7 @@ class PageFeed:
         text = event.message or "Something went wrong."
         parts = [format_html('<div id="errors" class="errors" role="alert" hx-swap-oob="true"><p>{}</p></div>', text)]
         if event.client_message_id:
-            # The id passed the protocol's pattern ([A-Za-z0-9_.:-]), so it cannot leave the quotes.
+            # The protocol's pattern ([A-Za-z0-9_.:-]) keeps the id inside the quotes.
             parts.append(
                 format_html(
                     '<div hx-swap-oob="beforeend:#outbox [data-client-id=&quot;{}&quot;]">'
@@ -463,12 +361,10 @@ class PageFeed:
 
 
 def compression_sentence(event: CompressionRecord) -> str:
-    """One sentence about a compression event for people."""
     before, after = event.tokens_before, event.tokens_after
     if event.kind == "compression":
         count = event.messages_summarized
         if event.degraded:
-            # Nothing was summarized: the messages went into the summary word for word.
             what = f"{count} messages archived verbatim (raw archive: the summarizer failed)"
         else:
             written = event.summary_kind
@@ -502,6 +398,6 @@ def _section(key: str, label: str, tokens: int, window: int, *, message_count: i
 
 
 def _source_ids(sources: list[dict[str, Any]], kind: str) -> frozenset[int]:
-    # A merged message (strict alternation, docs/memory.md F-38) stands for its "merged" parts too.
+    # A merged message stands for its "merged" parts too (docs/memory.md F-38).
     parts = (part for source in sources for part in (source, *source.get("merged", ())))
     return frozenset(int(part["id"]) for part in parts if part.get("kind") == kind and part.get("id") is not None)

@@ -1,13 +1,7 @@
-"""Pages and their htmx partials: the session list, the chat page with its memory inspector, and
-the knowledge base.
+"""Pages and their htmx partials: sessions, the chat page with its inspector, the knowledge base.
 
-Views only translate: they parse input (forms), authorize through :mod:`chatapp.chats.access` (404 for
-any session that is not the caller's), call a selector or service, and render. Each page is one
-template with named partials; an htmx request (``request.htmx``) gets only the partial it
-targets, and a plain request the whole page, so everything also works without JavaScript.
-Forms with errors answer 422 to htmx (swapped, see ``htmx-config`` in ``base.html``) and 400 to
-plain requests. The chat itself runs over the WebSocket (:mod:`chatapp.realtime.consumers`,
-:mod:`chatapp.ui.page_feed`).
+Views only parse, authorize (:mod:`chatapp.chats.access`: 404 for another's session), call and render: htmx
+gets the partial it targets, a plain request the whole page. Form errors answer 422 to htmx, 400 otherwise.
 """
 
 from __future__ import annotations
@@ -61,26 +55,24 @@ from chatapp.ui.forms import (
     SessionModeForm,
     SessionRenameForm,
 )
-from chatapp.ui.inspector import inspector_state_get, key_facts_section_get, recall_section_get
+from chatapp.ui.inspector.facts import key_facts_section_get
+from chatapp.ui.inspector.recall import recall_section_get
+from chatapp.ui.inspector.state import inspector_state_get
 from chatapp.ui.page_feed import chat_page_state_get, compression_sentence
 from memory.api import KeyFact, KeyFactNotFound
 
 SESSION_PAGE = "chat/session.html"
 MANAGE_PAGE = "chat/session_manage.html"
 KB_PAGE = "chat/kb.html"
-# The client event that tells the knowledge-base page its document list changed (HX-Trigger).
-KB_CHANGED_EVENT = "kb-changed"
+KB_CHANGED_EVENT = "kb-changed"  # HX-Trigger: the document list changed
 NOTHING_TO_COMPRESS = "Nothing to compress yet: this chat has no question."
-# The client event whose ``text`` chat.js puts in the page's #announce status region.
-ANNOUNCE_EVENT = "chat:announce"
-# The visitor's (Django session's) key for the mode of the chat they last used: opened, created or
-# switched. A new chat starts in it; the page's one mode control shows the open chat's mode.
+ANNOUNCE_EVENT = "chat:announce"  # chat.js puts its ``text`` in #announce
+# The mode of the chat the visitor last opened, created or switched: new chats start in it.
 LAST_MODE_SESSION_KEY = "chat_last_mode"
 
 
 class HtmxHttpRequest(HttpRequest):
-    """The request as these views receive it: ``HtmxMiddleware`` adds ``htmx`` (django-htmx's
-    typing recipe; the type only, nothing is created)."""
+    """A request with the ``htmx`` that ``HtmxMiddleware`` adds (django-htmx's typing recipe)."""
 
     htmx: HtmxDetails
 
@@ -88,8 +80,7 @@ class HtmxHttpRequest(HttpRequest):
 def _layout_context(
     owner: Owner, *, chat_session: ChatSession | None = None, form: SessionCreateForm | None = None
 ) -> dict[str, Any]:
-    """What ``base.html`` needs: the sidebar (the owner's sessions, the new-chat form) and the
-    offline banner."""
+    """What ``base.html`` needs: the sidebar and the offline banner."""
     endpoint = chat_endpoint()
     return {
         "sessions": session_list_for_owner(owner=owner),
@@ -102,7 +93,6 @@ def _layout_context(
 
 
 def _page_session(request: HtmxHttpRequest, owner: Owner) -> ChatSession | None:
-    """The owner's chat session whose page sent the htmx request, if it came from a chat page."""
     try:
         match = resolve(request.htmx.current_url_abs_path or "")
     except Resolver404:
@@ -113,7 +103,6 @@ def _page_session(request: HtmxHttpRequest, owner: Owner) -> ChatSession | None:
 
 
 def _is_current_page(request: HtmxHttpRequest, session: ChatSession) -> bool:
-    """Whether the htmx request came from the chat page of ``session``."""
     return request.htmx.current_url_abs_path == reverse("session-detail", kwargs={"session_id": session.pk})
 
 
@@ -131,41 +120,35 @@ def _session_page_context(request: HtmxHttpRequest, session: ChatSession) -> dic
 
 @require_safe
 def index(request: HtmxHttpRequest) -> HttpResponse:
-    """The caller's chat sessions and a form to start one (a GET creates an anonymous visitor's
-    session; a HEAD, e.g. an uptime probe, answers the same status and creates nothing)."""
+    """The caller's chats and a form to start one; a HEAD (an uptime probe) creates no visitor session."""
     owner = owner_ensure(request) if request.method == "GET" else owner_from(request)
     return render(request, "chat/index.html", _index_context(request, owner))
 
 
 @require_safe
 def favicon(request: HttpRequest) -> HttpResponse:
-    """``/favicon.ico``, which browsers and tools ask for whatever the page links: a temporary
-    redirect to the SVG icon in the static files (``static/favicon.svg``)."""
+    """Browsers ask for ``/favicon.ico`` whatever the page links: a temporary redirect to the SVG."""
     return redirect(static("favicon.svg"))
 
 
 def _last_mode(request: HttpRequest) -> str:
-    """The mode of the chat the visitor last used (:data:`LAST_MODE_SESSION_KEY`), agent before
-    any (or for a stored value that is no mode)."""
+    """The visitor's last used mode, else agent."""
     mode = request.session.get(LAST_MODE_SESSION_KEY)
     return mode if mode in ChatSession.Mode.values else ChatSession.Mode.AGENT
 
 
 def _last_mode_remember(request: HttpRequest, mode: str) -> None:
-    """Remember ``mode`` as the visitor's last used one (the session is saved only on a change)."""
     if request.session.get(LAST_MODE_SESSION_KEY) != mode:
         request.session[LAST_MODE_SESSION_KEY] = mode
 
 
 def _index_context(request: HttpRequest, owner: Owner, form: SessionCreateForm | None = None) -> dict[str, Any]:
-    """The start page's context: the layout's, and the label of the mode a new chat starts in."""
     return {**_layout_context(owner, form=form), "new_chat_mode": ChatSession.Mode(_last_mode(request)).label}
 
 
 @require_POST
 def session_create(request: HtmxHttpRequest) -> HttpResponse:
-    """Start a chat session and go to it: in the posted ``mode`` if any, else in the visitor's last
-    used mode (remembered in their session); 400 with the form for an unknown mode."""
+    """Start a chat in the posted ``mode``, else the last used one, and go to it; 400 for an unknown mode."""
     owner = owner_ensure(request)
     form = SessionCreateForm(request.POST)
     if not form.is_valid():
@@ -178,9 +161,7 @@ def session_create(request: HtmxHttpRequest) -> HttpResponse:
 
 @require_safe
 def session_detail(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
-    """The chat page of one of the caller's sessions (404 for anyone else's): the transcript
-    with its memory marks, the composer and the memory inspector. Opening a chat makes its mode
-    the visitor's last used one."""
+    """The chat page; opening a chat makes its mode the visitor's last used one."""
     session = session_get_for_owner(request, session_id)
     _last_mode_remember(request, session.mode)
     return render(request, SESSION_PAGE, _session_page_context(request, session))
@@ -188,7 +169,6 @@ def session_detail(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
 
 @require_safe
 def session_inspector(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
-    """The memory inspector: its partial for htmx, else the chat page (which contains it)."""
     session = session_get_for_owner(request, session_id)
     if request.htmx:
         return render(request, f"{SESSION_PAGE}#inspector", {"inspector": inspector_state_get(session_id=session.pk)})
@@ -197,7 +177,6 @@ def session_inspector(request: HtmxHttpRequest, session_id: int) -> HttpResponse
 
 @require_safe
 def session_item(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
-    """The session's sidebar entry (htmx: e.g. to cancel a rename), else the chat page."""
     session = session_get_for_owner(request, session_id)
     if not request.htmx:
         return redirect("session-detail", session_id=session.pk)
@@ -207,8 +186,7 @@ def session_item(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
 
 @require_http_methods(["GET", "POST"])
 def session_rename(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
-    """GET: the rename form (htmx: the sidebar entry as a form; else a page). POST: rename, then
-    the sidebar entry (htmx; plus the page title when renaming the open chat) or the chat page."""
+    """GET: the rename form. POST: rename; htmx gets the sidebar entry (and the title of the open chat)."""
     session = session_get_for_owner(request, session_id)
     form = SessionRenameForm(request.POST if request.method == "POST" else None, initial={"title": session.title})
     if request.method == "POST" and form.is_valid():
@@ -237,9 +215,8 @@ def session_rename(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
 
 @require_http_methods(["GET", "POST"])
 def session_delete(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
-    """GET: a confirmation page (htmx asks with ``hx-confirm`` instead). POST: delete the session
-    and its memory; htmx gets the updated session list, or a client redirect to the start page
-    when the open chat was deleted; a plain request is redirected there."""
+    """GET: a confirmation page. POST: delete the session and its memory; htmx gets the session list, or a
+    client redirect to the start page when the open chat went."""
     session = session_get_for_owner(request, session_id)
     if request.method == "GET":
         context = {**_layout_context(owner_from(request), chat_session=session), "action": "delete"}
@@ -256,9 +233,7 @@ def session_delete(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
 
 @require_POST
 def session_mode(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
-    """Switch the session's mode for its next turns (the page's one mode control; the visitor's next
-    new chat starts in it too): htmx gets the mode switch and the sidebar entry (out of band) and
-    an announcement; a plain request goes back to the chat page."""
+    """Switch the mode of the session's next turns (and of the visitor's next chat)."""
     session = session_get_for_owner(request, session_id)
     form = SessionModeForm(request.POST)
     switch = {"chat_session": session, "modes": ChatSession.Mode.choices}
@@ -275,19 +250,16 @@ def session_mode(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
     response.write(render(request, "base.html#session-item", item).content)
     mode = session.get_mode_display()
     response.write(_announcement(f"Mode: {mode}, from the next message on; new chats start in it."))
-    # The room for a message depends on the mode (its system prompt, tool schemas): recount.
+    # The room for a message depends on the mode's prompt and tools: recount.
     response.write(render(request, f"{SESSION_PAGE}#composer-refresh", {"session_id": session.pk, "oob": True}).content)
     return response
 
 
 @require_POST
 async def session_compress(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
-    """ "Compress now": fold the session's history before its newest question into the summary
-    (:func:`chatapp.conversation.compress.session_memory_compress`). htmx gets the refreshed inspector and an
-    announcement of the outcome; a plain request goes back to the chat page. Every socket of the
-    session is told too (``memory.compression``, ``memory.summary``)."""
-    # sync_to_async, not channels' database_sync_to_async: the request's connection handling is
-    # Django's here (it closes connections when the response ends).
+    """ "Compress now": fold the history before the newest question; htmx gets the inspector and an
+    announcement, and every socket of the session the events."""
+    # sync_to_async, not database_sync_to_async: Django closes this request's connections itself.
     session = await sync_to_async(session_get_for_owner)(request, session_id)
     events = await session_memory_compress(session_id=session.pk)
     if not request.htmx:
@@ -295,20 +267,14 @@ async def session_compress(request: HtmxHttpRequest, session_id: int) -> HttpRes
     state = await sync_to_async(inspector_state_get)(session_id=session.pk)
     text = " ".join(compression_sentence(event) for event in events) or NOTHING_TO_COMPRESS
     response = await sync_to_async(render)(request, f"{SESSION_PAGE}#inspector", {"inspector": state})
-    # An event, not an out-of-band #announce: the page's socket usually replaces the inspector
-    # (and this form in it) before this response arrives, and htmx looks for out-of-band targets
-    # from the requesting element, which is then detached ("oobErrorNoTarget"). The event goes
-    # to <body> then; chat.js puts the text in #announce.
+    # An event, not an out-of-band #announce: the socket has usually replaced this form by now, and
+    # htmx finds no out-of-band target from a detached element ("oobErrorNoTarget").
     return trigger_client_event(response, ANNOUNCE_EVENT, {"text": text}, after="swap")
 
 
 @require_POST
 def session_composer_count(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
-    """The composer's token count of the posted ``text`` (the message being typed, not sent)
-    against the room this chat's context window leaves for one message
-    (:func:`chatapp.ui.composer.composer_count_get`): the ``composer-count`` partial. Any text is
-    answered (an empty one, or one over ``CHAT_MAX_MESSAGE_CHARS``, says so); 404 for anyone but
-    the session's owner."""
+    """The token count of the ``text`` being typed against the room for one message (any text answered)."""
     session = session_get_for_owner(request, session_id)
     count = composer_count_get(session=session, text=request.POST.get("text", ""))
     return render(request, f"{SESSION_PAGE}#composer-count", {"composer": count})
@@ -316,7 +282,6 @@ def session_composer_count(request: HtmxHttpRequest, session_id: int) -> HttpRes
 
 @require_safe
 def session_key_facts(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
-    """The inspector's Key facts section: its partial for htmx, else the chat page."""
     session = session_get_for_owner(request, session_id)
     if request.htmx:
         return render(request, f"{SESSION_PAGE}#key-facts", {"key_facts": key_facts_section_get(session_id=session.pk)})
@@ -325,8 +290,6 @@ def session_key_facts(request: HtmxHttpRequest, session_id: int) -> HttpResponse
 
 @require_safe
 def session_recall(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
-    """The inspector's Recall section (docs/memory.md §12): its partial for htmx, else the chat
-    page. 404 for anyone but the session's owner."""
     session = session_get_for_owner(request, session_id)
     if request.htmx:
         return render(request, f"{SESSION_PAGE}#recall", {"recall": recall_section_get(session_id=session.pk)})
@@ -335,20 +298,18 @@ def session_recall(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
 
 @require_GET
 async def session_export(request: HtmxHttpRequest, session_id: int, fmt: str) -> StreamingHttpResponse:
-    """Download the session with its memory (messages, summary versions, key facts, compression
-    events, memory job; docs/export.md) as ``export.md`` (Markdown) or ``export.json``, an
-    attachment with a safe file name, streamed page by page (:mod:`chatapp.chats.export`). 404
-    for a session that is not the caller's and for any other format."""
+    """The session with its memory (docs/export.md) as a streamed ``export.md`` or ``export.json``; 404
+    for any other format."""
     export_format = EXPORT_FORMATS.get(fmt)
     if export_format is None:
         raise Http404("No such export format.")
-    # sync_to_async, as for "compress now": the request's connection handling is Django's here.
+    # sync_to_async, as for "compress now".
     session = await sync_to_async(session_get_for_owner)(request, session_id)
     response = StreamingHttpResponse(
         chat_export_stream(session=session, export_format=export_format), content_type=export_format.content_type
     )
     filename = chat_export_filename(session=session, export_format=export_format)
-    # The name is ASCII letters, digits, hyphens and a dot (chat_export_filename): no quoting needed.
+    # ASCII letters, digits, hyphens and a dot (chat_export_filename): no quoting needed.
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     response["Cache-Control"] = "private, no-store"
     return response
@@ -356,9 +317,7 @@ async def session_export(request: HtmxHttpRequest, session_id: int, fmt: str) ->
 
 @require_POST
 def session_fact_pin(request: HtmxHttpRequest, session_id: int, fact_id: int) -> HttpResponse:
-    """Pin (``pinned=true``) or unpin (``pinned=false``) one of the session's key facts
-    (docs/memory.md §11): a pinned fact is in every request's key-facts block, first, and no
-    extraction supersedes it. Answers as :func:`_key_fact_answer`."""
+    """Pin or unpin (``pinned``) a key fact (docs/memory.md §11)."""
     session, fact_id = _key_fact_target(request, session_id, fact_id)
     form = KeyFactPinForm(request.POST)
     if not form.is_valid():
@@ -371,8 +330,7 @@ def session_fact_pin(request: HtmxHttpRequest, session_id: int, fact_id: int) ->
 
 @require_POST
 def session_fact_hide(request: HtmxHttpRequest, session_id: int, fact_id: int) -> HttpResponse:
-    """Hide (``hidden=true``) one of the session's key facts from every request, or restore it
-    (``hidden=false``). Answers as :func:`_key_fact_answer`."""
+    """Hide a key fact from every request, or restore it (``hidden``)."""
     session, fact_id = _key_fact_target(request, session_id, fact_id)
     form = KeyFactHideForm(request.POST)
     if not form.is_valid():
@@ -385,9 +343,7 @@ def session_fact_hide(request: HtmxHttpRequest, session_id: int, fact_id: int) -
 
 @require_POST
 def session_fact_edit(request: HtmxHttpRequest, session_id: int, fact_id: int) -> HttpResponse:
-    """Correct the value of one of the session's key facts (``value``, 1 to 200 characters): a
-    new fact of the same slot with ``extractor`` ``user`` supersedes it, which is kept
-    (docs/memory.md §11). Answers as :func:`_key_fact_answer`."""
+    """Correct a key fact's ``value``: a ``user`` fact of its slot supersedes it (docs/memory.md §11)."""
     session, fact_id = _key_fact_target(request, session_id, fact_id)
     form = KeyFactEditForm(request.POST)
     if not form.is_valid():
@@ -401,8 +357,7 @@ def session_fact_edit(request: HtmxHttpRequest, session_id: int, fact_id: int) -
 
 
 def _key_fact_target(request: HtmxHttpRequest, session_id: int, fact_id: int) -> tuple[ChatSession, int]:
-    """The caller's session and the fact id of a key-fact action; ``Http404`` for a session that
-    is not the caller's and for an id no database key can have."""
+    """The caller's session and the fact id; ``Http404`` for another's session or an impossible id."""
     session = session_get_for_owner(request, session_id)
     if not 0 < fact_id <= SESSION_ID_MAX:
         raise Http404("No such key fact.")
@@ -411,7 +366,6 @@ def _key_fact_target(request: HtmxHttpRequest, session_id: int, fact_id: int) ->
 
 @contextmanager
 def _fact_404() -> Iterator[None]:
-    """``KeyFactNotFound`` (a fact that is not this chat's, or none) as ``Http404``."""
     try:
         yield
     except KeyFactNotFound:
@@ -429,11 +383,8 @@ def _form_error(form: KeyFactPinForm | KeyFactHideForm | KeyFactEditForm) -> str
 def _key_fact_answer(
     request: HtmxHttpRequest, session: ChatSession, *, fact_id: int, done: str = "", error: str = ""
 ) -> HttpResponse:
-    """The answer to a key-fact action. Done: htmx gets the re-rendered Key facts section and
-    ``done`` announced; a plain request goes back to the chat page. ``error`` (nothing was
-    changed): the section with the error next to fact ``fact_id``, 422 to htmx (swapped, see
-    ``htmx-config`` in ``base.html``) and the chat page with it, 400, to a plain request; but
-    ``Http404`` when the session has no fact ``fact_id``."""
+    """The Key facts section with ``done`` announced, or with ``error`` next to fact ``fact_id`` (422 to
+    htmx, 400 otherwise); ``Http404`` when the session has no such fact."""
     if not error and not request.htmx:
         return redirect(reverse("session-detail", kwargs={"session_id": session.pk}) + "#key-facts")
     section = key_facts_section_get(session_id=session.pk)
@@ -471,8 +422,7 @@ def _kb_context(request: HtmxHttpRequest, **extra: Any) -> dict[str, Any]:
 
 @require_safe
 def kb_index(request: HtmxHttpRequest) -> HttpResponse:
-    """The knowledge base: its documents and an upload form (htmx: the document list only,
-    e.g. after the ``kb-changed`` trigger)."""
+    """The knowledge base and an upload form; htmx (``kb-changed``) gets the document list only."""
     if request.htmx:
         return render(request, f"{KB_PAGE}#document-list", _kb_list_context(request))
     return render(request, KB_PAGE, _kb_context(request))
@@ -484,10 +434,8 @@ def _kb_list_context(request: HtmxHttpRequest) -> dict[str, Any]:
 
 @require_POST
 def kb_upload(request: HtmxHttpRequest) -> HttpResponse:
-    """Store an uploaded text/Markdown document (validated by :class:`DocumentUploadForm`).
-    htmx gets a fresh form with a notice and the ``kb-changed`` trigger (the list refreshes
-    itself); errors answer 422 (htmx) or 400 with the form; a plain success redirects.
-    403 unless the caller may edit the knowledge base (``KB_EDITORS``)."""
+    """Store an uploaded text/Markdown document; htmx gets a fresh form and ``kb-changed``. 403 unless
+    the caller may edit the knowledge base (``KB_EDITORS``)."""
     kb_editor_check(request)
     form = DocumentUploadForm(request.POST, request.FILES)
     if not form.is_valid():
@@ -513,8 +461,7 @@ def kb_upload(request: HtmxHttpRequest) -> HttpResponse:
 
 @require_POST
 def kb_delete(request: HtmxHttpRequest, document_id: int) -> HttpResponse:
-    """Delete a document and its passages (404 if there is none): htmx gets the document list,
-    a plain request the knowledge-base page. 403 unless the caller may edit the knowledge base."""
+    """Delete a document and its passages (404 if none); 403 unless the caller may edit the knowledge base."""
     kb_editor_check(request)
     if not document_delete(document_id=document_id):
         raise Http404("No such document.")

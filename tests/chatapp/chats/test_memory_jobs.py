@@ -16,7 +16,7 @@ from chatapp.chats import services
 from chatapp.chats.memory import memory_engine, memory_key_of
 from chatapp.conversation.runner import chat_turn_run
 from chatapp.models import ChatSession, Message, ModelCall
-from chatapp.ui.inspector import inspector_state_get
+from chatapp.ui.inspector.state import inspector_state_get
 from memory.models import CompressionEvent
 from memory.storage.job_state import memory_job_state_get
 from memory.storage.summaries import session_summary_get

@@ -15,7 +15,7 @@ from chatapp.chats.memory import memory_engine, memory_key_of
 from chatapp.conversation.compress import session_memory_compress
 from chatapp.conversation.runner import chat_turn_run
 from chatapp.models import ChatSession, Message, ModelCall
-from chatapp.ui.inspector import inspector_state_get
+from chatapp.ui.inspector.state import inspector_state_get
 from memory.models import TokenCalibration
 from tests.chatapp.conftest import Visitor, chat_session_make, message_make
 from tests.chatapp.test_settings import settings_load

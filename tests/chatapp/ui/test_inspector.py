@@ -10,7 +10,10 @@ from django.urls import reverse
 from chatapp.conversation.compress import session_memory_compress
 from chatapp.conversation.runner import chat_turn_run
 from chatapp.models import ChatSession, Message, ModelCall
-from chatapp.ui.inspector import MarkBasis, error_text, inspector_state_get, messages_text
+from chatapp.ui.inspector.attempts import error_text
+from chatapp.ui.inspector.marks import MarkBasis
+from chatapp.ui.inspector.request import messages_text
+from chatapp.ui.inspector.state import inspector_state_get
 from tests.chatapp.conftest import Visitor, chat_session_make, message_make
 
 pytestmark = [

@@ -3,7 +3,8 @@ as sent: a message merged into its neighbour is still retained or current, not "
 
 from __future__ import annotations
 
-from chatapp.ui import inspector, page_feed
+from chatapp.ui import page_feed
+from chatapp.ui.inspector import request as inspector_request
 
 SOURCES = [
     {"id": None, "kind": "system"},
@@ -14,6 +15,6 @@ SOURCES = [
 
 
 def test_merged_parts_count_as_sent_in_both_views():
-    for module in (inspector, page_feed):
+    for module in (inspector_request, page_feed):
         assert module._source_ids(SOURCES, "history") == {7, 8, 9}
         assert module._source_ids(SOURCES, "current") == {10, 11}

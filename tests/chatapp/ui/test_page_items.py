@@ -20,14 +20,10 @@ from chatapp.conversation.runner import chat_turn_run
 from chatapp.models import ChatSession, Message, ModelCall
 from chatapp.realtime.protocol import ChatDoneEvent, ChatMessageEvent, MemoryCompressionEvent
 from chatapp.ui.composer import composer_count_get
-from chatapp.ui.inspector import (
-    MARK_NEXT,
-    Gauge,
-    MarkBasis,
-    attempt_log_build,
-    error_text,
-    inspector_state_get,
-)
+from chatapp.ui.inspector.attempts import attempt_log_build, error_text
+from chatapp.ui.inspector.gauge import Gauge
+from chatapp.ui.inspector.marks import MARK_NEXT, MarkBasis
+from chatapp.ui.inspector.state import inspector_state_get
 from chatapp.ui.page_feed import PageFeed, compression_sentence
 from memory.api import get_counter
 from memory.summary.archive import summary_block

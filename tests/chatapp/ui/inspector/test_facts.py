@@ -20,7 +20,7 @@ from chatapp.chats.memory import memory_key_of
 from chatapp.models import ChatSession, Message, ModelCall
 from chatapp.realtime.broadcast import event_broadcast
 from chatapp.realtime.protocol import MemoryFactsEvent
-from chatapp.ui.inspector import (
+from chatapp.ui.inspector.facts import (
     FACT_IN_WINDOW,
     FACT_OVER_BUDGET,
     FACT_PINNED,

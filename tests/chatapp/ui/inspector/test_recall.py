@@ -21,7 +21,8 @@ from chatapp.chats.memory import memory_engine, memory_key_of
 from chatapp.conversation.runner import chat_turn_run
 from chatapp.models import ChatSession, Message, ModelCall
 from chatapp.realtime.protocol import MemoryContextEvent
-from chatapp.ui.inspector import MESSAGE_SECTIONS, recall_build, request_snapshot_build
+from chatapp.ui.inspector.recall import recall_build
+from chatapp.ui.inspector.request import MESSAGE_SECTIONS, request_snapshot_build
 from chatapp.ui.page_feed import PageFeed, partial_render
 from memory.api import Summary
 from memory.models import MemoryItem
