@@ -340,7 +340,7 @@ def test_the_composer_says_what_an_oversized_message_breaks(alice: Visitor, sett
         "message may have. Shorten it to send it." in html
     )
     # The page does not cut a longer text silently (no maxlength): the count says it, chat.js
-    # disables Send (tests/browser/test_page_polish_browser.py).
+    # disables Send (tests/browser/test_chat_controls_browser.py).
     page = page_of(alice, session)
     assert '<form id="composer" class="composer" data-max-chars="8000">' in page
     assert "maxlength" not in page.split('id="composer-text"', 1)[1].split(">", 1)[0]
