@@ -45,6 +45,7 @@ from chatapp.conversation.runner import chat_turn_start, chat_turn_stop, chat_tu
 from chatapp.models import ChatSession, Message
 from chatapp.orm_threads import orm_async
 from chatapp.realtime.broadcast import session_group_name
+from chatapp.realtime.client_frames import client_event_parse, frame_decode
 from chatapp.realtime.protocol import (
     BUSY,
     CLOSE_NOT_FOUND,
@@ -58,8 +59,6 @@ from chatapp.realtime.protocol import (
     ErrorEvent,
     ProtocolError,
     ServerEvent,
-    client_event_parse,
-    frame_decode,
     server_event_parse,
 )
 from chatapp.ui.page_feed import PageFeed
