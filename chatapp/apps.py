@@ -1,5 +1,3 @@
-"""The chat application: sessions, messages, the knowledge base, the socket and the pages."""
-
 from __future__ import annotations
 
 from django.apps import AppConfig

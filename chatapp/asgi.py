@@ -1,7 +1,5 @@
-"""The ASGI application: HTTP through Django, WebSockets through Channels behind the origin checks
-(:mod:`chatapp.realtime.origin`) and the session and auth middleware. ``SERVE_STATIC`` (the embedded default):
-Django serves static files, as a single Daphne process has no proxy in front of it.
-"""
+"""The ASGI application: HTTP through Django (static files too with ``SERVE_STATIC``), WebSockets through Channels
+behind the origin checks (:mod:`chatapp.realtime.origin`) and the session and auth middleware."""
 
 from __future__ import annotations
 

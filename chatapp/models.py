@@ -1,10 +1,5 @@
-"""Chat sessions, their messages, the record of every model call, and the knowledge base.
-
-Messages are stored in the OpenAI Chat Completions wire format (docs/memory.md §1), one row per
-message: a user message, each assistant message (with or without ``tool_calls``) and each tool
-result. Rows are never modified by memory management (docs/memory.md I6); the memory engine
-keeps its own state in the ``memory`` app, keyed by ``str(ChatSession.pk)``.
-"""
+"""Chat sessions, their messages in the OpenAI wire format (docs/memory.md §1; never modified by memory management,
+I6), the record of every model call, and the knowledge base."""
 
 from __future__ import annotations
 
@@ -47,18 +42,9 @@ class ChatSession(models.Model):
 
 
 class Message(models.Model):
-    """One wire message of a session.
-
-    ``token_count`` is computed once when the row is stored (docs/memory.md §5). ``reply_to`` links
-    every assistant and tool message to the user message that opened its turn, so concurrent
-    turns of one session (two tabs, docs/memory.md F-26) stay apart. ``client_message_id`` is the browser's
-    id of a user message and makes a resend idempotent (docs/memory.md F-27). ``status`` tells how an
-    assistant reply ended. ``origin`` tells who wrote the row: ``app`` for a note the app stored in
-    place of a model reply (an error, a "too large" refusal, an interrupted turn, a stop before any
-    text), shown to the user but never sent to the model nor summarized (docs/memory.md F-37);
-    ``model`` for everything else (the user's messages, the model's replies and tool calls, tool
-    results).
-    """
+    """One wire message of a session. ``reply_to`` (the turn's user message) keeps concurrent turns apart (docs/memory.md
+    F-26); ``client_message_id`` makes a resend idempotent (F-27); ``origin`` ``app`` marks a note the app wrote in
+    place of a reply, shown but never sent to the model nor summarized (F-37)."""
 
     class Role(models.TextChoices):
         SYSTEM = "system"
@@ -110,9 +96,7 @@ class Message(models.Model):
         return self.role == self.Role.ASSISTANT and not self.tool_calls
 
     def as_dict(self) -> dict[str, Any]:
-        """The JSON-safe form sent to browsers: ``id``, ``role``, ``content``, ``tool_calls``,
-        ``tool_call_id``, ``name``, ``status``, ``origin`` (model/app), ``reply_to`` (the turn's user
-        message id), ``client_message_id``, ``token_count`` (tokens) and ``created`` (ISO 8601)."""
+        """The JSON-safe form sent to browsers (docs/protocol.md, ``chat.message``)."""
         return {
             "id": self.pk,
             "role": self.role,
@@ -141,18 +125,8 @@ class Message(models.Model):
 
 
 class TurnLease(models.Model):
-    """Proof that the turn opened by ``user_message`` is alive.
-
-    The worker running (or queueing) the turn moves ``heartbeat`` forward every few seconds
-    (:mod:`chatapp.conversation.runner`). A turn without a final reply whose heartbeat is older than
-    ``CHAT_TURN_LEASE_SECONDS`` was interrupted (a restart, a crashed worker): it no longer counts
-    as in flight, and the first request that notices closes it with an error reply
-    (:func:`chatapp.conversation.leases.turns_interrupted_close`). The row is deleted with the
-    turn's final reply (:func:`chatapp.chats.services.reply_message_store`), whether the turn
-    finished or was closed as interrupted, so the table holds only turns in flight or
-    interrupted. Kept apart from ``Message`` so that message rows stay the unchanged record of
-    the conversation.
-    """
+    """Proof that the turn of ``user_message`` is alive (:mod:`chatapp.conversation.leases`), deleted with its final
+    reply, so only turns in flight or interrupted have one; apart from ``Message`` so message rows stay unchanged."""
 
     user_message = models.OneToOneField(Message, primary_key=True, on_delete=models.CASCADE, related_name="turn_lease")
     heartbeat = models.DateTimeField()
@@ -162,14 +136,8 @@ class TurnLease(models.Model):
 
 
 class ModelCall(models.Model):
-    """One request sent to the chat model, exactly as built by the memory engine.
-
-    ``context`` is ``MemoryContext.as_dict()`` (messages, sources, sections, summary, events, ...)
-    plus ``tools``, the tool schemas sent with the request (``[]`` for none),
-    ``estimated_tokens`` the engine's estimate of the request, ``prompt_tokens`` and
-    ``completion_tokens`` what the provider reported (None when it did not). ``step`` counts model
-    calls within a turn from 1.
-    """
+    """One request sent to the chat model as the memory engine built it: ``context`` is ``MemoryContext.as_dict()``
+    plus ``tools``; the provider's token counts are None when unreported; ``step`` counts from 1."""
 
     session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="model_calls")
     reply_to = models.ForeignKey(Message, null=True, blank=True, on_delete=models.CASCADE, related_name="model_calls")

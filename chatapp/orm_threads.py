@@ -1,7 +1,5 @@
-"""ORM work of sockets and turns run from async code on ``settings.DB_THREADS`` threads, each with its own connection:
-channels' ``database_sync_to_async`` has one thread per process under Daphne, where every handshake, send and turn
-queued behind one another's queries. For self-contained units (one service or selector call); a transaction
-spanning calls keeps asgiref's thread-sensitive ``sync_to_async``."""
+"""ORM calls from async code on ``DB_THREADS`` threads with a connection each (channels' one thread queued every
+socket behind one another); for one service or selector call, not a transaction spanning calls."""
 
 from __future__ import annotations
 
@@ -20,8 +18,7 @@ R = TypeVar("R")
 
 
 class OrmExecutor(concurrent.futures.Executor):
-    """``size`` single-thread executors, each call to the least loaded; unlike one shared pool, every thread can be
-    reached on its own (:meth:`run_everywhere`), e.g. to close its connection."""
+    """``size`` single-thread executors, each call to the least loaded, every thread reachable (:meth:`run_everywhere`)."""
 
     def __init__(self, size: int) -> None:
         if size < 1:
@@ -35,7 +32,6 @@ class OrmExecutor(concurrent.futures.Executor):
 
     @property
     def size(self) -> int:
-        """How many threads (hence at most how many database connections) the executor uses."""
         return len(self._threads)
 
     def submit(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[R]:
@@ -66,9 +62,8 @@ class OrmExecutor(concurrent.futures.Executor):
 
 
 class _OrmSyncToAsync(SyncToAsync[P, R]):
-    """``SyncToAsync`` closing obsolete or broken connections before and after the call, like channels'
-    ``DatabaseSyncToAsync``, but through Django's own function: channels' test communicators swap channels' for a
-    no-op while they wait, and concurrent waits can leave the no-op behind."""
+    """Closes old connections around the call with Django's own function: channels' test communicators swap theirs
+    for a no-op while they wait, and concurrent waits can leave it behind."""
 
     def thread_handler(self, loop: Any, *args: Any, **kwargs: Any) -> Any:
         db.close_old_connections()
@@ -83,7 +78,6 @@ _executor_lock = threading.Lock()
 
 
 def orm_executor() -> OrmExecutor:
-    """The process's ORM executor, created with ``settings.DB_THREADS`` threads on first use."""
     global _executor
     if _executor is None:
         with _executor_lock:
@@ -93,8 +87,7 @@ def orm_executor() -> OrmExecutor:
 
 
 def orm_async(func: Callable[P, R], *, executor: OrmExecutor | None = None) -> Callable[P, Awaitable[R]]:
-    """``func`` as a coroutine function run on ``executor`` (default :func:`orm_executor`), with channels' connection
-    handling; cancelling the caller waits for ``func`` to finish (a thread cannot be interrupted)."""
+    """``func`` as a coroutine function on the ORM threads; cancelling the caller waits for ``func`` to finish."""
     return _OrmSyncToAsync(func, thread_sensitive=False, executor=cast(Any, executor or orm_executor()))
 
 

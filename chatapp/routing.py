@@ -1,7 +1,5 @@
-"""WebSocket routes (docs/protocol.md): the JSON socket, the page socket (htmx fragments; also at
-``ws/chat/<id>/?ui=html``, which pages opened before its route existed still use), and for any other path a clean
-4404 close rather than a server error.
-"""
+"""WebSocket routes (docs/protocol.md): the JSON socket, the page socket (also ``?ui=html`` on the JSON route, for
+pages opened before its route existed), and a clean 4404 close for any other path."""
 
 from __future__ import annotations
 
@@ -13,7 +11,6 @@ from django.urls import path, re_path
 
 from chatapp.realtime.consumers import ChatJsonConsumer, ChatPageConsumer, NotFoundConsumer
 
-# The query parameter of the page socket's alias on the JSON route: ``?ui=html``.
 UI_PARAMETER = "ui"
 UI_HTML = "html"
 

@@ -1,6 +1,5 @@
-"""``python -m chatapp.serve`` (``make run``): Daphne's command line, printing the address to open once every
-endpoint is bound (Daphne's ``ready_callable``, never called when binding failed). ``--open-path PATH``, before
-Daphne's arguments, names the page to open (``make demo``: ``/demo/``)."""
+"""``python -m chatapp.serve`` (``make run``): Daphne's command line, printing the address to open once every endpoint
+is bound; a leading ``--open-path PATH`` names the page (``make demo``: ``/demo/``)."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from daphne.server import Server
 from django.conf import settings
 from django.http.request import validate_host
 
-# Hosts that mean "every interface": not an address a browser can open.
 WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
 
@@ -21,7 +19,6 @@ OPEN_PATH_OPTION = "--open-path"
 
 
 def open_url(host: str, port: int, path: str = "/") -> str:
-    """The URL a browser here opens for ``path`` on ``host``:``port`` (wildcard as loopback, IPv6 bracketed)."""
     host = WILDCARD_HOSTS.get(host, host)
     if ":" in host:
         host = f"[{host}]"
@@ -29,8 +26,7 @@ def open_url(host: str, port: int, path: str = "/") -> str:
 
 
 def ready_lines(addresses: Iterable[tuple[str, int]], *, allowed_hosts: Sequence[str], path: str = "/") -> list[str]:
-    """Start-up lines per bound address: a warning for a host ``allowed_hosts`` refuses (every page would answer 400),
-    a hint for a wildcard host, and last ``Open <url>``, so that the address to open ends the output."""
+    """Per address: a warning for a host ``allowed_hosts`` refuses, a hint for a wildcard, and last ``Open <url>``."""
     lines: list[str] = []
     for host, port in dict.fromkeys(addresses):
         shown = WILDCARD_HOSTS.get(host, host)
@@ -56,14 +52,12 @@ def open_path_split(argv: Sequence[str]) -> tuple[str, list[str]]:
 
 
 def _host_allowed(host: str, allowed_hosts: Sequence[str]) -> bool:
-    """Django's own check (``validate_host``), IPv6 literals bracketed as in a Host header."""
     return validate_host(f"[{host}]" if ":" in host else host, list(allowed_hosts))
 
 
 class AnnouncingServer(Server):
-    """Daphne's server, printing :func:`ready_lines` once every endpoint is bound. A frame over Daphne's 1 MiB limit
-    closes the socket with 1009 and a reason (docs/protocol.md "Close codes") instead of autobahn's default TCP
-    drop, which a client only sees as 1006."""
+    """Daphne's server, printing :func:`ready_lines` once bound; a frame over 1 MiB closes with 1009 and a reason
+    (docs/protocol.md "Close codes"), not autobahn's TCP drop that a client sees as 1006."""
 
     open_path = "/"  # the page the printed address opens (``--open-path``)
 
@@ -74,7 +68,6 @@ class AnnouncingServer(Server):
     def announce(self) -> None:
         # Daphne builds its WebSocket factory in run(), before the endpoints are bound and this runs.
         self.ws_factory.setProtocolOptions(failByDrop=False)
-        # The application (chatapp.asgi) is imported before the server is built: settings are set up.
         for line in ready_lines(self.listening_addresses, allowed_hosts=settings.ALLOWED_HOSTS, path=self.open_path):
             print(line, flush=True)
 

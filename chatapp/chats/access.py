@@ -1,5 +1,5 @@
-"""Who may see a chat session (healthchecks' ``_get_check_for_user`` pattern): its user or anonymous browser session;
-any other caller gets ``Http404`` from :func:`session_get_for_owner`, so a stranger cannot even learn an id exists."""
+"""Who may see a chat session: its user or anonymous browser session; anyone else gets ``Http404``, so a stranger
+cannot even learn that an id exists."""
 
 from __future__ import annotations
 
@@ -17,22 +17,20 @@ from django.http import Http404, HttpRequest
 from chatapp.models import ChatSession
 from chatapp.orm_threads import orm_async
 
-# Session ids are 64-bit database keys.
-SESSION_ID_MAX = 2**63 - 1
+SESSION_ID_MAX = 2**63 - 1  # 64-bit database keys
 
 
 @dataclass(frozen=True)
 class Owner:
-    """The caller as an owner: a user id, else an anonymous browser's session key; with neither it owns nothing."""
+    """A user id, else an anonymous browser's session key; with neither it owns nothing."""
 
     user_id: int | None
     session_key: str | None
 
 
 def owner_from(request_or_scope: HttpRequest | dict[str, Any]) -> Owner:
-    """The owner behind an HTTP request or a Channels scope (after ``AuthMiddlewareStack``). An anonymous key counts
-    only once the store has loaded it (an expired or forged cookie yields none), so it touches the database."""
-    # A scope may lack "user" and "session" (no middleware); a request always has both.
+    """The owner behind a request or a Channels scope; an anonymous key counts only once the store has loaded it (an
+    expired or forged cookie yields none), so it touches the database."""
     user: AbstractBaseUser | AnonymousUser | None
     session: SessionBase | None
     if isinstance(request_or_scope, dict):
@@ -53,17 +51,15 @@ def _loaded_session_key(session: SessionBase | None) -> str | None:
 
 
 def owner_ensure(request: HttpRequest) -> Owner:
-    """The caller as an owner, first saving a new browser session for an anonymous visitor so their chats stay theirs."""
+    """The caller as an owner, first saving a new browser session for an anonymous visitor (so the cookie is set)."""
     owner = owner_from(request)
     if owner.user_id is None and owner.session_key is None:
-        # Saving an empty session creates its key and marks it modified, so the cookie is set.
         request.session.save()
         owner = Owner(user_id=None, session_key=request.session.session_key)
     return owner
 
 
 def session_queryset_for_owner(owner: Owner) -> QuerySet[ChatSession]:
-    """Every chat session ``owner`` may read (none for an owner without user or session key)."""
     if owner.user_id is not None:
         return ChatSession.objects.filter(owner_id=owner.user_id)
     if owner.session_key:
@@ -72,8 +68,7 @@ def session_queryset_for_owner(owner: Owner) -> QuerySet[ChatSession]:
 
 
 def session_get_for_owner(request_or_scope: HttpRequest | dict[str, Any], session_id: int) -> ChatSession:
-    """The caller's chat session ``session_id``; ``Http404`` for any other (another owner's, missing, or an id too
-    large for a database key, which the URL's ``<int:...>`` lets through)."""
+    """The caller's chat session. Raises ``Http404`` for any other, or an id too large for a key (``<int:>`` allows it)."""
     if not 0 < session_id <= SESSION_ID_MAX:
         raise Http404("No such chat session.")
     session = session_queryset_for_owner(owner_from(request_or_scope)).filter(pk=session_id).first()
@@ -86,7 +81,6 @@ asession_get_for_owner = orm_async(session_get_for_owner)
 
 
 def kb_editor_allowed(request: HttpRequest) -> bool:
-    """Whether the caller may change the shared knowledge base: anyone if ``KB_EDITORS`` says so, else staff only."""
     return settings.KB_EDITORS == "anyone" or bool(request.user.is_authenticated and request.user.is_staff)
 
 

@@ -1,22 +1,6 @@
-"""Export of one chat session with its memory, as Markdown or as JSON (docs/export.md).
-
-What is exported: the session (title, mode, times), every message with its role, content,
-``tool_calls``, ``tool_call_id``, status, origin and time, the current summary and every version
-of it, every key fact (active, superseded and hidden), every compression event with its
-summarizer attempts, and the memory job's state. JSON is the complete, machine-readable form
-(its shape is documented in docs/export.md); Markdown is the same content for reading.
-
-Memory stays bounded whatever the chat's length: the head (session, current summary, memory job,
-key facts) is read once, then messages and compression events are read in pages of
-:data:`EXPORT_PAGE_SIZE` rows, and each page is rendered and handed to the response before the next
-is read (:func:`chat_export_stream` is an async iterator for a ``StreamingHttpResponse``). The
-export is a snapshot bounded above: messages and compression events up to the newest ids that
-exist when it starts (``as_of``), so a turn running meanwhile does not make it grow. A chat
-deleted while it streams ends its lists early; the document stays well-formed.
-
-The session is the caller's responsibility: views fetch it through
-:func:`chatapp.chats.access.session_get_for_owner` (404 for anyone but its owner).
-"""
+"""Export of one chat session with its memory as Markdown or JSON (docs/export.md): streamed in pages of
+:data:`EXPORT_PAGE_SIZE` rows, bounded in memory, a snapshot up to the newest ids at its start. No access check:
+views fetch the session through :func:`chatapp.chats.access.session_get_for_owner`."""
 
 from __future__ import annotations
 
@@ -39,23 +23,20 @@ from memory.api import CompressionRecord, KeyFact
 # The JSON document's "format" and "version" (docs/export.md): a reader checks both.
 EXPORT_FORMAT_NAME = "kestrel-chat-export"
 EXPORT_FORMAT_VERSION = 1
-# How the Markdown export names who wrote a summary (``summary_kind``); the JSON keeps the word.
+# Markdown's names of ``summary_kind``; the JSON keeps the word.
 SUMMARY_KIND_LABELS = {
     "none": "none",
     "llm": "LLM summary",
     "extractive": "extractive summary",
     "raw": "raw archive",
 }
-# Rows (messages or compression events) read, rendered and sent at a time.
-EXPORT_PAGE_SIZE = 200
-# Longest title part of a download's file name (characters, after slugify).
+EXPORT_PAGE_SIZE = 200  # messages or compression events
 FILENAME_TITLE_CHARS = 60
 
 
 @dataclass(frozen=True)
 class ExportFormat:
-    """One download format: ``key`` as in the URL (``md``, ``json``), the file ``extension``,
-    the response's ``content_type`` and a ``label`` for people."""
+    """One download format; ``key`` as in the URL (``md``, ``json``)."""
 
     key: str
     extension: str
@@ -71,12 +52,7 @@ EXPORT_FORMATS: dict[str, ExportFormat] = {
 
 @dataclass(frozen=True, kw_only=True)
 class ExportHead:
-    """What an export reads once, before its pages (JSON-safe values, times as ISO 8601).
-
-    ``session``: ``{"id", "title", "mode", "created", "updated"}``; ``as_of``:
-    ``{"last_message_id", "last_compression_event_id"}`` (None when there is none), the upper
-    bounds of the pages; ``summary``: the current summary; ``memory_job``: the memory job's
-    state; ``key_facts``: every key fact, oldest first, each with its ``state``."""
+    """What an export reads once, before its pages, JSON-safe as in docs/export.md; ``as_of`` bounds the pages."""
 
     exported_at: str
     session: dict[str, Any]
@@ -87,7 +63,7 @@ class ExportHead:
 
 
 def chat_export_head_get(*, session: ChatSession) -> ExportHead:
-    """The head of ``session``'s export (no access check: callers authorize). Seven queries."""
+    """The head of ``session``'s export in seven queries."""
     memory_key = memory_key_of(session.pk)
     engine = memory_engine()
     newest_events = engine.events(memory_key, limit=1)
@@ -121,29 +97,22 @@ def chat_export_head_get(*, session: ChatSession) -> ExportHead:
 
 
 def key_fact_state(fact: KeyFact) -> str:
-    """``superseded`` (a newer fact of its slot retired it), ``hidden`` (the owner hid it) or
-    ``active`` (docs/memory.md §11); a superseded fact the owner had hidden is ``superseded``."""
+    """``superseded``, ``hidden`` or ``active``; superseded wins over hidden (docs/export.md)."""
     if fact.invalidated_at is not None:
         return "superseded"
     return "hidden" if fact.hidden_by_user else "active"
 
 
 def key_fact_dict(fact: KeyFact) -> dict[str, Any]:
-    """A key fact as exported: ``state`` (:func:`key_fact_state`), then its inspector fields."""
     return {"state": key_fact_state(fact), **fact.as_dict()}
 
 
 def message_dict(message: Message) -> dict[str, Any]:
-    """A message as exported: :meth:`chatapp.models.Message.as_dict` (the socket's form)."""
     return message.as_dict()
 
 
 def summary_version_dict(event: CompressionRecord) -> dict[str, Any]:
-    """The summary version a ``compression`` event wrote: ``version``, ``summary_type``
-    (``llm``/``raw``), ``summary_kind`` (who wrote it: ``llm``, ``extractive`` or ``raw``,
-    ``boundary`` (the last message id it covers), ``compressed_messages``
-    (messages folded in by that write), ``degraded``, ``created_at``, ``compression_event_id``
-    and ``content`` (the whole text)."""
+    """The summary version a ``compression`` event wrote (docs/export.md ``summary_versions``)."""
     return {
         "version": event.summary_version,
         "summary_type": event.result_type,
@@ -158,10 +127,7 @@ def summary_version_dict(event: CompressionRecord) -> dict[str, Any]:
 
 
 def compression_event_dict(event: CompressionRecord) -> dict[str, Any]:
-    """A compression event as exported: every field of ``CompressionEvent.as_dict`` but
-    ``summary_content`` (a written summary is in ``summary_versions`` under its
-    ``summary_version``; the text of a ``superseded`` event was never stored as the summary),
-    plus ``summary_kind`` (who wrote its result)."""
+    """``CompressionEvent.as_dict`` plus ``summary_kind``, without the text (it is in ``summary_versions``)."""
     data = event.as_dict()
     data.pop("summary_content", None)
     data["summary_kind"] = event.summary_kind
@@ -169,26 +135,19 @@ def compression_event_dict(event: CompressionRecord) -> dict[str, Any]:
 
 
 def chat_export_filename(*, session: ChatSession, export_format: ExportFormat) -> str:
-    """The download's file name: ``chat-<id>-<title slug>.<extension>``, ASCII letters, digits
-    and hyphens only (the title part at most :data:`FILENAME_TITLE_CHARS` characters, left out
-    when nothing of it is ASCII), so it is safe in a ``Content-Disposition`` header and on
-    every file system."""
+    """``chat-<id>-<title slug>.<extension>`` in ASCII letters, digits and hyphens: safe in any header or file system."""
     slug = slugify(session.title)[:FILENAME_TITLE_CHARS].strip("-_")
     stem = f"chat-{session.pk}-{slug}" if slug else f"chat-{session.pk}"
     return f"{stem}.{export_format.extension}"
 
 
-# ----------------------------------------------------------------------------------------------
-# Streaming
-# ----------------------------------------------------------------------------------------------
+# --- Streaming
 
 
 async def chat_export_stream(
     *, session: ChatSession, export_format: ExportFormat, page_size: int = EXPORT_PAGE_SIZE
 ) -> AsyncIterator[str]:
-    """The export of ``session`` in ``export_format`` as text chunks: the head, then one chunk
-    per page of at most ``page_size`` messages or compression events (see the module's
-    docstring for the memory bound and the snapshot). No access check: callers authorize."""
+    """The export as text chunks: the head, then one chunk per page of at most ``page_size`` rows."""
     head = await sync_to_async(chat_export_head_get)(session=session)
     renderer: _JsonRenderer | _MarkdownRenderer
     renderer = _JsonRenderer(head) if export_format.key == "json" else _MarkdownRenderer(head)
@@ -210,7 +169,7 @@ async def chat_export_stream(
     yield renderer.end()
 
 
-# A page reader: the rows after an id (ascending, at most a page), as a thread-run ORM call.
+# The rows after an id, ascending, at most a page (a thread-run ORM call).
 PageReader = Callable[[int], list[Any]]
 
 
@@ -236,7 +195,6 @@ def _event_page(session_id: int, up_to_id: int | None, size: int) -> PageReader:
 
 
 async def _pages(read: PageReader) -> AsyncIterator[list[Any]]:
-    """Every non-empty page ``read`` returns, each read after the previous page's last id."""
     after_id = 0
     while True:
         page = await sync_to_async(read)(after_id)
@@ -247,9 +205,7 @@ async def _pages(read: PageReader) -> AsyncIterator[list[Any]]:
         after_id = last.pk if isinstance(last, Message) else last.id
 
 
-# ----------------------------------------------------------------------------------------------
-# JSON: one object; its lists are written one element per line as their pages arrive.
-# ----------------------------------------------------------------------------------------------
+# --- JSON: one object; its lists are written one element per line as their pages arrive.
 
 
 def _json(value: Any) -> str:
@@ -313,25 +269,21 @@ class _JsonRenderer:
         return "\n}\n"
 
 
-# ----------------------------------------------------------------------------------------------
-# Markdown: the same content for reading.
-# ----------------------------------------------------------------------------------------------
+# --- Markdown: the same content for reading.
 
 ROLE_LABELS = {"user": "User", "assistant": "Assistant", "tool": "Tool", "system": "System"}
 FACT_STATE_ORDER = ("active", "hidden", "superseded")
 
 
 def fenced(text: str, info: str = "") -> str:
-    """``text`` verbatim in a fenced code block whose fence is longer than any run of backticks
-    in it (so no content can close it early)."""
+    """``text`` fenced by more backticks than any run in it, so no content can close it early."""
     longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
     fence = "`" * max(3, longest + 1)
     return f"{fence}{info}\n{text}\n{fence}\n"
 
 
 def quoted(text: str) -> str:
-    """``text`` as a Markdown block quote (every line prefixed), so its own headings and lists
-    stay inside the message instead of breaking the document's outline."""
+    """``text`` as a block quote, so its own headings and lists cannot break the document's outline."""
     return "\n".join(f"> {line}" if line else ">" for line in text.splitlines() or [""]) + "\n"
 
 
@@ -345,7 +297,6 @@ def inline(text: str) -> str:
 
 
 def _count(number: int, noun: str) -> str:
-    """``1 message``, ``2 messages``."""
     return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
@@ -358,8 +309,7 @@ def _when(value: str | None) -> str:
 
 
 class _MarkdownRenderer:
-    """The Markdown document: title and metadata, key facts, the current summary, the messages,
-    the summary versions, the compression events and the memory job."""
+    """The Markdown document, in the section order of docs/export.md."""
 
     def __init__(self, head: ExportHead) -> None:
         self.head = head

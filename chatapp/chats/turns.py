@@ -15,8 +15,7 @@ from chatapp.models import Message, TurnLease
 
 
 def pending_turns_sql() -> str:
-    """The SQL of :func:`pending_turns` (parameter: the session id), for SQLite and PostgreSQL; written out because
-    every socket event and turn asks it several times and building the ORM's ``Exists`` cost more than running it."""
+    """The SQL of :func:`pending_turns`: asked often, and the ORM's ``Exists`` cost more to build than to run."""
     quote = connection.ops.quote_name
     message, lease = quote(Message._meta.db_table), quote(TurnLease._meta.db_table)
     return (
@@ -29,7 +28,6 @@ def pending_turns_sql() -> str:
 
 
 def pending_turns(session_id: int) -> list[tuple[int, datetime | None]]:
-    """``(user message id, heartbeat or None)`` of each turn without a final reply, ascending."""
     with connection.cursor() as cursor:
         cursor.execute(pending_turns_sql(), [session_id])
         rows = cursor.fetchall()
@@ -37,7 +35,7 @@ def pending_turns(session_id: int) -> list[tuple[int, datetime | None]]:
 
 
 def heartbeat_aware(value: datetime | str | None) -> datetime | None:
-    """A heartbeat as the driver returned it, as an aware datetime (SQLite stores naive UTC)."""
+    """A heartbeat as an aware datetime (SQLite returns naive UTC)."""
     if isinstance(value, str):
         value = parse_datetime(value)
     if value is not None and timezone.is_naive(value):
@@ -46,13 +44,11 @@ def heartbeat_aware(value: datetime | str | None) -> datetime | None:
 
 
 def lease_cutoff() -> datetime:
-    """Heartbeats from this moment on are fresh: within ``CHAT_TURN_LEASE_SECONDS`` and, when the app is one process
-    (``CHAT_TURN_LEASES_ONE_PROCESS``), not older than this process, as no other process can renew them."""
+    """Heartbeats from this moment on are fresh; with ``CHAT_TURN_LEASES_ONE_PROCESS``, none older than this process."""
     cutoff = timezone.now() - timedelta(seconds=settings.CHAT_TURN_LEASE_SECONDS)
     return max(cutoff, PROCESS_STARTED) if settings.CHAT_TURN_LEASES_ONE_PROCESS else cutoff
 
 
-# When this process started (its module was imported): see :func:`lease_cutoff`.
 PROCESS_STARTED = timezone.now()
 
 
@@ -61,14 +57,12 @@ def lease_alive(heartbeat: datetime | None, cutoff: datetime) -> bool:
 
 
 def turn_in_flight_list(*, session_id: int) -> list[int]:
-    """Ids of the session's user messages in flight (running or queued on some worker), ascending: shown as pending."""
     cutoff = lease_cutoff()
     return [message_id for message_id, heartbeat in pending_turns(session_id) if lease_alive(heartbeat, cutoff)]
 
 
 def turn_in_flight_first_id(*, session_id: int) -> int | None:
-    """The oldest in-flight user message's id, or None: compression must not summarize from there on while it runs
-    (docs/memory.md F-26); an interrupted turn pins nothing."""
+    """The oldest in-flight user message's id, or None: compression must not summarize from there on (F-26)."""
     return next(iter(turn_in_flight_list(session_id=session_id)), None)
 
 
@@ -84,6 +78,5 @@ def turn_lease_next_expiry(*, session_id: int, exclude: Collection[int] = ()) ->
 
 
 def turn_interrupted_list(*, session_id: int) -> list[int]:
-    """Ids of the session's interrupted turns (e.g. a server restart mid-reply), ascending."""
     cutoff = lease_cutoff()
     return [message_id for message_id, heartbeat in pending_turns(session_id) if not lease_alive(heartbeat, cutoff)]

@@ -1,7 +1,5 @@
-"""Agent mode (docs/memory.md §7): model call -> tool calls -> tool results -> model call ..., with the memory
-engine before every call, so each step's context holds the turn's tool chain. The last of ``AGENT_MAX_STEPS``
-calls is offered no tools, so it must answer.
-"""
+"""Agent mode (docs/memory.md §7): model call, tool calls, tool results, again, the memory engine before each call;
+the last of ``AGENT_MAX_STEPS`` calls is offered no tools, so it must answer."""
 
 from __future__ import annotations
 

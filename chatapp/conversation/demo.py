@@ -1,7 +1,5 @@
-"""The demo walk-through (docs/demo.md): :data:`DEMO_SCRIPT` run in a visitor's chat through the real composer
-path and turn runner, each step followed by the memory job, with an injected summarizer outage during
-:data:`OUTAGE_STEPS`. It ends after the last step, on Stop, or when the chat is deleted.
-"""
+"""The demo walk-through (docs/demo.md): :data:`DEMO_SCRIPT` run through the real turn runner, each step followed
+by the memory job, with a summarizer outage during :data:`OUTAGE_STEPS`; it ends at the last step, Stop or delete."""
 
 from __future__ import annotations
 
@@ -27,10 +25,8 @@ logger = logging.getLogger(__name__)
 DEMO_TITLE = "Demo: memory walk-through"
 # The demo chat's mode: agent, so the knowledge-base searches show as tool calls.
 DEMO_MODE = ChatSession.Mode.AGENT
-# Share of a step's time (DEMO_SECONDS / steps) the offline engine thinks before replying.
-THINKING_SHARE = 0.6
-# Longest wait, in seconds, for the session's memory job after a step; past it the demo goes on.
-JOB_WAIT_SECONDS = 30.0
+THINKING_SHARE = 0.6  # of a step's DEMO_SECONDS / steps, before the reply
+JOB_WAIT_SECONDS = 30.0  # for the memory job after a step; then the demo goes on
 # "demo-1", "demo-2" ...: a step is stored once per chat even if a second demo runs on it elsewhere.
 CLIENT_ID_PREFIX = "demo-"
 
@@ -139,8 +135,7 @@ async def demo_run(*, session_id: int, script: tuple[DemoStep, ...] = DEMO_SCRIP
 
 
 async def _memory_job_run(memory_key: str, number: int) -> None:
-    """Run the session's memory job now, in this context so the step's outage holds for its summarizer requests;
-    past :data:`JOB_WAIT_SECONDS` it goes on in the background. Never raises but for cancellation."""
+    """Run the memory job in this context (so the step's outage holds), waiting at most :data:`JOB_WAIT_SECONDS`."""
     job = asyncio.ensure_future(memory_engine().run_jobs(memory_key))
     done, _ = await asyncio.wait({job}, timeout=JOB_WAIT_SECONDS)
     if not done:
@@ -151,7 +146,6 @@ async def _memory_job_run(memory_key: str, number: int) -> None:
 
 # By chat session id; held so the loop cannot collect them.
 _demos: dict[int, asyncio.Task[DemoOutcome]] = {}
-# Sessions whose demo demos_cancel asked to end.
 _cancelled: set[int] = set()
 
 
@@ -177,7 +171,6 @@ def _demo_done(session_id: int, task: asyncio.Task[DemoOutcome]) -> None:
 
 
 def demo_running_sessions() -> frozenset[int]:
-    """Ids of the chat sessions whose demo runs in this process."""
     return frozenset(session_id for session_id, task in _demos.items() if not task.done())
 
 
@@ -196,7 +189,7 @@ async def demos_cancel() -> int:
 
 
 async def demos_wait() -> None:
-    """Wait until every demo of this process has ended (tests, shutdown); bound it with a timeout."""
+    """Wait for every demo of this process to end (tests, shutdown); bound it with a timeout."""
     tasks = [task for task in _demos.values() if not task.done()]
     if tasks:
         with contextlib.suppress(Exception):

@@ -1,14 +1,6 @@
-"""Turns in flight: opening a turn with its lease, keeping the lease fresh, and closing turns
-whose worker died.
-
-A turn proves it is alive, to every worker, through its lease (:class:`chatapp.models.TurnLease`):
-while it waits for its turn and while it runs, a background task renews the heartbeat every
-third of ``CHAT_TURN_LEASE_SECONDS`` (:func:`turn_lease_kept`), whatever the turn is awaiting (a
-slow model, a long summarization). A turn whose process died stops renewing; once its lease
-expires it counts as interrupted and is closed with an error reply by the next request that looks
-(:func:`turns_interrupted_close`). Selectors read, services write (synchronous ORM code; async
-callers use :func:`chatapp.orm_threads.orm_async`); :func:`turn_lease_kept` is async.
-"""
+"""Turns in flight: a new turn is stored with its lease (:class:`chatapp.models.TurnLease`), renewed every third of
+``CHAT_TURN_LEASE_SECONDS`` while it waits or runs (:func:`turn_lease_kept`); a turn whose lease ran out is closed
+with an error reply (:func:`turns_interrupted_close`). Synchronous ORM code except :func:`turn_lease_kept`."""
 
 from __future__ import annotations
 
@@ -41,8 +33,6 @@ INTERRUPTED_TEXT = "[Interrupted: the server stopped before this reply finished.
 
 
 class TurnLimitReached(Exception):
-    """A new user message was refused: its session already has ``limit`` turns in flight."""
-
     def __init__(self, limit: int) -> None:
         super().__init__(
             f"This chat already has {limit} messages waiting for a reply. "
@@ -52,8 +42,7 @@ class TurnLimitReached(Exception):
 
 
 def _without_final_reply(messages: QuerySet[Message]) -> QuerySet[Message]:
-    """``messages`` (user messages) whose turn has no final reply (an assistant message without
-    ``tool_calls``) yet."""
+    """User messages whose turn has no final reply (an assistant message without ``tool_calls``) yet."""
     final_reply = Message.objects.filter(reply_to=OuterRef("pk"), role=Message.Role.ASSISTANT, tool_calls__isnull=True)
     return messages.exclude(Exists(final_reply))
 
@@ -61,30 +50,15 @@ def _without_final_reply(messages: QuerySet[Message]) -> QuerySet[Message]:
 def user_message_submit(
     *, session: ChatSession, client_message_id: str, text: str, max_pending: int | None = None, name: str = ""
 ) -> tuple[Message, bool]:
-    """Store the user's message ``text`` once per ``client_message_id``; returns ``(message, created)``.
-    ``name``: the OpenAI ``name`` of the speaker (a replayed conversation between named people,
-    docs/replay.md; ``""`` for none), sent with the message and indexed with it for recall.
-
-    A resend with a known ``client_message_id`` (after a reconnect, docs/memory.md F-27) stores nothing
-    and returns the stored message with ``created`` False, also when two resends race. A new
-    message opens a turn: it is stored with the turn's lease (:class:`TurnLease`, fresh until the
-    turn's own heartbeat takes over), names an untitled session (without the message's
-    identifiers and contact data, :func:`chatapp.chats.services.chat_session_title_from_text`)
-    and moves it to the top of the list. With ``max_pending``, a new message is refused with :class:`TurnLimitReached`, storing
-    nothing, when the session already has that many turns in flight (counted in the same
-    transaction, under a lock on the session row, so concurrent sends cannot pass the bound
-    together). The message's key facts are stored in the same transaction
-    (:func:`chatapp.chats.services.message_facts_store`, no query when it holds none). On commit
-    the session's sockets get a ``chat.message`` event.
-    """
-    # A resend is rare: it is found by the unique constraint on (session, client_message_id)
-    # failing the insert (or, at the limit, looked up then), not by a query before every new message.
+    """Store the user message once per ``client_message_id`` with its turn's lease, key facts and the session's title;
+    returns ``(message, created)``: a resend (docs/memory.md F-27) stores nothing. ``name``: the speaker's (docs/replay.md).
+    Raises :class:`TurnLimitReached` when ``max_pending`` turns are in flight, counted under a lock on the session."""
+    # A resend is rare: the unique constraint finds it, not a query before every new message.
     wire = {"role": Message.Role.USER, "content": text, **({"name": name} if name else {})}
     try:
         with transaction.atomic():
             if max_pending is not None:
-                # SQLite needs no row lock: its transactions begin IMMEDIATE (settings.py), which
-                # already serializes writers.
+                # SQLite transactions begin IMMEDIATE (settings.py): writers are serialized already.
                 if connection.features.has_select_for_update:
                     ChatSession.objects.select_for_update().filter(pk=session.pk).exists()
                 if len(turn_in_flight_list(session_id=session.pk)) >= max_pending:
@@ -121,11 +95,8 @@ def user_message_submit(
 
 
 def turn_lease_renew(*, user_message_id: int) -> None:
-    """Record a heartbeat of the turn opened by ``user_message_id``: it is alive now. Creates the
-    lease when the message has none (stored by other code, e.g. a test or an older version);
-    does nothing once the message is gone (its session was deleted) or its turn has ended (its
-    final reply, stored with the lease's deletion, is there: a late beat must not bring the lease
-    back)."""
+    """Record a heartbeat of the turn, creating a missing lease, but never once the turn has ended or its message is
+    gone: a late beat must not bring the lease back."""
     now = timezone.now()
     if TurnLease.objects.filter(user_message_id=user_message_id).update(heartbeat=now):
         return
@@ -134,18 +105,9 @@ def turn_lease_renew(*, user_message_id: int) -> None:
 
 
 def turns_interrupted_close(*, session_id: int, exclude: Collection[int] = ()) -> list[Message]:
-    """Close every interrupted turn of the session (:func:`turn_interrupted_list`) with a final
-    assistant reply, status ``error``, origin ``app`` (never sent to the model, docs/memory.md
-    F-37), content :data:`INTERRUPTED_TEXT`; returns the replies
-    stored, oldest turn first. After the commit the session's sockets get ``chat.message`` and
-    ``chat.done {turn_id, status: "error", message_id}``. Turns in ``exclude`` are left alone:
-    pass :func:`turns_leased_here` (taken on the event loop), the turns this process runs, which
-    are alive even before their first heartbeat is stored.
-
-    Safe from any number of workers at once: each turn is re-checked under a lock on its user
-    message row (the database serializes SQLite writers), so it is closed exactly once. A turn
-    whose lease was renewed meanwhile is left alone.
-    """
+    """Close each interrupted turn not in ``exclude`` (pass :func:`turns_leased_here`) with an ``error`` reply of
+    :data:`INTERRUPTED_TEXT` (origin ``app``, F-37); returns the replies, oldest first. Each turn is re-checked under a
+    lock on its user message, so concurrent workers close it exactly once."""
     closed: list[Message] = []
     excluded = set(exclude)
     for user_message_id in turn_interrupted_list(session_id=session_id):
@@ -172,9 +134,7 @@ def turns_interrupted_close(*, session_id: int, exclude: Collection[int] = ()) -
 
 
 def turns_interrupted_close_first_in_flight(*, session_id: int, exclude: Collection[int] = ()) -> int | None:
-    """:func:`turns_interrupted_close` (``exclude`` likewise), then the session's
-    :func:`turn_in_flight_first_id`, reading the session's pending turns once when none was
-    interrupted (the usual case) instead of twice: what a turn needs as it opens."""
+    """:func:`turns_interrupted_close`, then the first turn in flight: one read when none was interrupted."""
     cutoff = lease_cutoff()
     excluded = set(exclude)
     pending = pending_turns(session_id)
@@ -185,38 +145,28 @@ def turns_interrupted_close_first_in_flight(*, session_id: int, exclude: Collect
     return next((message_id for message_id, heartbeat in pending if lease_alive(heartbeat, cutoff)), None)
 
 
-# Heartbeats per lease period: two may be missed (a slow database write) before a live turn
-# would look interrupted.
+# Two beats may be missed (a slow write) before a live turn looks interrupted.
 HEARTBEATS_PER_LEASE = 3
 
 
-# The turns whose lease this process renews, and those started here whose task has not taken
-# the lease over yet (turn_lease_claim).
+# Turns whose lease this process renews, and those started here whose task has not taken it over yet.
 _leases_kept: set[int] = set()
 _leases_claimed: set[int] = set()
 
 
 def turn_lease_claim(*, user_message_id: int) -> None:
-    """Count the turn opened by ``user_message_id`` as this process's (:func:`turns_leased_here`)
-    from now on, before the task that will keep its lease (:func:`turn_lease_kept`) has started:
-    call it on the event loop when starting that task. The claim ends when that block exits, or
-    with :func:`turn_lease_unclaim` when the task ends without entering it."""
+    """Count the turn as this process's until its task's :func:`turn_lease_kept` exits (or :func:`turn_lease_unclaim`)."""
     _leases_claimed.add(user_message_id)
 
 
 def turn_lease_unclaim(*, user_message_id: int) -> None:
-    """End the claim of :func:`turn_lease_claim` (nothing when there is none)."""
     _leases_claimed.discard(user_message_id)
 
 
 @contextlib.asynccontextmanager
 async def turn_lease_kept(*, user_message_id: int, fresh: bool = False) -> AsyncIterator[None]:
-    """Keep the lease of the turn opened by ``user_message_id`` fresh for the duration of the
-    block: renewed once on entry (not with ``fresh``: the lease was stored a moment ago, e.g. by
-    :func:`user_message_submit`, and a write per turn is saved), then every
-    ``CHAT_TURN_LEASE_SECONDS / HEARTBEATS_PER_LEASE`` seconds by a background task until the
-    block exits. Re-entrant (an inner block for a lease this process already keeps does nothing).
-    A failed renewal is logged and retried on the next beat; it never breaks the turn."""
+    """Keep the turn's lease fresh during the block: renewed on entry (unless ``fresh``: just stored), then by a
+    background beat; re-entrant. A failed renewal is logged and retried, never breaking the turn."""
     if user_message_id in _leases_kept:
         yield
         return
@@ -250,12 +200,10 @@ async def _lease_renew(user_message_id: int) -> None:
 
 
 def turns_leased_here() -> frozenset[int]:
-    """Ids of the turns (their user messages) this process runs or queues and keeps (or has
-    claimed, :func:`turn_lease_claim`) the lease of."""
+    """User message ids of the turns this process keeps or has claimed the lease of."""
     return frozenset(_leases_kept | _leases_claimed)
 
 
 def turn_leased_here(user_message_id: int) -> bool:
-    """Whether the turn opened by ``user_message_id`` is one of :func:`turns_leased_here` (without
-    copying the set: asked for every relayed event that opens a turn)."""
+    """:func:`turns_leased_here` for one turn, without copying the sets (asked per relayed event)."""
     return user_message_id in _leases_kept or user_message_id in _leases_claimed

@@ -1,6 +1,5 @@
-"""Quick-answer mode (docs/memory.md §7): the knowledge-base passages that fit a share of the token budget go
-into the system prompt, the memory engine builds the context once, and the model answers once, streamed.
-"""
+"""Quick-answer mode (docs/memory.md §7): knowledge-base passages within a share of the budget in the system
+prompt, one context, one streamed model call."""
 
 from __future__ import annotations
 

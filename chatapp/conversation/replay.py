@@ -1,21 +1,5 @@
-"""Replays of recorded conversations through the live memory path (``manage.py replay``).
-
-Each conversation becomes a fresh chat session. Recorded user messages are stored as user turns,
-recorded assistant and tool messages as recorded (never generated). Before each recorded
-assistant message (each model call) the memory engine runs as in the live app, and one record of
-what the model would have been sent is produced.
-
-The session's memory job runs to completion after each stored final reply, and (with
-``MEMORY_COMPRESSION=background``, the default) after any model call whose request handed it work,
-before the next model call: the replay is deterministic and shows the memory the live app has once
-its jobs ran (docs/memory.md §10). The job extracts key facts in both modes (docs/memory.md §11);
-it pre-compresses only in ``background`` mode, where requests never compress themselves. With
-``sync`` the requests compress themselves, as before. Each request recalls as in the live app
-(docs/memory.md §12), the turn's user message being the query.
-
-A LoCoMo conversation's annotated questions can then be asked (:meth:`ReplaySession.questions`),
-each as the next user turn that is never stored (docs/replay.md, "Questions").
-"""
+"""Replays of recorded conversations (tau-bench, LoCoMo) through the live memory path (``manage.py replay``): one
+record per model call, the memory job run between calls, then LoCoMo's questions (docs/replay.md)."""
 
 from __future__ import annotations
 
@@ -37,28 +21,24 @@ from chatapp.models import Message, TurnLease
 from memory.api import ContextRequest, MemoryConfig, MemoryContext, NextRequest, Notice, TurnRecall
 
 Format = Literal["tau-bench", "locomo"]
-# Every replayed conversation belongs to this owner (memory scope key ``anon:replay``): with
-# MEMORY_RECALL_SCOPE=owner a conversation recalls from those replayed before it in the same database.
+# Scope key ``anon:replay``: with MEMORY_RECALL_SCOPE=owner, replays recall from earlier ones (docs/replay.md).
 REPLAY_OWNER = Owner(user_id=None, session_key="replay")
 WIRE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 NO_TURN_YET = 2**62
-# The id a question gets in its request: above every stored id (it is the current turn), never stored.
+# A question's id in its request: above every stored id, never stored.
 QUESTION_ID = NO_TURN_YET + 1
-# The LoCoMo categories asked as questions (4 single-hop, 1 multi-hop, 2 temporal, 3 open-domain;
-# 5, adversarial, has no answer).
+# 4 single-hop, 1 multi-hop, 2 temporal, 3 open-domain; 5 (adversarial) has no answer.
 QUESTION_CATEGORIES = (1, 2, 3, 4)
 SESSION_KEY = re.compile(r"session_(\d+)")
 
 
 class ReplayInputError(Exception):
-    """The input file is missing or is not in the announced format."""
+    """The input file is missing or not in the announced format."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class Question:
-    """An annotated question of a LoCoMo conversation: its ``text``, the expected ``answer``
-    (as text), its ``category`` (1-4), its ``evidence`` turns as annotated (dialogue ids such as
-    ``"D1:3"``) and the ``conversation`` it belongs to (the file's stem)."""
+    """An annotated LoCoMo question; ``evidence``: dialogue ids such as ``"D1:3"``."""
 
     text: str
     answer: str
@@ -69,9 +49,8 @@ class Question:
 
 @dataclass(frozen=True, kw_only=True)
 class Conversation:
-    """A recorded conversation: its name, system prompt and messages (OpenAI wire dicts).
-    LoCoMo only: ``turn_ids``, each message's dialogue id (``"D1:3"``, aligned with
-    ``messages``), and ``questions``, its annotated questions of categories 1-4 with an answer."""
+    """A recorded conversation (OpenAI wire messages); LoCoMo's also have ``turn_ids`` (dialogue ids, aligned with
+    ``messages``) and ``questions``."""
 
     name: str
     system_prompt: str
@@ -81,10 +60,7 @@ class Conversation:
 
 
 def conversations_read(path: Path, fmt: Format) -> Iterator[Conversation]:
-    """The conversations of ``path`` (a tau-bench ``trajectories.json``; for LoCoMo, a file holding
-    one conversation, a file holding a JSON list of them as the dataset's ``locomo10.json`` does,
-    each named by its ``sample_id`` or else ``<file stem>-<position from 1>``, or a folder of
-    ``conv-*.json`` files). Raises :class:`ReplayInputError`."""
+    """The conversations of ``path`` in the layouts of docs/replay.md. Raises :class:`ReplayInputError`."""
     if fmt == "tau-bench":
         yield from _tau_bench(_load(path))
         return
@@ -130,16 +106,12 @@ _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
 def speaker_name(speaker: str) -> str:
-    """``speaker`` as an OpenAI message ``name`` (letters, digits, ``_`` and ``-``, at most 64
-    characters; other runs become ``_``); ``""`` for no speaker."""
+    """``speaker`` as an OpenAI message ``name``: ``[A-Za-z0-9_-]``, at most 64 characters."""
     return _NAME_UNSAFE.sub("_", speaker.strip())[:64].strip("_")
 
 
 def locomo_conversation(data: Any, name: str) -> Conversation:
-    """One LoCoMo conversation: ``speaker_a`` as user, ``speaker_b`` as assistant, each message
-    with its speaker as its OpenAI ``name`` (:func:`speaker_name`: the questions ask about the
-    two people by name, and the model, the summarizer and recall's index see who said what), an
-    image turn as text with its caption, each session's first message prefixed with its date."""
+    """One LoCoMo conversation: ``speaker_a`` as user, ``speaker_b`` as assistant, each named (docs/replay.md)."""
     conversation = data.get("conversation", data) if isinstance(data, dict) else None
     if not isinstance(conversation, dict) or "speaker_a" not in conversation:
         raise ReplayInputError(f"{name}: a LoCoMo file has speaker_a, speaker_b and session_N lists")
@@ -168,7 +140,6 @@ def locomo_conversation(data: Any, name: str) -> Conversation:
             text=str(item["question"]),
             answer=str(item["answer"]),
             category=item["category"],
-            # An annotation may hold several ids in one string ("D8:6; D9:17").
             evidence=[
                 part.strip() for entry in item.get("evidence", []) for part in str(entry).split(";") if part.strip()
             ],
@@ -184,9 +155,8 @@ def locomo_conversation(data: Any, name: str) -> Conversation:
 
 
 class ReplayConversations(ChatConversations):
-    """Chat sessions as a replay sees them: reads on the replay's own connection, the recorded
-    system prompt in the next request (pre-compression plans with it), and the compressions the
-    memory job reports kept (``compressions``, their JSON form) instead of sent to sockets."""
+    """Chat sessions for a replay: the recorded system prompt in planned requests, and the job's compressions kept in
+    ``compressions`` instead of sent to sockets."""
 
     def __init__(self, system_prompt: str) -> None:
         super().__init__(run_sync=sync_to_async)
@@ -205,9 +175,7 @@ class ReplayConversations(ChatConversations):
 
 
 class ReplayJobs:
-    """Where a replay's requests hand their compression: a request never waits, and the work it
-    hands over (``schedule``) is done by :meth:`run_if_due` before the next model call, so the
-    replay is deterministic."""
+    """A request never waits; work it hands over runs before the next model call, so replays are deterministic."""
 
     def __init__(self) -> None:
         self.due = False
@@ -222,19 +190,12 @@ class ReplayJobs:
 def conversation_replay(
     conversation: Conversation, *, config: MemoryConfig, mode: Literal["agent", "quick-answer"]
 ) -> Iterator[dict[str, Any]]:
-    """Store ``conversation`` message by message in a fresh session; before each assistant
-    message yield the replay record of that model call (see the README's replay contract).
-    In background mode the session's memory job runs between model calls (see the module
-    docstring). :class:`ReplaySession` also asks questions afterwards."""
+    """The replay records of ``conversation`` (:meth:`ReplaySession.records`)."""
     yield from ReplaySession(conversation, config=config, mode=mode).records()
 
 
 class ReplaySession:
-    """One conversation replayed into a fresh chat session of ``owner`` (:data:`REPLAY_OWNER`):
-    :meth:`records` stores it and yields a record per model call, then :meth:`questions` asks
-    questions against its memory. ``session_id``: the session; ``message_ids``: the stored id of
-    each recorded message so far (aligned with ``conversation.messages``); ``calls``: model
-    calls recorded so far (records and questions)."""
+    """One conversation replayed into a fresh session; ``message_ids`` align with ``conversation.messages``."""
 
     def __init__(
         self,
@@ -252,19 +213,16 @@ class ReplaySession:
         self.scope_key = chat_session_scope_key(owner_id=session.owner_id, owner_session_key=session.owner_session_key)
         self.source = ReplayConversations(conversation.system_prompt)
         self.jobs = ReplayJobs()
-        # The live app's engine and job steps, on the replay's connection, its jobs run in between.
         self.engine = memory_engine(
             config=config, source=self.source, run_sync=sync_to_async, compression_jobs=self.jobs
         )
         self.message_ids: list[int] = []
         self.calls = 0
         self._session = session
-        # The newest user message whose turn has no final reply yet (None: none).
         self._open_turn: int | None = None
 
     def _jobs_run_if_due(self, *, reply_stored: bool) -> list[dict[str, Any]]:
-        """Run the session's memory job to completion when a final reply was stored since the
-        last model call or a request handed it work; the compressions it recorded."""
+        """Run the memory job to completion if due; returns the compressions it recorded."""
         if not (self.jobs.due or reply_stored):
             return []
         self.jobs.due = False
@@ -273,12 +231,8 @@ class ReplaySession:
         return self.source.compressions
 
     def records(self) -> Iterator[dict[str, Any]]:
-        """Store the conversation message by message; before each assistant message yield the
-        record of that model call (docs/replay.md). Each turn recalls once, its user message
-        being the query; before the first user
-        message a request has no recall. A recorded user message followed by another one is a turn
-        that got no reply: its lease is released when the next one is stored, so it does not pin
-        memory as a turn in flight would (docs/memory.md F-26)."""
+        """Store the conversation, yielding before each assistant message the record of that model call
+        (docs/replay.md); an unanswered user turn's lease is released at the next one (F-26)."""
         conversation, session = self.conversation, self._session
         turn_message_id: int | None = None
         recall: TurnRecall | None = None
@@ -314,19 +268,11 @@ class ReplaySession:
                 )
                 self.message_ids.append(reply.pk)
                 if message["role"] == "assistant" and not message.get("tool_calls"):
-                    self._open_turn = None  # its final reply ended the turn (and deleted the lease)
+                    self._open_turn = None  # the final reply deleted the lease
 
     def questions(self, questions: list[Question]) -> Iterator[dict[str, Any]]:
-        """Ask each of ``questions`` as the next user turn, never stored (docs/replay.md,
-        "Questions"): the memory job first runs to completion once, as after the last stored
-        reply (its events are the first record's ``job_events``); then each question's request is
-        built from everything stored plus the question as the current turn (id
-        :data:`QUESTION_ID`, its source ``{"id": null, "kind": "current"}``), recalling with the
-        question's text as the query. Yields the usual record plus ``question``: ``{"text",
-        "answer", "category", "evidence", "evidence_message_ids", "conversation"}`` (the stored
-        ids of the evidence turns; empty for another conversation's question). Questions are
-        independent: the job does not run between them (in sync mode a request may compress,
-        as a real next turn would)."""
+        """Records of each question asked as the next user turn, never stored, plus its ``question`` object
+        (docs/replay.md, "Questions"); the memory job runs once before the first only."""
         turn_ids = dict(zip(self.conversation.turn_ids, self.message_ids, strict=False))
         self._unanswered_turn_end()
         job_events = self._jobs_run_if_due(reply_stored=True)
@@ -351,7 +297,6 @@ class ReplaySession:
             job_events = []
 
     def _unanswered_turn_end(self) -> None:
-        """Release the lease of the open turn, which will get no reply (see :meth:`records`)."""
         if self._open_turn is not None:
             TurnLease.objects.filter(user_message_id=self._open_turn).delete()
             self._open_turn = None
@@ -360,8 +305,7 @@ class ReplaySession:
         self, turn_message_id: int | None, *, recall: TurnRecall | None, question: str | None = None
     ) -> MemoryContext:
         """The context of the next model call, exactly as a live turn builds it."""
-        # Before the first user message (a LoCoMo conversation may open with speaker_b) every
-        # stored message belongs to no turn: the whole session is the increment.
+        # Before the first user message the whole session is the increment.
         last_id = turn_message_id if turn_message_id is not None else NO_TURN_YET
         session_id = self.session_id
 
@@ -413,8 +357,7 @@ class ReplaySession:
 
 
 def _unstored(sources: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``sources`` with the question's id (:data:`QUESTION_ID`, never stored) as null, also in
-    merged sources."""
+    """``sources`` with :data:`QUESTION_ID` as null, merged sources included."""
     fixed = []
     for source in sources:
         source = {**source, "id": None} if source.get("id") == QUESTION_ID else dict(source)
@@ -425,9 +368,8 @@ def _unstored(sources: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def replay_config(context_window: int | None) -> MemoryConfig:
-    """The live app's memory settings for a replay: optionally another context window (tokens),
-    no calibration (a replay calls no model), every extraction batch in one job, and recall
-    waiting for the question's embedding so that records do not depend on the machine's load."""
+    """The live memory settings, optionally another window (tokens); no calibration (no model is called), and every
+    extraction batch and the recall embedding awaited, so records do not depend on load."""
     endpoint = chat_endpoint()
     if context_window is not None:
         endpoint = replace(endpoint, context_window=context_window)

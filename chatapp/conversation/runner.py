@@ -1,8 +1,5 @@
-"""Running chat turns (docs/memory.md §2): :func:`chat_turn_run` runs one end to end, :func:`chat_turn_start` in the
-background, after the session's earlier turns in this process (other workers' turns run concurrently, F-26).
-A turn outlives its socket (F-27), shows it is alive through its lease (:class:`chatapp.models.TurnLease`), and is
-stopped on any worker through the channel layer (:mod:`chatapp.conversation.stopping`).
-"""
+"""Running chat turns (docs/memory.md §2): :func:`chat_turn_start` runs one in the background after the session's
+earlier turns in this process (F-26); a turn outlives its socket (F-27) and is stopped on any worker."""
 
 from __future__ import annotations
 
@@ -34,8 +31,7 @@ _session_queues: dict[int, _SessionQueue] = {}
 
 
 class _SessionQueue:
-    """One session's started turns in this process: ``lock`` runs them first come, first served; ``waiting`` lets
-    the queue go when unused; ``stops`` counts ``chat.stop`` requests, so a waiting turn knows it was stopped."""
+    """One session's turns here, first come first served; ``stops`` counts ``chat.stop`` so waiting turns see it."""
 
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
@@ -46,17 +42,14 @@ class _SessionQueue:
 async def chat_turn_run(
     *, session_id: int, user_message_id: int, stopped: Callable[[], bool] | None = None, question: str | None = None
 ) -> Message:
-    """Answer the stored user message in the session's mode, streaming events and storing each message of the turn;
-    returns the final assistant message: ``complete``, ``stopped`` or ``error`` (model failure, context overflow,
-    step limit, or a logged bug). What was stored before a failure stays; interrupted turns are closed first.
-    Raises :class:`ChatSessionDeleted` (F-41), or when even the error reply cannot be stored. ``stopped`` is asked
-    once the turn is registered: true ends it before any search or model call. ``question``: the text, if known.
-    """
+    """Answer the stored user message in the session's mode; returns the final reply (complete, stopped or error).
+    ``stopped()`` true ends it before any model call. Raises :class:`ChatSessionDeleted` (F-41), or when even the
+    error reply cannot be stored."""
     async with (
         turn_lease_kept(user_message_id=user_message_id),
         stopping.turn_stop_listening(session_id=session_id, on_stop=_stop_here),
     ):
-        # Never this process's own turns: one started a moment ago may not have its lease stored yet.
+        # Never close this process's own turns: a new one may not have its lease stored yet.
         engine = memory_engine()
         try:
             session, in_flight_first_id, token_factor, question = await orm_async(_turn_open)(
@@ -91,8 +84,7 @@ async def chat_turn_run(
                 reply = await agent_turn_run(turn)
             else:
                 reply = await quick_answer_run(turn)
-            # Off the request path (docs/memory.md §10 "when the job runs"): now if the next request may cross
-            # the trigger, else batched (idle chat, or every MEMORY_JOB_BATCH_TURNS replies).
+            # Urgent or batched: docs/memory.md §10 "when the job runs".
             engine.schedule(turn.memory_key, idle=not turn.precompression_may_help(reply))
             return reply
         except Exception:
@@ -118,9 +110,7 @@ async def chat_turn_run(
 def _turn_open(
     *, session_id: int, user_message_id: int, exclude: frozenset[int], engine: MemoryEngine, question: str | None = None
 ) -> tuple[ChatSession, int | None, float, str | None]:
-    """Close the session's interrupted turns (not ``exclude``), load the session, its first turn in flight, the token
-    factor and the question (read unless given; None if gone): one trip to the database thread instead of five.
-    Raises ``ChatSession.DoesNotExist``."""
+    """What a turn needs as it opens, in one trip to the database thread. Raises ``ChatSession.DoesNotExist``."""
     first = leases.turns_interrupted_close_first_in_flight(session_id=session_id, exclude=exclude)
     session = selectors.chat_session_get(session_id=session_id)
     if question is None:
@@ -132,8 +122,7 @@ def _turn_open(
 
 
 class ChatSessionDeleted(Exception):
-    """The turn's session was deleted before or while it ran: no reply, nothing left behind (docs/memory.md F-41);
-    the delete closed its sockets with code 4404."""
+    """The turn's session was deleted: no reply, nothing left behind (docs/memory.md F-41)."""
 
     def __init__(self, session_id: int, user_message_id: int) -> None:
         super().__init__(f"chat session {session_id} was deleted during turn {user_message_id}")
@@ -149,9 +138,8 @@ def _deleted(session_id: int, user_message_id: int) -> ChatSessionDeleted:
 def chat_turn_start(
     *, session_id: int, user_message_id: int, lease_fresh: bool = False, question: str | None = None
 ) -> asyncio.Task[Message]:
-    """Run :func:`chat_turn_run` as a task after the session's earlier turns in this process; returns the task. The
-    lease is renewed while it waits (``lease_fresh``: stored a moment ago, so the first renewal waits a beat); from
-    the call on the turn counts as this process's (``leases.turns_leased_here``)."""
+    """:func:`chat_turn_run` as a task queued behind the session's earlier turns here, keeping its lease meanwhile
+    (``lease_fresh``: just stored); counts as this process's from the call on."""
     leases.turn_lease_claim(user_message_id=user_message_id)
     task = asyncio.create_task(
         _chat_turn_queued(
@@ -194,8 +182,7 @@ def _task_done(task: asyncio.Task[Message]) -> None:
 
 
 def chat_turn_stop(*, session_id: int) -> int:
-    """Stop the session's turns running in this process and those queued here behind them (they end as ``stopped``
-    without a model call: Stop stops everything in flight); returns how many were running."""
+    """Stop the session's turns running or queued in this process; returns how many were running."""
     queue = _session_queues.get(session_id)
     if queue is not None:
         queue.stops += 1
@@ -210,8 +197,7 @@ def _stop_here(session_id: int) -> None:
 
 
 async def chat_turn_stop_everywhere(*, session_id: int) -> int:
-    """Stop the session's turns on every worker: here at once, elsewhere when the listener gets ``turn.stop``
-    (:mod:`chatapp.conversation.stopping`). Returns how many ran here; a failing channel layer is only logged."""
+    """Stop the session's turns here and on every other worker (:mod:`.stopping`); returns how many ran here."""
     stopped = chat_turn_stop(session_id=session_id)
     try:
         await stopping.turn_stop_broadcast(session_id=session_id)

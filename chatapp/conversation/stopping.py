@@ -1,7 +1,5 @@
-"""``chat.stop`` reaching a turn on whichever worker runs it: a turn outlives its socket (docs/memory.md F-27), so
-each event loop listens on one process channel, in the group ``chat.turns.S`` while it runs turns of session S,
-and :func:`turn_stop_broadcast` sends ``turn.stop`` to that group.
-"""
+"""``chat.stop`` reaching a turn on any worker (turns outlive sockets, F-27): each event loop listens on one channel,
+in the group ``chat.turns.S`` while it runs turns of session S, where :func:`turn_stop_broadcast` sends."""
 
 from __future__ import annotations
 
@@ -16,16 +14,13 @@ from channels.layers import BaseChannelLayer, get_channel_layer
 
 logger = logging.getLogger(__name__)
 
-# The channel-layer message a listener acts on: ``{"type": TURN_STOP_TYPE, "session_id": S}``.
-TURN_STOP_TYPE = "turn.stop"
-# Seconds a listener waits before receiving again after the layer failed (Redis down).
-LISTEN_RETRY_SECONDS = 1.0
+TURN_STOP_TYPE = "turn.stop"  # {"type": TURN_STOP_TYPE, "session_id": S}
+LISTEN_RETRY_SECONDS = 1.0  # after the layer failed (Redis down)
 
 StopHandler = Callable[[int], object]
 
 
 def turns_group_name(session_id: int) -> str:
-    """The channel-layer group of the workers running turns of chat session ``session_id``."""
     return f"chat.turns.{session_id}"
 
 

@@ -101,12 +101,11 @@ def document_upload(*, filename: str, body: str, title: str = "") -> tuple[Docum
 
 
 def document_list() -> list[Document]:
-    """Every document of the knowledge base by title, each annotated with ``chunk_count``."""
+    """Every document by title, annotated with ``chunk_count``."""
     return list(Document.objects.annotate(chunk_count=Count("chunks")).order_by("title", "id"))
 
 
 def document_delete(*, document_id: int) -> bool:
-    """Delete the document and its chunks; returns whether it existed."""
     deleted, _ = Document.objects.filter(pk=document_id).delete()
     return deleted > 0
 

@@ -1,6 +1,5 @@
-"""Knowledge-base search with the database's own full-text search: SQLite FTS5 (``chatapp_chunk_fts``, porter, ``bm25``)
-or PostgreSQL ``to_tsvector`` with a GIN index (``ts_rank_cd``), both from migration ``0002_chunk_fulltext``. User
-text never reaches either query language as syntax, so no question (``NEAR(a b) OR *?``) is a syntax error."""
+"""Knowledge-base search with SQLite FTS5 (``bm25``) or PostgreSQL ``to_tsvector`` (``ts_rank_cd``), both from
+migration ``0002_chunk_fulltext``; user text never reaches either query language as syntax."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ from django.db import connection
 
 from memory.api import SEARCH_STOPWORDS, TokenCounter
 
-# Words of a query kept for the search; the rest of a very long question adds nothing.
 QUERY_MAX_TOKENS = 32
 WORD_MAX_CHARS = 64
 SEARCH_MAX_LIMIT = 20
@@ -24,7 +22,7 @@ _STOPWORDS = SEARCH_STOPWORDS
 
 @dataclass(frozen=True, kw_only=True)
 class Passage:
-    """One search hit: a chunk with its document; ``score``: higher is more relevant, within one result list."""
+    """One search hit; ``score``: higher is more relevant, within one result list."""
 
     chunk_id: int
     document_id: int
@@ -43,8 +41,8 @@ class Passage:
 
 
 def search_words(query: str) -> list[str]:
-    """The words of ``query`` a search uses: lower-cased, with a letter or digit, stopwords dropped unless nothing else
-    is left, deduplicated, bounded; inner punctuation stays (``ks-312``): each backend tokenizes it like its documents."""
+    """The bounded, deduplicated, lower-case words of ``query`` (stopwords only if nothing else); inner punctuation
+    stays (``ks-312``) for each backend to tokenize like its documents."""
     cleaned = _CONTROL.sub(" ", query).lower().split()
     words = [word[:WORD_MAX_CHARS] for word in cleaned if _WORD.search(word)]
     content_words = [word for word in words if " ".join(_WORD.findall(word)) not in _STOPWORDS] or words
@@ -52,14 +50,12 @@ def search_words(query: str) -> list[str]:
 
 
 def fts5_query(words: list[str]) -> str:
-    """An FTS5 MATCH of any of ``words``, each a quoted phrase of its letter/digit runs (``ks-312`` -> ``"ks 312"``), so
-    no operator, column filter, prefix or quote of user text survives."""
+    """An FTS5 MATCH of any of ``words``, each a quoted phrase of its word runs, so no user syntax survives."""
     return " OR ".join(f'"{" ".join(_WORD.findall(word))}"' for word in words)
 
 
 def kb_search(query: str, limit: int = 4) -> list[Passage]:
-    """The ``limit`` (1..20) chunks most relevant to ``query``, best first, matching any word (questions rarely share
-    every word with the answer). Raises ``NotImplementedError`` on a database without full-text search."""
+    """The ``limit`` best chunks for any word of ``query``. Raises ``NotImplementedError`` without full-text search."""
     words = search_words(query)
     limit = max(1, min(limit, SEARCH_MAX_LIMIT))
     if not words:
@@ -97,8 +93,7 @@ def passages_format(passages: list[Passage]) -> str:
 
 
 def passages_fit(passages: list[Passage], *, budget_tokens: int, counter: TokenCounter) -> list[Passage]:
-    """The best-ranked ``passages`` whose formatted texts together fit ``budget_tokens`` tokens,
-    in rank order; the first one is always kept so that even a tiny window gets some knowledge."""
+    """The best-ranked ``passages`` that fit ``budget_tokens`` tokens; the first always, so a tiny window gets some."""
     kept: list[Passage] = []
     used = 0
     for passage in passages:

@@ -1,27 +1,7 @@
-"""The chat WebSockets, one socket per open chat session and tab (routes in :mod:`chatapp.routing`):
-
-* :class:`ChatJsonConsumer` at ``/ws/chat/<session id>/``: the JSON protocol;
-* :class:`ChatPageConsumer` at ``/ws/chat/<session id>/page/``: the chat page's socket, which
-  gets every server event as server-rendered HTML fragments for htmx's WebSocket extension
-  (:mod:`chatapp.ui.page_feed`) and a snapshot of the page on connect and on ``chat.sync``.
-
-Every event, its fields and the error and close codes are defined in
-:mod:`chatapp.realtime.protocol` (reference: docs/protocol.md). Both consumers are thin and share
-:class:`ChatSocket`: it authorizes the socket (4404 otherwise), joins the session's channel-layer
-group, validates each client event and calls a service; the turn itself runs in the background
-(:mod:`chatapp.conversation.runner`) and reaches every socket of the session through the group.
-The two differ only in how a server event reaches the socket (:meth:`ChatSocket.deliver`,
-:meth:`ChatSocket.relay`) and in what answers ``chat.sync`` (:meth:`ChatSocket.sync_answer`).
-
-Turns interrupted by a restart (their worker died, so their lease is no longer renewed) are
-closed with an error reply (``leases.turns_interrupted_close``) so that their transcript ends and
-they are never pending forever. The sweep runs on connect, once, before the socket joins the
-group, and afterwards in the lease watch only (:meth:`ChatSocket.leases_check`): while the session
-has turns in flight that this process does not run, the watch wakes when the first of their
-leases runs out, so an open tab learns of it unasked. ``chat.sync``, ``chat.stop`` and a resend of
-a message without a final reply look at once (one query when no lease ran out), so that their
-answer already reflects a turn that died. A new ``chat.send`` does not sweep: the runner closes
-the session's interrupted turns before the turn starts.
+"""The chat WebSockets (routes in :mod:`chatapp.routing`, events in :mod:`chatapp.realtime.protocol`):
+:class:`ChatJsonConsumer` speaks JSON, :class:`ChatPageConsumer` sends htmx fragments. Both authorize (4404
+otherwise), validate client events and call a service; turns run in :mod:`chatapp.conversation.runner`, and turns
+whose worker died are closed on connect and by a lease watch (:meth:`ChatSocket.leases_check`).
 """
 
 from __future__ import annotations
@@ -45,6 +25,7 @@ from chatapp.conversation.runner import chat_turn_start, chat_turn_stop, chat_tu
 from chatapp.models import ChatSession, Message
 from chatapp.orm_threads import orm_async
 from chatapp.realtime.broadcast import session_group_name
+from chatapp.realtime.client_frames import client_event_parse, frame_decode
 from chatapp.realtime.protocol import (
     BUSY,
     CLOSE_NOT_FOUND,
@@ -58,31 +39,24 @@ from chatapp.realtime.protocol import (
     ErrorEvent,
     ProtocolError,
     ServerEvent,
-    client_event_parse,
-    frame_decode,
     server_event_parse,
 )
 from chatapp.ui.page_feed import PageFeed
 
 logger = logging.getLogger(__name__)
 
-# How long after a lease runs out the watch looks again when the turn was not closed (its lease
-# was renewed meanwhile, or the clock's resolution made it look alive a moment longer).
+# Extra wait after a lease ran out but its turn was not closed (renewed, or clock resolution).
 LEASE_WATCH_MARGIN_SECONDS = 1.0
 
 
 class ChatSocket(AsyncJsonWebsocketConsumer):
-    """What both chat sockets share: one browser tab's (or API client's) socket on one chat
-    session. Subclasses say how a server event is sent (:meth:`deliver` for one built here,
-    :meth:`relay` for one from the session's group) and what answers ``chat.sync``."""
+    """One tab's socket on one chat session; subclasses say how events are sent (:meth:`deliver`,
+    :meth:`relay`) and what answers ``chat.sync``."""
 
     chat_session: ChatSession | None = None
     lease_watch: asyncio.Task[None] | None = None
 
-    # --- what the two sockets do differently -----------------------------------------------
-
     async def deliver(self, event: ServerEvent) -> None:
-        """Send ``event`` (built by this consumer) to this socket."""
         raise NotImplementedError
 
     async def relay(self, payload: dict[str, Any]) -> None:
@@ -90,7 +64,6 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
         raise NotImplementedError
 
     async def sync_answer(self, session: ChatSession, event: ChatSync) -> None:
-        """Answer ``chat.sync`` (the session's interrupted turns are closed already)."""
         raise NotImplementedError
 
     async def opened(self, session: ChatSession) -> None:
@@ -99,18 +72,9 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
     async def deleted(self) -> None:
         """Called when the session was deleted, before the socket closes (4404)."""
 
-    # --- the socket's life -------------------------------------------------------------------
-
     async def dispatch(self, message: dict[str, Any]) -> None:
-        """Call the handler of ``message``. Channels first hops to the thread-sensitive thread to
-        close its obsolete database connections (``aclose_old_connections``) before every
-        handler; here only before the socket's own messages (connect, a client frame,
-        disconnect), not before the channel-layer messages relayed to it: those do no database
-        work on that thread (the page socket's renders go through
-        :func:`~chatapp.orm_threads.orm_async`, which cleans its own thread), and the hop cost every
-        relayed event a thread round trip (about 5 % of a worker's CPU under
-        ``bench/ws_load.py``). The memory engine's reads on that thread still get a cleaned
-        connection at each ``chat.send``."""
+        """Call the handler of ``message``; close old database connections only before the socket's own
+        ``websocket.*`` messages: relayed events do no database work on that thread (docs/benchmarks.md)."""
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
@@ -127,9 +91,7 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_NOT_FOUND)
             return
         self.chat_session = session
-        # Before joining the group, so what this closes is not also sent here as events: the
-        # page's snapshot shows it, and a JSON client reads it with chat.sync.
-        # Never this process's own turns (alive, whether or not their lease is stored yet).
+        # Before joining the group (the snapshot or chat.sync shows it); never this process's own turns.
         await orm_async(leases.turns_interrupted_close)(session_id=session.pk, exclude=leases.turns_leased_here())
         await self.channel_layer.group_add(session_group_name(session.pk), self.channel_name)
         await self.accept()
@@ -157,12 +119,9 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
         else:
             await self.chat_stop(session)
 
-    # --- client events -------------------------------------------------------------------------
-
     async def chat_send(self, session: ChatSession, event: ChatSend) -> None:
-        """Store the user message once and start its turn; a resend replays what is stored (a
-        turn that died is closed first, so its resend gets the error reply and ``chat.done``).
-        A new message is refused (``busy``) while the session has its maximum of turns in flight."""
+        """Store the message once and start its turn, or refuse it (``busy``); a resend replays what is
+        stored, after closing its turn if that died (docs/memory.md F-27)."""
         try:
             message, created = await orm_async(leases.user_message_submit)(
                 session=session,
@@ -191,15 +150,10 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
             await self.deliver(ChatDoneEvent(turn_id=message.pk, status=final.status, message_id=final.pk))
 
     async def chat_sync(self, session: ChatSession, event: ChatSync) -> None:
-        """Answer ``chat.sync`` (:meth:`sync_answer`) once the turns whose lease ran out are
-        closed, so their error replies are among the messages and they are not pending."""
         await self.leases_check(session.pk)
         await self.sync_answer(session, event)
 
     async def chat_stop(self, session: ChatSession) -> None:
-        """Stop the session's turns in flight, running or queued, on whichever worker runs them
-        (:func:`chatapp.conversation.runner.chat_turn_stop_everywhere`). A turn no worker runs any
-        more (its lease ran out) is closed now rather than left pending."""
         await chat_turn_stop_everywhere(session_id=session.pk)
         await self.leases_check(session.pk)
 
@@ -213,13 +167,8 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
             )
         )
 
-    # --- channel-layer handlers ----------------------------------------------------------------
-
     async def session_event(self, message: dict[str, Any]) -> None:
-        """Channel-layer handler: relay a session event to this socket. A turn that starts, or a
-        user message that opens one, on another worker is watched (:meth:`lease_watch_ensure`);
-        one this process runs or queues (:func:`~chatapp.conversation.leases.turns_leased_here`)
-        is not: it renews its own lease, and the watch would only query to find nothing to watch."""
+        """Relay a group event; a turn another worker starts gets a lease watch (ours renew their lease)."""
         payload: dict[str, Any] = message["event"]
         kind = payload.get("type")
         if kind == ChatTurnEvent.type:
@@ -233,13 +182,11 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
         await self.relay(payload)
 
     async def turn_stop(self, message: dict[str, Any]) -> None:
-        """Channel-layer handler: stop the session's turns running in this process (the session
-        group's ``turn.stop``, which workers of the previous version send on ``chat.stop``)."""
+        """The group's ``turn.stop`` (sent by older workers on ``chat.stop``): stop this process's turns."""
         if self.chat_session is not None:
             chat_turn_stop(session_id=self.chat_session.pk)
 
     async def session_deleted(self, message: dict[str, Any]) -> None:
-        """Channel-layer handler: the session was deleted; stop its turns here and close (4404)."""
         await self.lease_watch_cancel()
         if self.chat_session is not None:
             chat_turn_stop(session_id=self.chat_session.pk)
@@ -248,13 +195,9 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
             await self.deleted()
         await self.close(code=CLOSE_NOT_FOUND)
 
-    # --- turns interrupted while this socket is open ---------------------------------------------
-
     async def leases_check(self, session_id: int) -> float | None:
-        """Close the session's turns whose lease has run out, if any has; returns the seconds
-        until the next lease of a turn in flight that this process does not run runs out (None:
-        there is no such turn). Costs one query when no lease ran out. Closing tells every socket
-        of the session (``chat.message`` and ``chat.done`` after the commit)."""
+        """Close the session's turns whose lease ran out; returns seconds until the next other-process
+        lease runs out, or None when there is none. One query when no lease ran out."""
         while True:
             expiry = await orm_async(turns.turn_lease_next_expiry)(
                 session_id=session_id, exclude=leases.turns_leased_here()
@@ -265,12 +208,10 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
             if delay > 0:
                 return delay
             if not await orm_async(leases.turns_interrupted_close)(session_id=session_id):
-                # Renewed meanwhile, or alive for a moment longer at the clock's resolution.
                 return LEASE_WATCH_MARGIN_SECONDS
 
     def lease_watch_ensure(self) -> None:
-        """Start watching the session's turns in flight that this process does not run, unless
-        already watching. Nothing else would tell this socket when such a turn's worker died."""
+        """Watch other workers' turns of the session (once): nothing else tells this socket they died."""
         if self.chat_session is not None and (self.lease_watch is None or self.lease_watch.done()):
             self.lease_watch = asyncio.create_task(self._lease_watch(self.chat_session.pk))
 
@@ -282,9 +223,6 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
                 await task
 
     async def _lease_watch(self, session_id: int) -> None:
-        """While the session has turns in flight run by other workers: sleep until the first
-        lease runs out (plus a margin), then close the turns whose lease did; a renewed lease just
-        moves the next wake-up."""
         while True:
             delay = await self.leases_check(session_id)
             if delay is None:
@@ -293,8 +231,7 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
 
 
 class ChatJsonConsumer(ChatSocket):
-    """``/ws/chat/<session id>/``: the JSON protocol (docs/protocol.md). Silent until asked:
-    nothing is sent on connect."""
+    """``/ws/chat/<session id>/``: the JSON protocol (docs/protocol.md); nothing is sent on connect."""
 
     async def deliver(self, event: ServerEvent) -> None:
         await self.send_json(event.as_payload())
@@ -303,8 +240,6 @@ class ChatJsonConsumer(ChatSocket):
         await self.send_json(payload)  # already the JSON object: sent as built, unknown keys included
 
     async def sync_answer(self, session: ChatSession, event: ChatSync) -> None:
-        """``chat.history``: every stored message after ``after_message_id`` (one page) and the
-        turns still in flight."""
         messages, more = await orm_async(selectors.message_list_after)(
             session_id=session.pk, after_id=event.after_message_id
         )
@@ -313,10 +248,8 @@ class ChatJsonConsumer(ChatSocket):
 
 
 class ChatPageConsumer(ChatSocket):
-    """``/ws/chat/<session id>/page/`` (and the alias ``/ws/chat/<session id>/?ui=html``): the chat
-    page's socket. No JSON is sent: a snapshot of the page on connect and on ``chat.sync``, then
-    every server event as the out-of-band HTML fragments :class:`~chatapp.ui.page_feed.PageFeed`
-    renders (nothing when the page needs no change). Client events are the JSON ones."""
+    """``/ws/chat/<id>/page/`` (alias ``?ui=html``): a page snapshot on connect and ``chat.sync``, then
+    each event as :class:`~chatapp.ui.page_feed.PageFeed` HTML fragments. Client events are the JSON ones."""
 
     feed: PageFeed  # set once accepted (:meth:`opened`), before any event is delivered
 
@@ -325,7 +258,6 @@ class ChatPageConsumer(ChatSocket):
         await self._snapshot_send()
 
     async def deleted(self) -> None:
-        """Tell the page before the close: its composer is disabled and the chat leaves its sidebar."""
         await self.send(text_data=self.feed.deleted())
 
     async def deliver(self, event: ServerEvent) -> None:
@@ -345,7 +277,6 @@ class ChatPageConsumer(ChatSocket):
         await self.deliver(event)
 
     async def sync_answer(self, session: ChatSession, event: ChatSync) -> None:
-        """A fresh snapshot of the page, whatever ``after_message_id`` says."""
         await self._snapshot_send()
 
     async def _snapshot_send(self) -> None:
@@ -355,9 +286,7 @@ class ChatPageConsumer(ChatSocket):
 
 
 class NotFoundConsumer(AsyncWebsocketConsumer):
-    """Every WebSocket path without a route (``/ws/chat/abc/``, ``/ws/other/``): accepted, then
-    closed with 4404 like a session that is not the caller's (a refused handshake would only
-    show as 1006 in the browser)."""
+    """Any unrouted WebSocket path: accepted, then closed with 4404 (a refused handshake shows only as 1006)."""
 
     async def connect(self) -> None:
         await self.accept()

@@ -1,6 +1,5 @@
-"""The embedded default's channel layer: Channels' in-memory layer sweeping expired entries at most once every
-:data:`SWEEP_INTERVAL_SECONDS` instead of on every receive and group send (messages and memberships may expire that
-much late), and sending a group message to its members in turn instead of one task each."""
+"""The embedded default's channel layer: Channels' in-memory one, sweeping expired entries once a
+:data:`SWEEP_INTERVAL_SECONDS` (so they may expire that late) and sending group messages without a task each."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ from typing import Any
 from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer
 
-# Seconds between two sweeps for expired messages and group memberships.
 SWEEP_INTERVAL_SECONDS = 1.0
 
 

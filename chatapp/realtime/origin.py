@@ -1,6 +1,5 @@
-"""The WebSocket origin check: browsers send cookies with any page's handshake, so ``Origin`` is the only defence
-against cross-site WebSocket hijacking. Channels' validator compares host names only (a page on another port passed);
-this is Django's CSRF rule: the scheme, host and port the browser used, or ``CSRF_TRUSTED_ORIGINS``."""
+"""The WebSocket ``Origin`` check against cross-site hijacking, by Django's CSRF rule (scheme, host and port, or
+``CSRF_TRUSTED_ORIGINS``); Channels' own validator compares host names only."""
 
 from __future__ import annotations
 
@@ -11,10 +10,8 @@ from channels.security.websocket import WebsocketDenier
 from django.conf import settings
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
-# The HTTP scheme of the page that opens a socket with each WebSocket scheme.
 PAGE_SCHEMES = {"ws": "http", "wss": "https"}
 
-# (scheme, host, port): host lower-cased, port made explicit.
 SiteOrigin = tuple[str, str, int]
 
 
@@ -63,7 +60,6 @@ def _trusted_match(origin: SiteOrigin, trusted: str) -> bool:
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str | None:
-    """The first value of header ``name`` (lower-case bytes), decoded as Latin-1 like Django does."""
     for header_name, value in scope.get("headers", ()):
         if header_name.lower() == name:
             return value.decode("latin-1")

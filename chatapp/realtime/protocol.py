@@ -34,32 +34,16 @@ for the message limit only).
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Self
-
-from django.conf import settings
 
 if TYPE_CHECKING:
     from memory.api import CompressionRecord, MemoryContext
 
-# --- limits ---------------------------------------------------------------------------------
-
-CLIENT_MESSAGE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
-# JSON escapes can make a frame several times longer than its text: a character outside the
-# Basic Multilingual Plane (an emoji) is one character of text but a 12-character surrogate pair
-# "\ud83d\ude00" in a frame encoded with ASCII escapes (Python's json.dumps default).
-FRAME_CHARS_PER_TEXT_CHAR = 12
-FRAME_OVERHEAD_CHARS = 1024
-# Message ids are 64-bit database keys; a larger number can name no message.
-MESSAGE_ID_MAX = 2**63 - 1
-
 # --- close codes ----------------------------------------------------------------------------
 
 CLOSE_NOT_FOUND: Final = 4404
-# The standard "message too big" (RFC 6455 section 7.4.1), sent by the server itself
-# (chatapp.serve): the application never sees such a frame.
+# RFC 6455 §7.4.1 "message too big", sent by the server (chatapp.serve) before the app sees the frame.
 CLOSE_TOO_BIG: Final = 1009
 
 CLOSE_CODES: Final[dict[int, str]] = {
@@ -90,7 +74,7 @@ CONTEXT_OVERFLOW: Final = "context_overflow"
 AGENT_STEP_LIMIT: Final = "agent_step_limit"
 INTERNAL_ERROR: Final = "internal_error"
 LLM_ERROR_PREFIX: Final = "llm_"
-# The kinds of ``chatapp.llm.clients.LLMError`` (``LLMErrorKind``), each sent as ``llm_<kind>``.
+# chatapp.llm.clients.LLMErrorKind, each sent as llm_<kind>.
 LLM_ERROR_KINDS: Final[dict[str, str]] = {
     "connection": "the chat model's endpoint refused the connection or is unreachable",
     "timeout": "the chat model's endpoint did not answer in time",
@@ -103,7 +87,6 @@ LLM_ERROR_KINDS: Final[dict[str, str]] = {
 
 
 def llm_error_code(kind: str) -> str:
-    """The error code of a chat-model failure of ``kind`` (an ``LLMError.kind``): ``llm_<kind>``."""
     return f"{LLM_ERROR_PREFIX}{kind}"
 
 
@@ -142,7 +125,6 @@ class ProtocolError(Exception):
         self.client_message_id = client_message_id
 
     def as_event(self) -> ErrorEvent:
-        """The ``error`` event sent back to the client."""
         return ErrorEvent(code=self.code, message=self.message, client_message_id=self.client_message_id)
 
 
@@ -151,12 +133,11 @@ class ProtocolError(Exception):
 
 @dataclass(frozen=True, kw_only=True)
 class ClientEventBase:
-    """A client event: decoded and validated by :func:`client_event_parse`."""
+    """A client event, parsed by :func:`chatapp.realtime.client_frames.client_event_parse`."""
 
     type: ClassVar[str]
 
     def as_payload(self) -> dict[str, Any]:
-        """The JSON object a client sends for this event."""
         return {"type": self.type, **{f.name: getattr(self, f.name) for f in fields(self)}}
 
 
@@ -201,96 +182,6 @@ ClientEvent = ChatSend | ChatSync | ChatStop
 CLIENT_EVENTS: Final[tuple[type[ClientEventBase], ...]] = (ChatSend, ChatSync, ChatStop)
 
 
-def frame_decode(text_data: str | None, bytes_data: bytes | None) -> Any:
-    """The JSON value of a text frame. Raises :class:`ProtocolError` for a binary frame, a frame
-    longer than the message limit allows (``bad_frame``), or text that JSON decoding rejects for
-    any reason (``bad_json``: syntax, nesting too deep, an integer over Python's digit limit)."""
-    if text_data is None:
-        raise ProtocolError(BAD_FRAME, "Binary frames are not supported; send JSON text.")
-    limit = settings.CHAT_MAX_MESSAGE_CHARS * FRAME_CHARS_PER_TEXT_CHAR + FRAME_OVERHEAD_CHARS
-    if len(text_data) > limit:
-        raise ProtocolError(BAD_FRAME, f"The frame is {len(text_data)} characters long; the limit is {limit}.")
-    try:
-        return json.loads(text_data)
-    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError, and so is a too-long integer
-        raise ProtocolError(BAD_JSON, "The frame is not valid JSON.") from None
-
-
-def client_event_parse(content: Any) -> ClientEvent:
-    """The client event ``content`` (decoded JSON) describes. Raises :class:`ProtocolError` for
-    anything that is not exactly one of the client events of this module."""
-    if not isinstance(content, dict):
-        raise ProtocolError(BAD_EVENT, "An event must be a JSON object with a 'type'.")
-    _unicode_check(content)
-    kind = content.get("type")
-    if kind == ChatSend.type:
-        return _chat_send(content)
-    if kind == ChatSync.type:
-        after = content.get("after_message_id")
-        if type(after) is not int or not 0 <= after <= MESSAGE_ID_MAX:
-            raise ProtocolError(
-                BAD_FIELD, f"'after_message_id' must be an integer from 0 (everything) to {MESSAGE_ID_MAX}."
-            )
-        return ChatSync(after_message_id=after)
-    if kind == ChatStop.type:
-        return ChatStop()
-    if not isinstance(kind, str):
-        raise ProtocolError(BAD_EVENT, "An event must have a string 'type'.")
-    raise ProtocolError(BAD_EVENT, f"Unknown event type {kind[:40]!r}; expected chat.send, chat.sync or chat.stop.")
-
-
-def _chat_send(content: dict[str, Any]) -> ChatSend:
-    client_message_id = content.get("client_message_id")
-    if not isinstance(client_message_id, str) or not CLIENT_MESSAGE_ID.fullmatch(client_message_id):
-        raise ProtocolError(BAD_FIELD, "'client_message_id' must be 1-64 characters of letters, digits and _ . : -")
-    text = content.get("text")
-    if not isinstance(text, str) or not text.strip():
-        raise ProtocolError(BAD_FIELD, "'text' must be a non-empty string.", client_message_id=client_message_id)
-    limit = settings.CHAT_MAX_MESSAGE_CHARS
-    if len(text) > limit:
-        raise ProtocolError(
-            TOO_LONG,
-            f"The message is {len(text)} characters long; the limit is {limit}.",
-            client_message_id=client_message_id,
-        )
-    if "\x00" in text:
-        raise ProtocolError(BAD_FIELD, "'text' must not contain NUL characters.", client_message_id=client_message_id)
-    return ChatSend(client_message_id=client_message_id, text=text)
-
-
-def _unicode_check(content: dict[str, Any]) -> None:
-    """Raise ``bad_field`` when any key or string in ``content``, at any depth, has no UTF-8 form
-    (a lone surrogate from a ``\\udXXX`` escape): it could be neither stored nor sent back."""
-    pending: list[tuple[str, Any]] = [(key, item) for key, value in content.items() for item in (key, value)]
-    while pending:
-        field_name, value = pending.pop()
-        if isinstance(value, str):
-            if not _encodes(value):
-                raise _not_unicode(field_name, content)
-        elif isinstance(value, dict):
-            pending.extend((field_name, item) for pair in value.items() for item in pair)
-        elif isinstance(value, list):
-            pending.extend((field_name, item) for item in value)
-
-
-def _encodes(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _not_unicode(field_name: str, content: dict[str, Any]) -> ProtocolError:
-    client_message_id = content.get("client_message_id")
-    readable = isinstance(client_message_id, str) and CLIENT_MESSAGE_ID.fullmatch(client_message_id)
-    return ProtocolError(
-        BAD_FIELD,
-        f"{field_name[:40]!r} must be valid Unicode text (it contains a lone surrogate escape such as \\ud800).",
-        client_message_id=client_message_id if readable else None,
-    )
-
-
 # --- server events --------------------------------------------------------------------------
 
 
@@ -304,7 +195,6 @@ class ServerEvent:
     omit_when_none: ClassVar[frozenset[str]] = frozenset()
 
     def as_payload(self) -> dict[str, Any]:
-        """The JSON object sent to the client (JSON-safe as long as the fields are)."""
         payload: dict[str, Any] = {"type": self.type}
         for item in fields(self):
             value = getattr(self, item.name)
@@ -315,8 +205,7 @@ class ServerEvent:
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any]) -> Self:
-        """The event ``payload`` (an :meth:`as_payload` result) describes; keys this version does
-        not know are ignored. Raises ``TypeError`` when a field without default is missing."""
+        """The event of an :meth:`as_payload` result, unknown keys ignored. Raises ``TypeError`` for a missing field."""
         names = {item.name for item in fields(cls)}
         return cls(**{key: value for key, value in payload.items() if key in names})
 
@@ -479,7 +368,6 @@ class MemoryCompressionEvent(ServerEvent):
 
     @classmethod
     def from_record(cls, record: CompressionRecord, *, turn_id: int | None, step: int) -> MemoryCompressionEvent:
-        """The event of one compression record."""
         return cls(turn_id=turn_id, step=step, event=record.as_dict())
 
 
@@ -637,6 +525,5 @@ def server_event_class(event_type: str) -> type[ServerEvent]:
 
 
 def server_event_parse(payload: dict[str, Any]) -> ServerEvent:
-    """The typed server event of ``payload`` (a JSON object as sent). Raises ``KeyError`` for an
-    unknown ``type`` and ``TypeError`` when a required field is missing."""
+    """The typed event of a sent JSON object. Raises ``KeyError`` (unknown ``type``) or ``TypeError`` (missing field)."""
     return server_event_class(payload["type"]).from_payload(payload)

@@ -14,6 +14,7 @@ import pytest
 
 from chatapp.llm.clients import LLMErrorKind
 from chatapp.realtime import protocol
+from chatapp.realtime.client_frames import client_event_parse
 from chatapp.realtime.protocol import (
     ChatAckEvent,
     ChatDeltaEvent,
@@ -32,7 +33,6 @@ from chatapp.realtime.protocol import (
     MemorySummaryEvent,
     ProtocolError,
     ServerEvent,
-    client_event_parse,
     server_event_parse,
 )
 
