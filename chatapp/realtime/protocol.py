@@ -28,8 +28,8 @@ events report is described in docs/memory.md §8. Events may gain keys and new e
 types may appear; none is renamed or removed (CONTRIBUTING.md, public interfaces), so clients
 ignore what they do not know.
 
-This module imports no ORM model, so every layer may use it (it reads ``django.conf.settings``
-for the message limit only).
+This module imports no ORM model and reads no settings, so every layer may use it; decoding and checking client
+frames against the configured limits is ``chatapp/realtime/client_frames.py``'s.
 """
 
 from __future__ import annotations
@@ -298,7 +298,7 @@ class ChatRetrievalEvent(ServerEvent):
 @dataclass(frozen=True, kw_only=True)
 class ChatDeltaEvent(ServerEvent):
     """To every socket of the session: streamed reply text, not stored yet (batched: about one
-    event per 50 ms per turn). The stored reply follows as ``chat.message`` and replaces it."""
+    event per 100 ms per turn). The stored reply follows as ``chat.message`` and replaces it."""
 
     type: ClassVar[str] = "chat.delta"
 
