@@ -1,4 +1,4 @@
-"""What the model still sees of what the user typed (issue: key facts, docs/memory.md §11).
+"""What the model still sees of what the user typed (key facts, docs/memory.md §11).
 
 Reads the JSON Lines of ``manage.py replay`` over a tau-bench file and the same tau-bench file.
 For every model call it takes the **values** of the conversation so far that a user typed or a

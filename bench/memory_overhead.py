@@ -1,4 +1,4 @@
-"""Per-request cost of the memory layer, by history length (issue: memory engine).
+"""Per-request cost of the memory layer, by history length.
 
 For sessions of 10, 100, 1,000 and 10,000 stored messages in steady state (already compressed
 as after a long chat: a summary and a boundary exist), time the memory layer of each request:

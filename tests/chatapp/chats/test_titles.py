@@ -1,4 +1,4 @@
-"""A chat's title made from its first message (issue 12, item 5): identifiers, contact data, card
+"""A chat's title made from its first message: identifiers, contact data, card
 numbers, URLs and secrets are left out (the key-fact rules find them, ``memory.api.value_spans``),
 amounts and dates stay, a long text is cut at a word, and a message with nothing else left gives
 the neutral "Chat <id>". Pure: no database."""

@@ -1,4 +1,4 @@
-"""How much database work one chat turn costs (issue 11, docs/benchmarks.md): a quick-answer turn
+"""How much database work one chat turn costs (docs/benchmarks.md): a quick-answer turn
 as the JSON socket runs it (the user message stored with its lease, then the turn) is held to an
 upper bound of SQL statements and write transactions, counted on every thread that runs ORM work
 (:mod:`chatapp.orm_threads`' threads and asgiref's thread-sensitive one)."""
@@ -25,17 +25,9 @@ pytestmark = [
     pytest.mark.usefixtures("offline_engine", "demo_kb", "db_connections_closed"),
 ]
 
-# Upper bounds for one quick-answer turn without compression (issue 11). Before: 18 statements,
-# 9 writes, 5 write transactions (a query for a resend before every new message, a lease renewal
-# at the start of every turn, the turns in flight read once more for the first context).
-# 16 since key facts (issue 9): every request reads the session's active key facts (one SELECT,
-# ``ContextRequest.load_facts``); storing a message without identifiers makes no query.
-# 18 since recall (issue 10): the question and its owner (one SELECT) and the full-text search of
-# the owner's memory index (one SELECT; chat titles only when something was found).
-# 17 since the turn reads its question once, with the session, for the knowledge-base search and
-# recall (the owner's scope comes from the session row).
-# 16 since the socket hands the turn the text it stored (the question is not read back), and 3
-# write transactions since the model call's usage is stored with the final reply.
+# Upper bounds for one quick-answer turn without compression: the key facts (one SELECT), the
+# question with its owner and the owner's full-text search (one SELECT each) are read once; the
+# history of these figures is in CHANGELOG.md.
 MAX_STATEMENTS = 16
 MAX_WRITES = 8
 MAX_WRITE_TRANSACTIONS = 3

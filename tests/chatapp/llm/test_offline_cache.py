@@ -1,4 +1,4 @@
-"""The offline engine remembers the passages it parsed from a system prompt (issue 11): the same
+"""The offline engine remembers the passages it parsed from a system prompt: the same
 prompt gives the same evidence, parsed once, and a caller changing its list changes nothing
 remembered."""
 

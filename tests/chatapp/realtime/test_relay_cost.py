@@ -1,5 +1,5 @@
-"""What a chat socket does per relayed event and per turn of its own (issue 11,
-docs/architecture.md): no thread hop to close database connections before a relayed event, and no
+"""What a chat socket does per relayed event and per turn of its own
+(docs/architecture.md): no thread hop to close database connections before a relayed event, and no
 lease watch (a query each time) for turns its own process runs; a turn of another worker is still
 watched."""
 

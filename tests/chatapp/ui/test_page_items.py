@@ -1,4 +1,4 @@
-"""The chat page as a newcomer reads it (issue 12, items 4 and 6): every bubble carries its
+"""The chat page as a newcomer reads it: every bubble carries its
 memory mark, the newest reply included; the gauge says its level and its marks in words; a
 degraded compression lists its attempts and backoff waits, adding up to its duration, with each
 error once; the summary type says who wrote it; the composer counts the message being typed
