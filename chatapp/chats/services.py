@@ -244,18 +244,22 @@ def model_call_record(
 @dataclass(frozen=True, kw_only=True)
 class ModelCallUsage:
     """What the provider reported for the model call recorded as ``model_call_id``: tokens
-    (None when not reported) and the finish reason (at most 32 characters are stored)."""
+    (None when not reported) and the finish reason (at most 32 characters are stored).
+    ``context``: the record's context to store instead (None: unchanged)."""
 
     model_call_id: int
     prompt_tokens: int | None
     completion_tokens: int | None
     finish_reason: str
+    context: dict[str, Any] | None = None
 
 
 def model_call_usage_save(usage: ModelCallUsage) -> None:
     """Store ``usage`` on its model call's record (one query)."""
+    context = {} if usage.context is None else {"context": usage.context}
     ModelCall.objects.filter(pk=usage.model_call_id).update(
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,
         finish_reason=usage.finish_reason[:32],
+        **context,
     )

@@ -7,6 +7,9 @@ built from settings by :func:`build_summarizer_chain`.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -20,6 +23,9 @@ from chatapp.llm.clients import (
     chat_stream,
     failover_endpoint,
     get_client,
+    refusal_names,
+    refused_shapes,
+    shape_refused,
     summary_endpoint,
     translated_errors,
 )
@@ -39,11 +45,12 @@ class OpenAISummarizer:
 
     ``response_format`` of a request (a key-facts extraction, docs/memory.md §11) is sent on the
     non-streamed path with a fallback within the same call: the format as given, then
-    ``{"type": "json_object"}``, then none, each next one only when the endpoint rejected the
-    previous with HTTP 400 or 422 (servers that do not know ``json_schema``). The first level
-    that worked is remembered per instance, so later calls skip the rejected ones. The streamed
-    path sends no ``response_format`` (:func:`chatapp.llm.clients.chat_stream` takes no extra
-    parameters): the reply is parsed tolerantly anyway.
+    ``{"type": "json_object"}``, then none but a plain instruction (:func:`json_only_prompt`),
+    each next one only when the endpoint rejected the previous (:func:`_format_rejected`). What
+    was rejected is remembered per endpoint (base URL and model), so later calls skip it. The
+    streamed path sends the plain instruction (:func:`chatapp.llm.clients.chat_stream` takes no
+    extra parameters). The reply of a request with a ``response_format`` is its first JSON object
+    (:func:`first_json_object`), when it has one.
     """
 
     endpoint: Endpoint
@@ -51,8 +58,6 @@ class OpenAISummarizer:
     stream: bool = False
     model: str = field(init=False)
     method: str = field(init=False)
-    # ``response_format`` types (``json_schema``, ``json_object``) this endpoint rejected.
-    _rejected_formats: set[str] = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.model = self.endpoint.model
@@ -68,15 +73,16 @@ class OpenAISummarizer:
         not. Raises :class:`LLMError` for any endpoint failure (for a stream, also a reply with no
         text at all). The client makes exactly one HTTP request (no hidden retries), so each chain
         attempt is one request -- except that a request with a ``response_format`` the endpoint
-        rejects (HTTP 400/422) is sent again with the next fallback format (at most three
-        requests; see the class docstring).
+        rejects is sent again with the next fallback format (at most three requests; see the
+        class docstring).
         """
         if self.stream:
-            return await self._summarize_streamed(request)
+            return _json_only(request, await self._summarize_streamed(request))
+        refused = refused_shapes(self.endpoint)
         levels = [
             level
             for level in response_format_levels(request.response_format)
-            if level is None or level.get("type") not in self._rejected_formats
+            if level is None or level.get("type") not in refused
         ]
         rejected: list[str] = []
         for number, level in enumerate(levels, 1):
@@ -89,7 +95,8 @@ class OpenAISummarizer:
                 raise
             # Remembered only once a later level worked: a 400 for another reason (a prompt
             # over the window) fails every level and must not mark the formats as unsupported.
-            self._rejected_formats.update(rejected)
+            for shape in rejected:
+                shape_refused(self.endpoint, shape)
             break
         # The SDK hands back the raw text of a body that is not declared as JSON.
         if not isinstance(completion, ChatCompletion) or getattr(completion, "choices", None) is None:
@@ -97,16 +104,17 @@ class OpenAISummarizer:
         if not completion.choices:
             return SummaryReply(text="")
         choice = completion.choices[0]
-        return SummaryReply(text=choice.message.content or "", finish_reason=choice.finish_reason)
+        return _json_only(request, SummaryReply(text=choice.message.content or "", finish_reason=choice.finish_reason))
 
     async def _complete(self, request: SummaryRequest, response_format: dict[str, Any] | None) -> object:
         """One chat completion of ``request.prompt`` (``response_format`` sent when not None)."""
         client = get_client(self.endpoint)
         extra: dict[str, Any] = {"response_format": response_format} if response_format is not None else {}
+        prompt = request.prompt if response_format is not None else _prompt_of(request)
         with translated_errors(self.endpoint):
             return await client.chat.completions.create(
                 model=self.endpoint.model,
-                messages=cast("list[ChatCompletionMessageParam]", request.prompt),
+                messages=cast("list[ChatCompletionMessageParam]", prompt),
                 max_tokens=request.max_tokens,
                 temperature=self.temperature,
                 **extra,
@@ -118,7 +126,7 @@ class OpenAISummarizer:
         pieces: list[str] = []
         finish_reason: str | None = None
         async for event in chat_stream(
-            request.prompt, endpoint=self.endpoint, max_tokens=request.max_tokens, temperature=self.temperature
+            _prompt_of(request), endpoint=self.endpoint, max_tokens=request.max_tokens, temperature=self.temperature
         ):
             if event["type"] == "delta":
                 pieces.append(event["text"])
@@ -143,9 +151,54 @@ def response_format_levels(response_format: dict[str, Any] | None) -> list[dict[
 
 def _format_rejected(exc: LLMError) -> bool:
     """Whether ``exc`` is the endpoint refusing the request itself (HTTP 400 or 422), which is how
-    servers answer a ``response_format`` they do not support."""
+    servers answer a ``response_format`` they do not support, or any HTTP error naming the format
+    or its schema (llama.cpp's server answers HTTP 500)."""
     cause = exc.__cause__
-    return exc.kind == "status" and isinstance(cause, openai.APIStatusError) and cause.status_code in (400, 422)
+    if exc.kind == "status" and isinstance(cause, openai.APIStatusError) and cause.status_code in (400, 422):
+        return True
+    return refusal_names(exc, "response_format", "json_schema", "json_object", "schema", "grammar")
+
+
+JSON_ONLY_INSTRUCTION = "Reply with one JSON object only: no code fences, no text before or after it."
+
+
+def json_only_prompt(prompt: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``prompt`` with :data:`JSON_ONLY_INSTRUCTION` appended to its first system message (or in a
+    new one in front): the request for JSON to an endpoint that takes no ``response_format``."""
+    for number, message in enumerate(prompt):
+        if message.get("role") == "system" and isinstance(message.get("content"), str):
+            content = f"{message['content']}\n\n{JSON_ONLY_INSTRUCTION}"
+            return [*prompt[:number], {**message, "content": content}, *prompt[number + 1 :]]
+    return [{"role": "system", "content": JSON_ONLY_INSTRUCTION}, *prompt]
+
+
+def first_json_object(text: str) -> str | None:
+    """The first JSON object in ``text`` (inside a code fence when there is one), as its text, or
+    None when there is none."""
+    fenced = re.search(r"```(?:json)?\s*(.*?)```", text, re.DOTALL)
+    source = fenced.group(1) if fenced else text
+    decoder = json.JSONDecoder()
+    for start in (match.start() for match in re.finditer(r"\{", source)):
+        try:
+            value, end = decoder.raw_decode(source, start)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return source[start:end]
+    return None
+
+
+def _prompt_of(request: SummaryRequest) -> list[dict[str, Any]]:
+    """The prompt sent without ``response_format``: asking for JSON in words when it was wanted."""
+    return request.prompt if request.response_format is None else json_only_prompt(request.prompt)
+
+
+def _json_only(request: SummaryRequest, reply: SummaryReply) -> SummaryReply:
+    """``reply`` reduced to its first JSON object when ``request`` asked for JSON."""
+    if request.response_format is None:
+        return reply
+    found = first_json_object(reply.text)
+    return reply if found is None or found == reply.text else dataclasses.replace(reply, text=found)
 
 
 _summarizers: dict[tuple[Any, ...], tuple[OpenAISummarizer, OpenAISummarizer | None]] = {}
@@ -153,8 +206,7 @@ _summarizers: dict[tuple[Any, ...], tuple[OpenAISummarizer, OpenAISummarizer | N
 
 def summarizers_get() -> tuple[OpenAISummarizer, OpenAISummarizer | None]:
     """The primary and failover summarizers of the settings (the failover None when unset), kept
-    while the settings stay the same: each remembers which ``response_format`` its endpoint
-    rejected, so later calls skip it."""
+    while the settings stay the same."""
     temperature, stream = settings.LLM_SUMMARY_TEMPERATURE, settings.LLM_SUMMARY_STREAM
     primary, failover = summary_endpoint(), failover_endpoint()
     key = (primary, failover, temperature, stream)
