@@ -1,6 +1,7 @@
-"""Whole chat turns against a llama.cpp-like fake server (tests/fake_openai.py): an agent turn
-that calls the calculator and sends the call back, and a turn whose server drops the connection
-before the first token."""
+"""Whole chat turns and memory jobs against a llama.cpp-like fake server (tests/fake_openai.py):
+an agent turn that calls the calculator and sends the call back, a turn whose server drops the
+connection before the first token, and key facts extracted from a server refusing both
+``response_format`` types."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from asgiref.sync import sync_to_async
 from chatapp.conversation.runner import chat_turn_run
 from chatapp.models import ChatSession, Message
 from chatapp.realtime.protocol import ErrorEvent
+from tests.chatapp.chats.test_memory_facts import GOOD, extraction, facts_of, job_with, say
 from tests.chatapp.conftest import chat_session_make, message_make
-from tests.fake_openai import FakeOpenAI, chunk, dropped, stream, text_stream
+from tests.fake_openai import FakeOpenAI, chunk, completion, dropped, stream, text_stream
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -91,3 +93,20 @@ async def test_a_server_gone_before_the_first_token_is_llm_connection(alice, lla
     (error,) = errors_sent
     assert error.code == "llm_connection"
     assert llama_cpp_chat.base_url in error.message and "before the first token" in error.message
+
+
+async def test_key_facts_come_from_a_server_refusing_both_response_formats(alice, settings, fake_openai):
+    settings.LLM_SUMMARY_BASE_URL = fake_openai.base_url
+    settings.LLM_SUMMARY_MODEL = "fake-model"
+    settings.MEMORY_SUMMARY_ATTEMPTS = 1
+    fake_openai.llama_cpp().json_object_error = True
+    fake_openai.script(completion(f"Here are the facts:\n```json\n{GOOD}\n```\nAnything else?"))
+    session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.QUICK_ANSWER)
+    await say(session, "I'm allergic to penicillin.")
+
+    await job_with(extraction()).run_now(str(session.pk))
+
+    formats = [(recorded.json.get("response_format") or {}).get("type") for recorded in fake_openai.requests]
+    assert formats == ["json_schema", "json_object", None]
+    (fact,) = await facts_of(session)
+    assert (fact.key, fact.value, fact.extractor) == ("allergy", "penicillin", "llm:fake-model")
