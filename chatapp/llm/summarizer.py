@@ -174,14 +174,17 @@ def json_only_prompt(prompt: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def first_json_object(text: str) -> str | None:
     """The first JSON object in ``text`` (inside a code fence when there is one), as its text, or
-    None when there is none."""
+    None when there is none or the text opens with a broken one (a cut-off reply: an object
+    nested in it is not the answer)."""
     fenced = re.search(r"```(?:json)?\s*(.*?)```", text, re.DOTALL)
-    source = fenced.group(1) if fenced else text
+    source = (fenced.group(1) if fenced else text).strip()
     decoder = json.JSONDecoder()
     for start in (match.start() for match in re.finditer(r"\{", source)):
         try:
             value, end = decoder.raw_decode(source, start)
         except ValueError:
+            if start == 0:
+                return None
             continue
         if isinstance(value, dict):
             return source[start:end]

@@ -248,6 +248,7 @@ async def test_the_streamed_path_asks_for_json_in_words(fake_openai: FakeOpenAI)
         (f'Here: {FACTS} and {{"x": 2}}', FACTS),
         ('Not {json} but {"facts": [{"kind": "fact"}]}.', '{"facts": [{"kind": "fact"}]}'),
         ("no object [1, 2]", None),
+        ('{"facts": [{"kind": "fact"}, {"kind"', None),
         ("", None),
     ],
 )
