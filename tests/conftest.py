@@ -65,3 +65,14 @@ def turn_leases_of_any_process(settings: Any) -> None:
     count as any worker's unless a test asks for the one-process rule
     (``CHAT_TURN_LEASES_ONE_PROCESS``, chatapp.conversation.leases)."""
     settings.CHAT_TURN_LEASES_ONE_PROCESS = False
+
+
+@pytest.fixture(autouse=True)
+def endpoint_refusals_forgotten() -> Iterator[None]:
+    """What endpoints refused is remembered per base URL for the process
+    (:func:`chatapp.llm.clients.refused_shapes`): a fake server's port may serve another test later."""
+    from chatapp.llm.clients import refused_shapes_forget
+
+    refused_shapes_forget()
+    yield
+    refused_shapes_forget()

@@ -13,6 +13,15 @@ request's own estimate (tiktoken, :mod:`memory.tokens`) times the scale, so 1.2 
 whose tokenizer yields 20 % more tokens; ``reject_stream_options`` answers HTTP 400 to any request
 carrying ``stream_options``, as servers that do not know the option do.
 
+Other switches imitate what real servers do with the requests the app sends, and
+:meth:`FakeOpenAI.llama_cpp` turns on the ones llama.cpp's server shows: ``tools_need_choice``
+(tools without ``tool_choice`` are ignored: the reply is plain text), ``stream_usage_ignored``
+(``stream_options`` accepted, no usage chunk), ``json_schema_error`` (HTTP 500 for a
+``json_schema`` ``response_format``; ``json_object_error`` for ``json_object`` too) and
+``null_content_error`` (HTTP 500 for an assistant message with ``content: null`` beside
+``tool_calls``). ``stream_options_error`` answers HTTP 500 naming ``stream_options``.
+:func:`dropped` is a reply whose connection is closed or reset before the first chunk.
+
 The fixtures ``fake_openai`` and ``fake_openai_failover`` (two independent servers) and
 ``refused_base_url`` (a port where connections are refused) are in ``tests/conftest.py``, so every
 test receives them by name.
@@ -22,6 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
+import struct
 import threading
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -40,6 +51,7 @@ class Reply:
     content_type: str = "application/json"
     events: list[str] | None = None
     delay: float = 0.0
+    drop: str = ""  # "close" or "reset": the connection ends after the headers (see dropped)
 
 
 @dataclass(frozen=True)
@@ -131,6 +143,16 @@ def embeddings(vectors: list[list[float]], *, model: str = "fake-embed") -> Repl
     return Reply(body=json.dumps(payload).encode())
 
 
+def dropped(how: str) -> Reply:
+    """A stream whose connection ends before the first chunk: after the headers of an SSE reply,
+    ``close`` closes the connection and ``reset`` resets it (TCP RST), as a server that died does."""
+    assert how in ("close", "reset")
+    return Reply(content_type="text/event-stream", events=[], drop=how)
+
+
+# What the plain-text reply of a server that ignored the request's tools says.
+TOOLS_IGNORED_TEXT = "17 x 23 is 405."
+
 MALFORMED_JSON = Reply(body=b'{"id": "chatcmpl-fake", "choices": [')
 
 
@@ -146,6 +168,18 @@ class FakeOpenAI:
     _server: ThreadingHTTPServer | None = None
     usage_scale: float | None = None
     reject_stream_options: bool = False
+    stream_options_error: bool = False
+    tools_need_choice: bool = False
+    stream_usage_ignored: bool = False
+    json_schema_error: bool = False
+    json_object_error: bool = False
+    null_content_error: bool = False
+
+    def llama_cpp(self) -> FakeOpenAI:
+        """Behave as llama.cpp's OpenAI-compatible server does (see the module docstring)."""
+        self.tools_need_choice = self.stream_usage_ignored = True
+        self.json_schema_error = self.null_content_error = True
+        return self
 
     @property
     def base_url(self) -> str:
@@ -174,10 +208,34 @@ class FakeOpenAI:
             self.requests.append(recorded)
             if self.reject_stream_options and isinstance(recorded.json, dict) and "stream_options" in recorded.json:
                 return error(400, "Unrecognized request argument supplied: stream_options")
+            refusal = self._refusal(recorded.json) if isinstance(recorded.json, dict) else None
+            if refusal is not None:
+                return refusal
             reply = self._replies.pop(0) if len(self._replies) > 1 else self._replies[0]
+            body = recorded.json if isinstance(recorded.json, dict) else {}
+            if self.tools_need_choice and body.get("tools") and "tool_choice" not in body:
+                reply = text_stream(TOOLS_IGNORED_TEXT) if body.get("stream") else completion(TOOLS_IGNORED_TEXT)
+            if self.stream_usage_ignored and reply.events is not None:
+                reply = replace(reply, events=[event for event in reply.events if '"usage"' not in event])
         if self.usage_scale is not None and isinstance(recorded.json, dict):
             return _usage_rescaled(reply, round(request_estimate(recorded.json) * self.usage_scale))
         return reply
+
+    def _refusal(self, body: dict[str, Any]) -> Reply | None:
+        """The HTTP 500 a switched-on quirk answers ``body`` with, or None."""
+        if self.stream_options_error and "stream_options" in body:
+            return error(500, "stream_options: unsupported parameter")
+        response_format = body.get("response_format")
+        kind = response_format.get("type") if isinstance(response_format, dict) else None
+        if (kind == "json_schema" and self.json_schema_error) or (kind == "json_object" and self.json_object_error):
+            return error(500, f"response_format of type {kind} is not supported")
+        if self.null_content_error and any(
+            message.get("role") == "assistant" and message.get("tool_calls") and message.get("content") is None
+            for message in body.get("messages") or ()
+            if isinstance(message, dict)
+        ):
+            return error(500, "Missing 'content': expected a string, got null")
+        return None
 
 
 def request_estimate(body: dict[str, Any]) -> int:
@@ -238,6 +296,14 @@ def _handler_for(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(reply.body)
                 return
             self.end_headers()
+            if reply.drop:
+                self.wfile.flush()
+                self.close_connection = True
+                if reply.drop == "reset":
+                    # SO_LINGER with a zero timeout: closing sends a TCP RST instead of a FIN.
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.connection.close()
+                return
             for event in [*reply.events, "[DONE]"]:
                 self.wfile.write(f"data: {event}\n\n".encode())
                 self.wfile.flush()

@@ -199,17 +199,21 @@ def model_call_record(
 
 @dataclass(frozen=True, kw_only=True)
 class ModelCallUsage:
-    """The provider's report of a model call: tokens (None: unreported) and the finish reason."""
+    """The provider's report of a model call: tokens (None: unreported) and the finish reason; ``context``: the
+    record's context to store instead (None: unchanged)."""
 
     model_call_id: int
     prompt_tokens: int | None
     completion_tokens: int | None
     finish_reason: str
+    context: dict[str, Any] | None = None
 
 
 def model_call_usage_save(usage: ModelCallUsage) -> None:
+    context = {} if usage.context is None else {"context": usage.context}
     ModelCall.objects.filter(pk=usage.model_call_id).update(
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,
         finish_reason=usage.finish_reason[:32],
+        **context,
     )

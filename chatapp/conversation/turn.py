@@ -15,7 +15,7 @@ from django.db import DatabaseError
 
 from chatapp.chats import selectors, services, turns
 from chatapp.chats.memory import memory_key_of
-from chatapp.llm.calibration import calibration_report
+from chatapp.llm.calibration import calibration_report, usage_missing_recorded
 from chatapp.llm.clients import LLMError, chat_endpoint, chat_stream
 from chatapp.llm.prompts import PASSAGES_TARGET_SHARE
 from chatapp.models import ChatSession, Message
@@ -50,6 +50,8 @@ class ModelReply:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     finish_reason: str = ""
+    # Why the provider's usage is missing ("not reported", "not asked"); "" when it came.
+    usage_missing: str = ""
 
 
 class TurnStopped(Exception):
@@ -206,6 +208,7 @@ class Turn:
                 prompt_tokens=reply.prompt_tokens,
                 completion_tokens=reply.completion_tokens,
                 finish_reason=reply.finish_reason or ("stopped" if self.stop_requested() else ""),
+                context=usage_missing_recorded(record.context, reply.usage_missing) if reply.usage_missing else None,
             )
         await self.calibrate(estimated_tokens=ctx.tokens, prompt_tokens=reply.prompt_tokens)
         return reply
@@ -249,6 +252,7 @@ class Turn:
                 reply.tool_calls = event["tool_calls"]
             elif event["type"] == "usage":
                 reply.prompt_tokens, reply.completion_tokens = event["prompt_tokens"], event["completion_tokens"]
+                reply.usage_missing = event.get("missing", "")
             elif event["type"] == "finish":
                 reply.finish_reason = event["finish_reason"] or ""
         if pending:

@@ -20,3 +20,9 @@ def calibration_report(endpoint: Endpoint, *, token_factor: float, window_tokens
         "enabled": bool(settings.LLM_TOKEN_CALIBRATION),
         "offline": endpoint.offline,
     }
+
+
+def usage_missing_recorded(context: dict[str, Any], missing: str) -> dict[str, Any]:
+    """A model call's recorded ``context`` whose calibration also says why the call taught it
+    nothing: ``usage`` is ``missing`` (``not reported``, ``not asked``), as the stream said."""
+    return {**context, "calibration": {**(context.get("calibration") or {}), "usage": missing}}

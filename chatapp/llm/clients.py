@@ -12,7 +12,7 @@ import uuid
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 import httpx2
 import openai
@@ -140,13 +140,22 @@ def translated_errors(endpoint: Endpoint) -> Iterator[None]:
         raise LLMError(_sentence(message), "malformed") from exc
 
 
+def _causes(exc: BaseException | None) -> list[BaseException]:
+    """``exc`` and what it was raised from, outermost first (at most ten)."""
+    causes: list[BaseException] = []
+    while exc is not None and len(causes) < 10:
+        causes.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return causes
+
+
+def _caused_by(exc: BaseException | None, kind: type[BaseException]) -> bool:
+    return any(isinstance(cause, kind) for cause in _causes(exc))
+
+
 def _connection_message(endpoint: Endpoint, exc: openai.APIConnectionError) -> str:
     # The HTTP stack wraps the OS error several times ("All connection attempts failed").
-    causes: list[BaseException] = []
-    cause: BaseException | None = exc.__cause__
-    while cause is not None and len(causes) < 10:
-        causes.append(cause)
-        cause = cause.__cause__ or cause.__context__
+    causes = _causes(exc.__cause__)
     if any(isinstance(cause, ConnectionRefusedError) for cause in causes):
         return f"{endpoint.label} refused the connection (is the server running?)."
     detail = str(causes[-1]).strip() if causes else ""
@@ -186,6 +195,9 @@ class UsageEvent(TypedDict):
     type: Literal["usage"]
     prompt_tokens: int | None  # None: the server sent usage without this figure
     completion_tokens: int | None
+    # Why both figures are None: "not reported" (asked for, none came) or "not asked" (the
+    # endpoint refused ``stream_options``). Absent when the server reported usage.
+    missing: NotRequired[str]
 
 
 class FinishEvent(TypedDict):
@@ -210,8 +222,9 @@ async def chat_stream(
     temperature: float | None = None,
 ) -> AsyncIterator[ChatEvent]:
     """Stream one chat completion as typed events: ``delta`` pieces as they arrive, then ``tool_calls`` (whole
-    calls), ``usage`` when reported (asked for unless the endpoint refused it, docs/memory.md §5) and ``finish``.
-    Raises :class:`LLMError` on failure, also after deltas, and for a reply with no text or calls (``empty``)."""
+    calls), ``usage`` (None figures and ``missing`` when unreported) and ``finish``. A request shape the endpoint
+    refuses is changed and kept changed for it (:func:`_stream_open_adapted`). Raises :class:`LLMError` on failure,
+    also after deltas: ``empty`` for no text nor calls, ``connection`` for a stream lost before its first chunk."""
     endpoint = endpoint or chat_endpoint()
     client = get_client(endpoint)
     body: dict[str, Any] = {
@@ -228,22 +241,19 @@ async def chat_stream(
         body["temperature"] = temperature
     if tools:  # some OpenAI-compatible servers reject an empty "tools" list: leave the key out
         body["tools"] = tools
-    try:
-        stream = await _stream_open(client, body, endpoint)
-    except LLMError as exc:
-        if not (ask_usage and _rejects_request(exc)):
-            raise
-        # Servers that do not know ``stream_options`` (older vLLM, proxies) refuse the whole request.
-        del body["stream_options"]
-        stream = await _stream_open(client, body, endpoint)
-        _NO_STREAM_OPTIONS.add((endpoint.base_url, endpoint.model))
-        logger.info("%s refused stream_options: streaming without usage from now on", endpoint.label)
+        # llama.cpp's server ignores tools unless a tool choice is given.
+        body["tool_choice"] = "auto"
+    if NULL_CONTENT in refused_shapes(endpoint):
+        _call_content_emptied(body)
+    stream = await _stream_open_adapted(client, body, endpoint)
     assembler = _ToolCallAssembler()
     usage: UsageEvent | None = None
     finish_reason: str | None = None
     has_text = False
+    chunks = 0
     async with stream:
-        while (chunk := await _next_chunk(stream, endpoint)) is not None:
+        while (chunk := await _next_chunk(stream, endpoint, first=not chunks)) is not None:
+            chunks += 1
             if not isinstance(chunk, dict):
                 continue
             reported = chunk.get("usage")
@@ -266,27 +276,102 @@ async def chat_stream(
                     has_text = True
                     yield {"type": "delta", "text": content}
     tool_calls = assembler.tool_calls()
+    if not chunks:
+        # Headers, then the connection ended: a server that stopped or crashed, not a model's reply.
+        raise LLMError(f"{endpoint.label} closed the connection before the first token.", "connection")
     if not has_text and not tool_calls:
         raise LLMError(f"{endpoint.label} returned an empty reply from model {endpoint.model}.", "empty")
     if tool_calls:
         yield {"type": "tool_calls", "tool_calls": tool_calls}
-    if usage is not None:
-        yield usage
+    if usage is None:
+        missing = "not reported" if "stream_options" in body else "not asked"
+        usage = UsageEvent(type="usage", prompt_tokens=None, completion_tokens=None, missing=missing)
+    yield usage
     yield {"type": "finish", "finish_reason": finish_reason}
 
 
-# Endpoints (base URL, model) that refused ``stream_options``: their streams are asked without it.
-_NO_STREAM_OPTIONS: set[tuple[str, str]] = set()
+# Request shapes an endpoint may refuse, each learnt per (base URL, model) from a refusal.
+STREAM_OPTIONS = "stream_options"  # sent without ``stream_options`` (no usage asked)
+NULL_CONTENT = "null_content"  # assistant tool-call messages sent with ``content: ""``, not null
+JSON_SCHEMA = "json_schema"  # ``response_format`` of that type not sent
+JSON_OBJECT = "json_object"
+
+# What each endpoint (base URL, model) refused in this process.
+_REFUSED: dict[tuple[str, str], set[str]] = {}
+
+
+def refused_shapes(endpoint: Endpoint) -> frozenset[str]:
+    """The request shapes (``STREAM_OPTIONS``, ``NULL_CONTENT``, ``JSON_SCHEMA``, ``JSON_OBJECT``)
+    ``endpoint`` refused in this process, which its requests avoid from then on."""
+    return frozenset(_REFUSED.get((endpoint.base_url, endpoint.model), ()))
+
+
+def shape_refused(endpoint: Endpoint, shape: str) -> None:
+    """Remember that ``endpoint`` refused ``shape`` (only once a changed request worked)."""
+    _REFUSED.setdefault((endpoint.base_url, endpoint.model), set()).add(shape)
+    logger.info("%s (model %s) refused %s: avoided from now on", endpoint.label, endpoint.model, shape)
+
+
+def refused_shapes_forget() -> None:
+    """Forget every endpoint's refusals (tests: a port may serve another server later)."""
+    _REFUSED.clear()
+
+
+def refusal_names(exc: LLMError, *words: str) -> bool:
+    """Whether ``exc`` is an HTTP 4xx/5xx answer (not 429) whose error text names one of ``words``
+    (case-insensitive): llama.cpp's server refuses a shape it cannot handle with HTTP 500."""
+    cause = exc.__cause__
+    if not (isinstance(cause, openai.APIStatusError) and cause.status_code >= 400 and cause.status_code != 429):
+        return False
+    text = _detail(cause).lower()
+    return any(word.lower() in text for word in words)
 
 
 def _asks_usage(endpoint: Endpoint) -> bool:
-    return (endpoint.base_url, endpoint.model) not in _NO_STREAM_OPTIONS
+    return STREAM_OPTIONS not in refused_shapes(endpoint)
 
 
 def _rejects_request(exc: LLMError) -> bool:
     """Whether the endpoint refused the request itself (HTTP 400 or 422); one retry without the option is cheap."""
     cause = exc.__cause__
     return isinstance(cause, openai.APIStatusError) and cause.status_code in (400, 422)
+
+
+async def _stream_open_adapted(
+    client: openai.AsyncOpenAI, body: dict[str, Any], endpoint: Endpoint
+) -> openai.AsyncStream[object]:
+    """:func:`_stream_open`, changing ``body`` (in place) once per shape the endpoint refuses:
+    ``content: ""`` for a refusal naming content or null, no ``stream_options`` for a 400/422 or
+    any refusal naming it. What a request that then worked avoided is remembered."""
+    avoided: list[str] = []
+    while True:
+        try:
+            stream = await _stream_open(client, body, endpoint)
+        except LLMError as exc:
+            if _has_null_call_content(body) and refusal_names(exc, "content", "null", "nonetype"):
+                _call_content_emptied(body)
+                avoided.append(NULL_CONTENT)
+            elif "stream_options" in body and (_rejects_request(exc) or refusal_names(exc, "stream_options")):
+                del body["stream_options"]
+                avoided.append(STREAM_OPTIONS)
+            else:
+                raise
+            continue
+        for shape in avoided:
+            shape_refused(endpoint, shape)
+        return stream
+
+
+def _has_null_call_content(body: dict[str, Any]) -> bool:
+    return any(message.get("tool_calls") and message.get("content") is None for message in body["messages"])
+
+
+def _call_content_emptied(body: dict[str, Any]) -> None:
+    """``content: ""`` instead of null in the assistant tool-call messages of ``body``."""
+    body["messages"] = [
+        {**message, "content": ""} if message.get("tool_calls") and message.get("content") is None else message
+        for message in body["messages"]
+    ]
 
 
 async def _stream_open(
@@ -305,13 +390,22 @@ def _token_figure(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-async def _next_chunk(stream: openai.AsyncStream[object], endpoint: Endpoint) -> object | None:
-    """The next chunk, or None; translated here, not around the loop, so errors thrown into ``yield`` keep theirs."""
-    with translated_errors(endpoint):
-        try:
-            return await stream.__anext__()
-        except StopAsyncIteration:
-            return None
+async def _next_chunk(stream: openai.AsyncStream[object], endpoint: Endpoint, *, first: bool = False) -> object | None:
+    """The next chunk, or None; translated here, not around the loop, so errors thrown into ``yield`` keep theirs.
+    ``first``: no chunk came yet, so a lost connection is named as lost before the first token."""
+    try:
+        with translated_errors(endpoint):
+            try:
+                return await stream.__anext__()
+            except StopAsyncIteration:
+                return None
+    except LLMError as exc:
+        if not (first and exc.kind == "connection"):
+            raise
+        how = "reset" if _caused_by(exc.__cause__, ConnectionResetError) else "closed"
+        raise LLMError(
+            f"{endpoint.label} {how} the connection before the first token.", "connection"
+        ) from exc.__cause__
 
 
 class _ToolCallAssembler:

@@ -167,7 +167,8 @@ async def test_tool_call_without_an_id_gets_one(fake_openai: FakeOpenAI) -> None
 
     (call,) = events[0]["tool_calls"]  # type: ignore[typeddict-item]
     assert call["id"].startswith("call_") and len(call["id"]) > len("call_")
-    assert [event["type"] for event in events] == ["tool_calls", "finish"]
+    assert [event["type"] for event in events] == ["tool_calls", "usage", "finish"]
+    assert events[1] == {"type": "usage", "prompt_tokens": None, "completion_tokens": None, "missing": "not reported"}
 
 
 async def test_http_500_is_one_request_and_a_server_error(fake_openai: FakeOpenAI) -> None:

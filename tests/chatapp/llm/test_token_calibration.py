@@ -115,6 +115,19 @@ async def test_an_endpoint_refusing_stream_options_is_asked_again_without_it_and
     assert not await TokenCalibration.objects.aexists()
 
 
+async def test_a_call_without_usage_records_why_calibration_learnt_nothing(alice, fake_chat):
+    fake_chat.llama_cpp()  # accepts stream_options, sends no usage chunk
+    await turns_run(alice, 1)
+    fake_chat.reject_stream_options = True
+    await turns_run(alice, 2)
+
+    calls = [call async for call in ModelCall.objects.order_by("id")]
+    assert [call.context["calibration"].get("usage") for call in calls] == ["not reported", "not asked", "not asked"]
+    assert [call.prompt_tokens for call in calls] == [None] * 3
+    assert {call.context["calibration"]["factor"] for call in calls} == {1.0}
+    assert not await TokenCalibration.objects.aexists()
+
+
 async def test_a_request_refused_for_another_reason_fails_once_retried_and_is_not_remembered(alice, fake_chat):
     fake_chat.script(error(400, "This model's maximum context length is 32000 tokens."))
     session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.QUICK_ANSWER)
