@@ -1,4 +1,4 @@
-"""HTTP routes: the session list, chat pages with their partials and actions, the demo, the knowledge base."""
+"""HTTP routes: the session list, the search across chats, chat pages with their partials and actions, the demo, the knowledge base."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ urlpatterns = [
     path("", views.index, name="index"),
     path("favicon.ico", views.favicon, name="favicon"),
     path("s/new/", views.session_create, name="session-create"),
+    path("search/", views.chat_search, name="chat-search"),
     path("demo/", demo.demo_start_view, name="demo"),
     path("s/<int:session_id>/", views.session_detail, name="session-detail"),
     path("s/<int:session_id>/item/", views.session_item, name="session-item"),

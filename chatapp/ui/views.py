@@ -1,4 +1,4 @@
-"""Pages and their htmx partials: sessions, the chat page with its inspector, the knowledge base.
+"""Pages and their htmx partials: sessions, the search across them, the chat page with its inspector, the knowledge base.
 
 Views only parse, authorize (:mod:`chatapp.chats.access`: 404 for another's session), call and render: htmx
 gets the partial it targets, a plain request the whole page. Form errors answer 422 to htmx, 400 otherwise.
@@ -34,6 +34,7 @@ from chatapp.chats.access import (
 )
 from chatapp.chats.export import EXPORT_FORMATS, chat_export_filename, chat_export_stream
 from chatapp.chats.memory import memory_engine, memory_key_of
+from chatapp.chats.search import SEARCH_MAX_CHARS, message_search_for_owner
 from chatapp.chats.selectors import session_list_for_owner
 from chatapp.chats.services import (
     chat_session_create,
@@ -64,6 +65,7 @@ from memory.api import KeyFact, KeyFactNotFound
 SESSION_PAGE = "chat/session.html"
 MANAGE_PAGE = "chat/session_manage.html"
 KB_PAGE = "chat/kb.html"
+SEARCH_PAGE = "chat/search.html"
 KB_CHANGED_EVENT = "kb-changed"  # HX-Trigger: the document list changed
 NOTHING_TO_COMPRESS = "Nothing to compress yet: this chat has no question."
 ANNOUNCE_EVENT = "chat:announce"  # chat.js puts its ``text`` in #announce
@@ -123,6 +125,16 @@ def index(request: HtmxHttpRequest) -> HttpResponse:
     """The caller's chats and a form to start one; a HEAD (an uptime probe) creates no visitor session."""
     owner = owner_ensure(request) if request.method == "GET" else owner_from(request)
     return render(request, "chat/index.html", _index_context(request, owner))
+
+
+@require_safe
+def chat_search(request: HtmxHttpRequest) -> HttpResponse:
+    """The caller's messages matching ``q`` (any text answered): htmx gets the results, a plain request their page."""
+    owner = owner_from(request)
+    context = {"search": message_search_for_owner(owner=owner, query=request.GET.get("q", "")), "max": SEARCH_MAX_CHARS}
+    if request.htmx:
+        return render(request, f"{SEARCH_PAGE}#search-results", context)
+    return render(request, SEARCH_PAGE, {**_layout_context(owner), **context})
 
 
 @require_safe
