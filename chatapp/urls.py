@@ -18,6 +18,7 @@ urlpatterns = [
     path("s/<int:session_id>/delete/", views.session_delete, name="session-delete"),
     path("s/<int:session_id>/mode/", views.session_mode, name="session-mode"),
     path("s/<int:session_id>/inspector/", views.session_inspector, name="session-inspector"),
+    path("s/<int:session_id>/requests/", views.session_requests, name="session-requests"),
     path("s/<int:session_id>/compress/", views.session_compress, name="session-compress"),
     path("s/<int:session_id>/composer/count/", views.session_composer_count, name="session-composer-count"),
     path("s/<int:session_id>/facts/", views.session_key_facts, name="session-key-facts"),

@@ -57,6 +57,7 @@ from chatapp.ui.forms import (
     SessionRenameForm,
 )
 from chatapp.ui.inspector.facts import key_facts_section_get
+from chatapp.ui.inspector.history import request_history_get
 from chatapp.ui.inspector.recall import recall_section_get
 from chatapp.ui.inspector.state import inspector_state_get
 from chatapp.ui.page_feed import chat_page_state_get, compression_sentence
@@ -66,6 +67,7 @@ SESSION_PAGE = "chat/session.html"
 MANAGE_PAGE = "chat/session_manage.html"
 KB_PAGE = "chat/kb.html"
 SEARCH_PAGE = "chat/search.html"
+REQUESTS_PAGE = "chat/requests.html"
 KB_CHANGED_EVENT = "kb-changed"  # HX-Trigger: the document list changed
 NOTHING_TO_COMPRESS = "Nothing to compress yet: this chat has no question."
 ANNOUNCE_EVENT = "chat:announce"  # chat.js puts its ``text`` in #announce
@@ -185,6 +187,21 @@ def session_inspector(request: HtmxHttpRequest, session_id: int) -> HttpResponse
     if request.htmx:
         return render(request, f"{SESSION_PAGE}#inspector", {"inspector": inspector_state_get(session_id=session.pk)})
     return render(request, SESSION_PAGE, _session_page_context(request, session))
+
+
+@require_safe
+def session_requests(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
+    """The chat's requests one by one (``call``: a model call id, else the newest); 404 for a request not of it."""
+    session = session_get_for_owner(request, session_id)
+    call = request.GET.get("call") or None
+    call_id = int(call) if call and call.isascii() and call.isdigit() and 0 < int(call) <= SESSION_ID_MAX else None
+    if call is not None and call_id is None:
+        raise Http404("No such request.")
+    history = request_history_get(session_id=session.pk, model_call_id=call_id)
+    if history is None and call_id is not None:
+        raise Http404("No such request.")
+    context = {**_layout_context(owner_from(request), chat_session=session), "history": history}
+    return render(request, REQUESTS_PAGE, context)
 
 
 @require_safe

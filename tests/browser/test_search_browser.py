@@ -1,6 +1,7 @@
 """Search across chats from the sidebar, in a real browser against a real Daphne server with the offline engine:
 typing shows the owner's matches from another chat with the match marked and markup escaped; a match opens its
-chat scrolled to the message, marked and focused; another visitor finds nothing.
+chat scrolled to the message, marked and focused; another visitor finds nothing; axe finds no serious violation in
+either theme.
 
 ``SCREENSHOT_DIR=docs pytest tests/browser -k search`` also saves ``screenshot-search.png``.
 """
@@ -15,6 +16,7 @@ import pytest
 from playwright.sync_api import BrowserContext, expect
 
 from tests.browser.conftest import Server
+from tests.browser.test_accessibility_browser import axe_violations, theme_set
 from tests.browser.test_chat_page import ask, chat_open
 
 pytestmark = pytest.mark.browser
@@ -48,6 +50,10 @@ def test_typing_in_the_sidebar_finds_another_chat_and_jumps_to_the_message(daphn
     expect(hit.locator(".hit-snippet")).to_contain_text("<b>")  # markup shown as text, never as an element
     expect(hit.locator(".hit-snippet b")).to_have_count(0)
     assert hit.get_attribute("href") == f"/s/{first.rstrip('/').rsplit('/', 1)[-1]}/#message-{message_id}"
+
+    for theme in ("dark", "light"):
+        theme_set(page, theme)
+        assert axe_violations(page) == [], theme
 
     if directory := os.environ.get("SCREENSHOT_DIR"):
         page.screenshot(path=str(Path(directory) / "screenshot-search.png"))
