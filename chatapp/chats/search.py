@@ -52,15 +52,12 @@ class MessageHit:
 @dataclass(frozen=True, kw_only=True)
 class MessageSearch:
     """``status``: ``empty``, ``too_long``, ``no_words``, ``common_words``, ``unavailable`` (nothing searched), else
-    ``found`` or ``none``."""
+    ``found`` or ``none``; ``more``: further matches were left out."""
 
     query: str
     status: str
     hits: list[MessageHit] = field(default_factory=list)
-
-    @property
-    def limited(self) -> bool:
-        return len(self.hits) >= SEARCH_LIMIT
+    more: bool = False
 
 
 def search_terms(query: str) -> SearchTerms | str:
@@ -93,21 +90,22 @@ def message_search_for_owner(*, owner: Owner, query: str, limit: int = SEARCH_LI
         return MessageSearch(query=query, status="none")
     owned, owned_params = session_queryset_for_owner(owner).values("pk").query.sql_with_params()
     if connection.vendor == "sqlite":
-        sql, params = _sqlite_sql(terms, owned, [*owned_params], limit)
+        sql, params = _sqlite_sql(terms, owned, [*owned_params], limit + 1)
     elif connection.vendor == "postgresql":
-        sql, params = _postgresql_sql(terms, owned, [*owned_params], limit)
+        sql, params = _postgresql_sql(terms, owned, [*owned_params], limit + 1)
     else:
         return MessageSearch(query=query, status="unavailable")
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
+    more, rows = len(rows) > limit, rows[:limit]
     titles = {s.pk: str(s) for s in session_queryset_for_owner(owner).filter(pk__in={row[1] for row in rows})}
     hits = [
         MessageHit(message_id=row[0], session_id=row[1], title=titles[row[1]], role=row[2], snippet=_runs(row[3]))
         for row in rows
         if row[1] in titles
     ]
-    return MessageSearch(query=query, status="found" if hits else "none", hits=hits)
+    return MessageSearch(query=query, status="found" if hits else "none", hits=hits, more=more)
 
 
 def _fts5_phrase(term: str) -> str:

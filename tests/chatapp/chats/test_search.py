@@ -139,6 +139,14 @@ def test_terms_drop_common_words_and_keep_the_typed_prefix():
     assert (terms.exact, terms.prefix) == (("ks-312", "budget"), "")
 
 
+def test_at_most_limit_matches_and_whether_more_were_left_out(alice):
+    session = chat_session_make(alice.owner)
+    made = [message_make(session, "user", f"kumquat number {n}").pk for n in range(4)]
+    search = message_search_for_owner(owner=alice.owner, query="kumquat", limit=3)
+    assert len(search.hits) == 3 and search.more and {hit.message_id for hit in search.hits} < set(made)
+    assert not message_search_for_owner(owner=alice.owner, query="kumquat", limit=4).more
+
+
 def test_cjk_words_are_found_as_they_start(alice):
     session = chat_session_make(alice.owner)
     message = message_make(session, "user", "东京的天气很好")
