@@ -1,4 +1,4 @@
-"""HTTP routes: the session list, chat pages with their partials and actions, the demo, the knowledge base."""
+"""HTTP routes: the session list, the search across chats, chat pages with their partials and actions, the demo, the knowledge base."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ urlpatterns = [
     path("", views.index, name="index"),
     path("favicon.ico", views.favicon, name="favicon"),
     path("s/new/", views.session_create, name="session-create"),
+    path("search/", views.chat_search, name="chat-search"),
     path("demo/", demo.demo_start_view, name="demo"),
     path("s/<int:session_id>/", views.session_detail, name="session-detail"),
     path("s/<int:session_id>/item/", views.session_item, name="session-item"),
@@ -17,6 +18,7 @@ urlpatterns = [
     path("s/<int:session_id>/delete/", views.session_delete, name="session-delete"),
     path("s/<int:session_id>/mode/", views.session_mode, name="session-mode"),
     path("s/<int:session_id>/inspector/", views.session_inspector, name="session-inspector"),
+    path("s/<int:session_id>/requests/", views.session_requests, name="session-requests"),
     path("s/<int:session_id>/compress/", views.session_compress, name="session-compress"),
     path("s/<int:session_id>/composer/count/", views.session_composer_count, name="session-composer-count"),
     path("s/<int:session_id>/facts/", views.session_key_facts, name="session-key-facts"),

@@ -1,4 +1,4 @@
-"""Pages and their htmx partials: sessions, the chat page with its inspector, the knowledge base.
+"""Pages and their htmx partials: sessions, the search across them, the chat page with its inspector, the knowledge base.
 
 Views only parse, authorize (:mod:`chatapp.chats.access`: 404 for another's session), call and render: htmx
 gets the partial it targets, a plain request the whole page. Form errors answer 422 to htmx, 400 otherwise.
@@ -34,6 +34,7 @@ from chatapp.chats.access import (
 )
 from chatapp.chats.export import EXPORT_FORMATS, chat_export_filename, chat_export_stream
 from chatapp.chats.memory import memory_engine, memory_key_of
+from chatapp.chats.search import SEARCH_MAX_CHARS, message_search_for_owner
 from chatapp.chats.selectors import session_list_for_owner
 from chatapp.chats.services import (
     chat_session_create,
@@ -56,6 +57,7 @@ from chatapp.ui.forms import (
     SessionRenameForm,
 )
 from chatapp.ui.inspector.facts import key_facts_section_get
+from chatapp.ui.inspector.history import request_history_get
 from chatapp.ui.inspector.recall import recall_section_get
 from chatapp.ui.inspector.state import inspector_state_get
 from chatapp.ui.page_feed import chat_page_state_get, compression_sentence
@@ -64,6 +66,8 @@ from memory.api import KeyFact, KeyFactNotFound
 SESSION_PAGE = "chat/session.html"
 MANAGE_PAGE = "chat/session_manage.html"
 KB_PAGE = "chat/kb.html"
+SEARCH_PAGE = "chat/search.html"
+REQUESTS_PAGE = "chat/requests.html"
 KB_CHANGED_EVENT = "kb-changed"  # HX-Trigger: the document list changed
 NOTHING_TO_COMPRESS = "Nothing to compress yet: this chat has no question."
 ANNOUNCE_EVENT = "chat:announce"  # chat.js puts its ``text`` in #announce
@@ -126,6 +130,16 @@ def index(request: HtmxHttpRequest) -> HttpResponse:
 
 
 @require_safe
+def chat_search(request: HtmxHttpRequest) -> HttpResponse:
+    """The caller's messages matching ``q`` (any text answered): htmx gets the results, a plain request their page."""
+    owner = owner_from(request)
+    context = {"search": message_search_for_owner(owner=owner, query=request.GET.get("q", "")), "max": SEARCH_MAX_CHARS}
+    if request.htmx:
+        return render(request, f"{SEARCH_PAGE}#search-results", context)
+    return render(request, SEARCH_PAGE, {**_layout_context(owner), **context})
+
+
+@require_safe
 def favicon(request: HttpRequest) -> HttpResponse:
     """Browsers ask for ``/favicon.ico`` whatever the page links: a temporary redirect to the SVG."""
     return redirect(static("favicon.svg"))
@@ -173,6 +187,21 @@ def session_inspector(request: HtmxHttpRequest, session_id: int) -> HttpResponse
     if request.htmx:
         return render(request, f"{SESSION_PAGE}#inspector", {"inspector": inspector_state_get(session_id=session.pk)})
     return render(request, SESSION_PAGE, _session_page_context(request, session))
+
+
+@require_safe
+def session_requests(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
+    """The chat's requests one by one (``call``: a model call id, else the newest); 404 for a request not of it."""
+    session = session_get_for_owner(request, session_id)
+    call = request.GET.get("call") or None
+    call_id = int(call) if call and call.isascii() and call.isdigit() and 0 < int(call) <= SESSION_ID_MAX else None
+    if call is not None and call_id is None:
+        raise Http404("No such request.")
+    history = request_history_get(session_id=session.pk, model_call_id=call_id)
+    if history is None and call_id is not None:
+        raise Http404("No such request.")
+    context = {**_layout_context(owner_from(request), chat_session=session), "history": history}
+    return render(request, REQUESTS_PAGE, context)
 
 
 @require_safe

@@ -14,6 +14,8 @@
 //     deleted elsewhere (close code 4404) disables the composer;
 //   - keeps focus, open <details>, text typed into the inspector's forms (a key fact's new value)
 //     and the scroll position across swaps;
+//   - a search match's link (#message-<id>) scrolls its message into view, marks and focuses it,
+//     again once the socket's snapshot has replaced the transcript;
 //   - drawers (chat list, inspector) on narrow screens, closing the export menu on a click outside
 //     it or Escape, "Copy" buttons (messages, code blocks, the inspector's texts), the theme
 //     toggle (stored in localStorage; base.html applies it before the first paint), and
@@ -208,10 +210,28 @@
   document.addEventListener("htmx:wsAfterMessage", titleSync);
   document.addEventListener("htmx:afterSettle", titleSync);
 
+  // --- the message a search match links to -----------------------------------------------------
+  let jumpPending = false; // scroll to it again after the socket's first snapshot
+
+  function jumpToMessage(scroll) {
+    const id = location.hash.slice(1);
+    const message = /^message-\d+$/.test(id) && document.getElementById(id);
+    if (!message) return;
+    document.querySelectorAll(".message.jump-target").forEach((m) => m.classList.remove("jump-target"));
+    message.classList.add("jump-target");
+    message.tabIndex = -1;
+    if (!scroll) return;
+    message.scrollIntoView({ block: "center" });
+    message.focus({ preventScroll: true });
+  }
+  window.addEventListener("hashchange", () => jumpToMessage(true));
+  document.addEventListener("htmx:wsAfterMessage", () => { jumpToMessage(jumpPending); jumpPending = false; });
+
   document.addEventListener("DOMContentLoaded", () => {
     if (page()) outboxRestore();
     const thread = document.getElementById("thread");
     if (thread) thread.scrollTop = thread.scrollHeight;
+    if (page()) { jumpToMessage(true); jumpPending = true; }
     const choice = document.querySelector("[data-theme-choice]");
     if (choice) choice.value = document.documentElement.dataset.theme || "system";
   });
