@@ -257,7 +257,8 @@ def redact_values(text: str, values: Mapping[str, SecretKind]) -> str:
     output holds no secret of its input, even one echoed without its cue word. Never raises."""
     for value in sorted((v for v in values if len(v) >= MIN_ECHO_CHARS), key=len, reverse=True):
         if value in text:
-            pattern = re.compile(rf"(?<![A-Za-z0-9]){re.escape(value)}(?![A-Za-z0-9])")
+            # Not a part of a longer value: a PIN 2024 leaves the date 2024-05-01 alone.
+            pattern = re.compile(rf"(?<![A-Za-z0-9])(?<!\d[-/.:,]){re.escape(value)}(?![A-Za-z0-9]|[-/.:,]\d)")
             text = pattern.sub(MARKERS[values[value]], text)
     return redact_secrets(text)
 

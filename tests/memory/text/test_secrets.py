@@ -293,3 +293,7 @@ def test_f51_a_known_credential_echoed_without_its_cue_is_redacted_by_value():
     assert values == {"Blue-Falcon-88": "password", "482": "pin"}
     echoed = "Remember Blue-Falcon-88; not Blue-Falcon-889; room 482."
     assert redact_values(echoed, values) == "Remember [password withheld]; not Blue-Falcon-889; room 482."
+    pin = secret_values(["my PIN is 2024"])
+    assert redact_values("PIN 2024 noted; flight on 2024-05-01, 12.2024", pin) == (
+        "PIN [PIN withheld] noted; flight on 2024-05-01, 12.2024"
+    )
