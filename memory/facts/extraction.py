@@ -76,7 +76,7 @@ class ExtractionInput:
 
 def extraction_prompt(data: ExtractionInput) -> list[dict[str, Any]]:
     """The wire prompt ``[system, user]``: active facts as ``[handle] kind key: value``, then the new messages as
-    ``N. (date) Role: text`` lines of at most 600 characters."""
+    ``N. (date) Role: text`` lines of at most 600 characters, credentials withheld."""
     facts = "\n".join(f"[{n}] {fact.kind} {fact.key}: {fact.value}" for n, fact in enumerate(data.facts, 1))
     lines = []
     for number, message in enumerate(data.messages, 1):
@@ -89,6 +89,7 @@ def extraction_prompt(data: ExtractionInput) -> list[dict[str, Any]]:
                 for c in calls
             )
         when = str(message.get("created_at") or "")[:10]
+        body = redact_secrets(body)  # the extractor never sees a credential (F-51)
         line = " ".join(f"{number}. {f'({when}) ' if when else ''}{role}: {body}".split())
         lines.append(line if len(line) <= EXTRACTION_LINE_CHARS else line[: EXTRACTION_LINE_CHARS - 1] + "…")
     material = (

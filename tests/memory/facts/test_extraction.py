@@ -181,3 +181,5 @@ def test_f51_an_extracted_credential_is_rejected_and_never_shown_in_a_facts_text
         ("Blue-Falcon-88", "value is a credential"),
         ("hunter2x", "value is a credential"),
     ]
+    prompt = extraction_prompt(data)[-1]["content"]
+    assert "ZFA04Y" in prompt and "Blue-Falcon-88" not in prompt and "hunter2x" not in prompt
