@@ -11,6 +11,7 @@ from typing import Any
 from memory.facts.rules import _SNAKE, _text, excerpt_around
 from memory.facts.values import FACT_KINDS, MAX_KEY_CHARS, MAX_TEXT_CHARS, MAX_VALUE_CHARS, FactCandidate, KeyFact
 from memory.messages import Message
+from memory.text.secrets import redact_secrets, redact_values, secret_spans
 
 EXTRACTION_SCHEMA_NAME = "key_facts"
 
@@ -75,7 +76,7 @@ class ExtractionInput:
 
 def extraction_prompt(data: ExtractionInput) -> list[dict[str, Any]]:
     """The wire prompt ``[system, user]``: active facts as ``[handle] kind key: value``, then the new messages as
-    ``N. (date) Role: text`` lines of at most 600 characters."""
+    ``N. (date) Role: text`` lines of at most 600 characters, credentials withheld."""
     facts = "\n".join(f"[{n}] {fact.kind} {fact.key}: {fact.value}" for n, fact in enumerate(data.facts, 1))
     lines = []
     for number, message in enumerate(data.messages, 1):
@@ -88,6 +89,7 @@ def extraction_prompt(data: ExtractionInput) -> list[dict[str, Any]]:
                 for c in calls
             )
         when = str(message.get("created_at") or "")[:10]
+        body = redact_secrets(body)  # the extractor never sees a credential (F-51)
         line = " ".join(f"{number}. {f'({when}) ' if when else ''}{role}: {body}".split())
         lines.append(line if len(line) <= EXTRACTION_LINE_CHARS else line[: EXTRACTION_LINE_CHARS - 1] + "…")
     material = (
@@ -168,16 +170,22 @@ def validate_extraction(items: list[dict[str, Any]], data: ExtractionInput, *, e
                 rejected.append({"item": item, "reason": f"supersedes handle {handle}: not an active fact of {key}"})
                 continue
             supersedes.append(old.id)
-        source_text = _grounding_text(message)
-        at = _norm(source_text).find(_norm(value))
+        source_text = " ".join(_grounding_text(message).split())
+        at = max(_norm(source_text).find(_norm(value)), 0)
+        # A credential is never a fact, nor shown in one's text or excerpt (F-51).
+        secrets = secret_spans(source_text)
+        if any(span.start < at + len(value) and at < span.end for span in secrets) or redact_secrets(value) != value:
+            rejected.append({"item": item, "reason": "value is a credential"})
+            continue
+        known = {source_text[span.start : span.end]: span.kind for span in secrets}
         accepted.append(
             FactCandidate(
                 kind=kind,  # type: ignore[arg-type]  # checked against FACT_KINDS above
                 key=key,
                 value=_verbatim(source_text, value),
-                text=" ".join(str(item.get("text") or value).split())[:MAX_TEXT_CHARS],
+                text=redact_values(" ".join(str(item.get("text") or value).split()), known)[:MAX_TEXT_CHARS],
                 source_message_id=int(message["id"]),
-                excerpt=excerpt_around(" ".join(source_text.split()), max(at, 0), max(at, 0) + len(value)),
+                excerpt=excerpt_around(source_text, at, at + len(value), secrets=secrets),
                 extractor=extractor,
                 supersedes=tuple(supersedes),
             )

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from memory.facts.values import EXCERPT_CHARS, MAX_KEY_CHARS, MAX_VALUE_CHARS, FactCandidate, FactKind
 from memory.messages import Message
+from memory.text.secrets import MARKERS, SecretSpan, redact_values, secret_spans, secret_values
 
 _MONTHS = (
     r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|Jun(?:e)?|Jul(?:y)?|Aug(?:ust)?|"
@@ -127,7 +128,9 @@ def rule_facts(text: str, *, message_id: int) -> list[FactCandidate]:
     appearance. Secrets are never reported: whole card and social security numbers, values shortly after "password",
     "PIN", "密码" and the like. The slot comes from a word shortly before the value ("order" → ``order_id``), else
     the kind. Never raises."""
-    taken: list[tuple[int, int]] = []
+    # Credentials (F-51) are taken first: no value inside one is reported, no excerpt shows one.
+    secrets = secret_spans(text)
+    taken: list[tuple[int, int]] = [(span.start, span.end) for span in secrets]
     found: list[tuple[int, FactCandidate]] = []
     seen: set[tuple[str, str]] = set()
     for kind, pattern in _PATTERNS:
@@ -160,7 +163,7 @@ def rule_facts(text: str, *, message_id: int) -> list[FactCandidate]:
                         value=value,
                         text=f"user gave {key.replace('_', ' ')} {value}",
                         source_message_id=message_id,
-                        excerpt=excerpt_around(text, start, end),
+                        excerpt=excerpt_around(text, start, end, secrets=secrets),
                     ),
                 )
             )
@@ -223,11 +226,20 @@ def _slot(before: str, kind: FactKind) -> str:
     return "amount" if kind == "money" else kind
 
 
-def excerpt_around(text: str, start: int, end: int, *, chars: int = EXCERPT_CHARS) -> str:
-    """Up to ``chars`` characters of ``text`` around ``text[start:end]``, on one line, ``…`` where cut."""
+def excerpt_around(
+    text: str, start: int, end: int, *, chars: int = EXCERPT_CHARS, secrets: Sequence[SecretSpan] = ()
+) -> str:
+    """Up to ``chars`` characters of ``text`` around ``text[start:end]``, on one line, ``…`` where cut; each of
+    ``secrets`` (sorted spans of ``text``) in reach is replaced by its marker (F-51)."""
     room = max(0, chars - (end - start)) // 2
     left, right = max(0, start - room), min(len(text), end + room)
-    piece = " ".join(text[left:right].split())
+    parts: list[str] = []
+    position = left
+    for span in secrets:
+        if span.end > position and span.start < right:
+            parts += [text[position : max(position, span.start)], MARKERS[span.kind]]
+            position = min(span.end, right)
+    piece = " ".join("".join([*parts, text[position:right]]).split())
     return f"{'…' if left else ''}{piece}{'…' if right < len(text) else ''}"
 
 
@@ -270,6 +282,17 @@ def _leaves(value: Any, path: tuple[str, ...]) -> Iterable[tuple[tuple[str, ...]
 def _leaf_facts(leaf: Any, *, arg: str, tool: str, message_id: int) -> list[FactCandidate]:
     key = _SNAKE.sub("_", arg.lower()).strip("_")[:MAX_KEY_CHARS] or "argument"
     text = str(leaf)
+    # The argument's name is the cue ("password", "card_number"): a credential is never a fact (F-51).
+    secrets = secret_values([f"{arg.replace('_', ' ')}: {text}"])
+    found = _leaf_candidates(leaf, text, key=key, arg=arg, tool=tool, message_id=message_id)
+    return [
+        replace(candidate, excerpt=redact_values(candidate.excerpt, secrets))
+        for candidate in found
+        if not any(candidate.value in secret or secret in candidate.value for secret in secrets)
+    ]
+
+
+def _leaf_candidates(leaf: Any, text: str, *, key: str, arg: str, tool: str, message_id: int) -> list[FactCandidate]:
     if isinstance(leaf, int | float):
         if _AMOUNT_ARGS.search(arg):
             return [_tool_fact("money", key, text, tool, message_id, f"{arg}={text}")]

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from memory.summary.archive import unescaped
 from memory.text.fulltext import search_text
+from memory.text.secrets import redact_secrets
 from memory.tokens.counter import TokenCounter
 
 INDEX_PIECE_TOKENS = 120
@@ -40,12 +42,13 @@ def message_text(content: Any) -> str:
 
 
 def _call_header(call: dict[str, Any], counter: TokenCounter) -> str:
-    """``name(arguments) -> `` of a tool call, its arguments cut to :data:`CALL_ARGS_TOKENS`."""
+    """``name(arguments) -> `` of a tool call, its arguments redacted (F-51) and cut to :data:`CALL_ARGS_TOKENS`."""
     function = call.get("function") or {}
     name = str(function.get("name") or "tool")
     arguments = function.get("arguments")
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments, ensure_ascii=False) if arguments is not None else ""
+    arguments = redact_secrets(unescaped(arguments))
     if counter.count_text(arguments) > CALL_ARGS_TOKENS:
         arguments = _prefix_within(arguments, CALL_ARGS_TOKENS, counter).rstrip() + "…"
     return f"{name}({arguments}) -> "
@@ -110,12 +113,13 @@ def split_for_index(
 ) -> list[str]:
     """The verbatim pieces of one stored message that recall indexes (docs/memory.md §12 "The index"): user or assistant
     text (``name: text`` when it names its speaker), a tool result as ``name(arguments) -> result`` with the header on
-    each piece; cut to ``max_tokens`` at sentence ends, then clause breaks or spaces, then characters. ``[]`` for other
-    roles or no text; never raises."""
+    each piece; credentials withheld (F-51); cut to ``max_tokens`` at sentence ends, then clause breaks or spaces, then
+    characters. ``[]`` for other roles or no text; never raises."""
     role = message.get("role")
     if role not in ("user", "assistant", "tool"):
         return []
-    text = message_text(message.get("content")).strip()
+    # Credentials never enter the index, its search text or embeddings (F-51).
+    text = redact_secrets(message_text(message.get("content")).strip())
     if not text:
         return []
     header = ""

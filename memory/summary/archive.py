@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from memory.messages import Message
+from memory.text.secrets import redact_secrets
 from memory.tokens.counter import TokenCounter
 
 RAW_ARCHIVE_LINE_CHARS = 500
@@ -57,14 +58,14 @@ def trim_summary(content: str, max_tokens: int, counter: TokenCounter) -> str:
 
 
 def raw_archive_line(message: Message) -> str:
-    """One raw archive line (docs/memory.md §4), cut to 500 characters of content."""
+    """One raw archive line (docs/memory.md §4), credentials withheld (F-51), cut to 500 characters of content."""
     role = message.get("role")
     content = _plain_text(message.get("content"))
     if role == "assistant":
         names = [(call.get("function") or {}).get("name", "?") for call in message.get("tool_calls") or ()]
         if names:
             arguments = "; ".join(
-                f"{(call.get('function') or {}).get('name', '?')}({(call.get('function') or {}).get('arguments', '')})"
+                f"{(call.get('function') or {}).get('name', '?')}({unescaped((call.get('function') or {}).get('arguments'))})"
                 for call in message.get("tool_calls") or ()
             )
             content = f"{content} {arguments}".strip()
@@ -79,10 +80,27 @@ def raw_archive_line(message: Message) -> str:
         label = "User"
     if role in ("user", "assistant") and message.get("name"):
         label = f"{label} ({message['name']})"
-    content = " ".join(content.split())
+    content = redact_secrets(" ".join(content.split()))
     if len(content) > RAW_ARCHIVE_LINE_CHARS:
         content = content[: RAW_ARCHIVE_LINE_CHARS - 1] + "…"
     return f"- {label}: {content}"
+
+
+def raw_text(message: Message) -> str:
+    """A message's text and tool-call arguments, unredacted: where its credentials are looked for (F-51)."""
+    calls = [unescaped((call.get("function") or {}).get("arguments")) for call in message.get("tool_calls") or ()]
+    return "\n".join([_plain_text(message.get("content")), *calls])
+
+
+def unescaped(arguments: Any) -> str:
+    """Tool-call arguments as text, JSON ``\\u`` escapes decoded ("密码" is a cue word, its escape is not, F-51)."""
+    text = "" if arguments is None else str(arguments)
+    if "\\u" in text:
+        try:
+            return json.dumps(json.loads(text), ensure_ascii=False)
+        except ValueError:
+            return text
+    return text
 
 
 def _plain_text(content: Any) -> str:
@@ -98,8 +116,8 @@ def _plain_text(content: Any) -> str:
 def raw_archive_merge(previous_summary: str, messages: list[Message], *, max_tokens: int, counter: TokenCounter) -> str:
     """The degraded summary: ``previous_summary`` plus one merged raw-archive section (F-12). Over ``max_tokens``,
     lines shorten by :data:`ARCHIVE_LINE_STEPS`, then the oldest become an ``N … omitted`` count; the LLM-written part
-    loses its tail last, so the archive always says how many messages it folded in."""
-    base, old_lines, omitted = _split_archive(previous_summary)
+    loses its tail last, so the archive always says how many messages it folded in. Credentials are withheld (F-51)."""
+    base, old_lines, omitted = _split_archive(redact_secrets(previous_summary))
     lines = old_lines + [raw_archive_line(m) for m in messages]
 
     def section(kept: list[str], dropped: int, line_chars: int) -> str:

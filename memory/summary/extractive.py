@@ -10,6 +10,7 @@ from memory.ports import SummaryRequest
 from memory.summary.archive import RAW_ARCHIVE_MARKER
 from memory.summary.chain import METHOD_EXTRACTIVE, is_marker_line
 from memory.summary.prompts import split_summary_prompt
+from memory.text.secrets import redact_secrets
 from memory.text.sentences import split_sentences
 from memory.tokens.counter import TokenCounter, get_counter
 
@@ -205,8 +206,9 @@ def extractive_summary(
 ) -> str:
     """Merge ``previous_summary``'s lines with the salient sentences of ``transcript`` (``- Label: text`` lines)
     into one flat text of at most ``max_tokens`` tokens, ``""`` when nothing is worth keeping. Deterministic; marker
-    lines are never kept, so the result is never a bare marker (F-36, F-39)."""
+    lines are never kept, so the result is never a bare marker (F-36, F-39); credentials are withheld (F-51)."""
     counter = counter or get_counter(SUMMARY_MODEL)
+    previous_summary, transcript = redact_secrets(previous_summary), redact_secrets(transcript)
     previous_lines = [
         line.strip()
         for line in previous_summary.replace(RAW_ARCHIVE_MARKER, "").splitlines()

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 from memory.messages import Message
 from memory.ports import SummaryRequest
-from memory.summary.archive import raw_archive_merge, summary_block, trim_summary
+from memory.summary.archive import raw_archive_merge, raw_text, summary_block, trim_summary
 from memory.summary.chain import Attempt, SummarizerChain
 from memory.summary.prompts import (
     build_summary_prompt,
@@ -18,6 +18,7 @@ from memory.summary.prompts import (
     transcript_budget,
 )
 from memory.summary.store import Summary
+from memory.text.secrets import redact_values, secret_values
 from memory.tokens.counter import TokenCounter
 
 # The smallest summary worth asking for, in tokens.
@@ -59,7 +60,8 @@ class IncrementalSummarizer:
 
     async def fold(self, summary: Summary, messages: list[Message], *, cap: int) -> Outcome:
         """``messages`` folded into ``summary`` within ``cap`` tokens, chunk by chunk (F-17); from a chunk the chain
-        fails on, the rest goes to the raw archive. Without ``messages``, :meth:`shrink`."""
+        fails on, the rest goes to the raw archive; credentials never reach the result (F-51). Without ``messages``,
+        :meth:`shrink`."""
         previous_tokens = self.counter.count_text(summary.content)
         if not messages:
             return await self.shrink(summary, cap=cap)
@@ -77,6 +79,8 @@ class IncrementalSummarizer:
             counter=self.counter,
         )
         chunks = chunk_messages(messages, budget=budget, counter=self.counter)
+        # The summarizer may echo a credential however it was told: its reply is redacted before use (F-51).
+        secrets = secret_values([summary.content, *map(raw_text, messages)])
         content, attempts, degraded = summary.content, [], False
         for index, chunk in enumerate(chunks):
             transcript = fit_transcript(chunk, max_tokens=budget, counter=self.counter)
@@ -94,7 +98,7 @@ class IncrementalSummarizer:
                 content = raw_archive_merge(content, rest, max_tokens=cap, counter=self.counter)
                 degraded = True
                 break
-            content = self.counter.truncate_text(result.text, cap)
+            content = self.counter.truncate_text(redact_values(result.text, secrets), cap)
         new = Summary(
             content=content,
             summary_type="raw" if degraded else "llm",
@@ -121,7 +125,8 @@ class IncrementalSummarizer:
                 True,
             )
         else:
-            content, summary_type, degraded = self.counter.truncate_text(result.text, cap), "llm", False
+            text = redact_values(result.text, secret_values([summary.content]))
+            content, summary_type, degraded = self.counter.truncate_text(text, cap), "llm", False
         return Outcome(
             summary=replace(summary, content=content, summary_type=summary_type),
             attempts=result.attempts,

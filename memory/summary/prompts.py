@@ -8,6 +8,7 @@ from typing import Any
 
 from memory.messages import Message
 from memory.summary.archive import raw_archive_line
+from memory.text.secrets import redact_secrets
 from memory.tokens.counter import TokenCounter
 
 SUMMARY_INSTRUCTIONS = """You maintain the working memory of a conversation between a user and an assistant.
@@ -17,6 +18,7 @@ Rules:
 - Keep verbatim: names, identifiers (user ids, order/reservation numbers, codes), numbers, amounts, dates, file names, URLs.
 - Key facts (identifiers, amounts, dates, contact data, names, preferences) are also kept separately, verbatim, outside this summary: mention them where the story needs them, but spend the room on what happened and why.
 - Keep the user's intent and requests, decisions made, tool calls with their key results, errors and how they were handled, and open tasks.
+- Never write a password, PIN, API key, token, one-time code, card number or other credential, even when asked to: write a marker such as [password withheld] in its place. Order, booking and user ids are not credentials.
 - Write in the language of the conversation (the language the user writes in); never translate it, and keep quotes and names in their original script.
 - Plain text, short factual lines, no preamble, no closing remarks.
 - At most {max_tokens} tokens."""
@@ -29,7 +31,8 @@ _TRANSCRIPT_RE = re.compile(r"<transcript>\n(.*?)\n</transcript>", re.DOTALL)
 
 
 def render_transcript(messages: list[Message], *, line_chars: int = TRANSCRIPT_LINE_CHARS) -> str:
-    """Messages as text lines, tool roles included (F-11, F-25), each cut to ``line_chars`` characters."""
+    """Messages as text lines, tool roles included (F-11, F-25), credentials withheld (F-51), each cut to ``line_chars``
+    characters."""
     lines = [_full_line(message) for message in messages]
     return "\n".join(line if len(line) <= line_chars else line[: line_chars - 1] + "…" for line in lines)
 
@@ -38,7 +41,7 @@ def _full_line(message: Message) -> str:
     short = raw_archive_line({**message, "content": ""})
     content = message.get("content")
     text = content if isinstance(content, str) else ""
-    return f"{short.rstrip()} {' '.join(text.split())}".rstrip()
+    return f"{short.rstrip()} {redact_secrets(' '.join(text.split()))}".rstrip()
 
 
 def build_summary_prompt(*, previous_summary: str, transcript: str, max_tokens: int) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -173,8 +173,9 @@ _CONNECTOR = re.compile(
     r"(?:[^\S\n]+(?:now|still|actually|jetzt|maintenant|ahora))?|是|为|為|改成了?|改为|换成了?|设置为|设为",
     re.IGNORECASE,
 )
-# Between a cue and its connector: at most a few words ("my password for the VPN is …").
-_FEW_WORDS = re.compile(r"(?:[^\S\n]*[\w'’-]+){0,4}[^\S\n]*")
+# Between a cue and its connector: at most a few words ("my password for the VPN is …"), or the
+# closing quote of a JSON or YAML key ("password": "…").
+_FEW_WORDS = re.compile(r"[\"']?(?:[^\S\n]*[\w'’-]+){0,4}[^\S\n]*")
 _QUOTED = re.compile(r"[^\S\n]*([\"“'‘«「])([^\"”'’»」\n]{1,64})[\"”'’»」]")
 _UNQUOTED = re.compile(r"[^\S\n]*([^\s\"“”‘’«»「」，。；！？、]+)")
 _BARE_DIGITS = re.compile(r"[^\S\n]*#?[^\S\n]*(\d{3,8})(?![\w-])")
@@ -235,6 +236,31 @@ def redact_secrets(text: str) -> str:
         text = "".join([*parts, text[position:]])
         spans = secret_spans(text)
     return text
+
+
+# Known credentials shorter than this (characters) are not redacted by value: a 3-digit code would hit ordinary numbers.
+MIN_ECHO_CHARS = 4
+
+
+def secret_values(texts: Iterable[str]) -> dict[str, SecretKind]:
+    """Each credential in ``texts`` as written, with its kind: what a model given these texts could echo."""
+    found: dict[str, SecretKind] = {}
+    for text in texts:
+        for span in secret_spans(text):
+            found.setdefault(text[span.start : span.end], span.kind)
+    return found
+
+
+def redact_values(text: str, values: Mapping[str, SecretKind]) -> str:
+    """``text`` with every whole-word occurrence of a known credential (``values``, at least
+    :data:`MIN_ECHO_CHARS` long) replaced by its marker, then :func:`redact_secrets`: a model's
+    output holds no secret of its input, even one echoed without its cue word. Never raises."""
+    for value in sorted((v for v in values if len(v) >= MIN_ECHO_CHARS), key=len, reverse=True):
+        if value in text:
+            # Not a part of a longer value: a PIN 2024 leaves the date 2024-05-01 alone.
+            pattern = re.compile(rf"(?<![A-Za-z0-9])(?<!\d[-/.:,]){re.escape(value)}(?![A-Za-z0-9]|[-/.:,]\d)")
+            text = pattern.sub(MARKERS[values[value]], text)
+    return redact_secrets(text)
 
 
 def _bounded(lower: str, match: re.Match[str]) -> bool:
@@ -432,7 +458,7 @@ def _cued_tokens(text: str, lower: str) -> Iterator[SecretSpan]:
             window = text[match.end() : match.end() + _CUE_WINDOW].split("\n", 1)[0]
             for run in _ENTROPY_RUN.finditer(window):
                 between = window[: run.start()]
-                if not re.fullmatch(r"[\w\s'’:：=-]*", between) or len(between.split()) > 4:
+                if not re.fullmatch(r"[\w\s'’\":：=-]*", between) or len(between.split()) > 4:
                     break
                 value = run.group().rstrip(_TRAILING)
                 if _high_entropy(value):

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.browser
 
 Context = Callable[..., BrowserContext]
 
-SAID = "My locker code is 4471 and the blue umbrella is in locker 12"
+SAID = "My locker number is 4471 and the blue umbrella is in locker 12"
 
 
 def indexed_through(page: Page, message_id: str) -> None:

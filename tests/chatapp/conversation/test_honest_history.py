@@ -193,7 +193,7 @@ async def test_f37_app_notes_are_never_summarized(alice):
     session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.QUICK_ANSWER)
 
     def rows() -> tuple[Message, Message]:
-        u1 = message_make(session, "user", "My locker code is 4711.")
+        u1 = message_make(session, "user", "My locker number is 4711.")
         message_make(
             session,
             "assistant",

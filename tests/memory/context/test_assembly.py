@@ -310,3 +310,21 @@ def test_the_reply_reserve_is_an_eighth_of_the_window_by_default_and_validated()
     assert MemoryBudget(context_window=2048, reply_reserve_tokens=0).request_limit_tokens == 2048
     with pytest.raises(ValueError, match="reply_reserve_tokens"):
         MemoryBudget(context_window=2048, reply_reserve_tokens=2048)
+
+
+@pytest.mark.parametrize(
+    "summarizer", [ExtractiveSummarizer(COUNTER), ScriptedSummarizer(default=RuntimeError("down"))]
+)
+def test_f51_a_steps_so_far_note_withholds_the_credentials_of_the_folded_steps(summarizer):
+    store = Store()
+    store.add(user("Please check my reservations; my user id is omar_davis_3817."))
+    for i in range(14):
+        store.add(
+            asst(None, tc=[f"c{i}"], tool="get_reservation_details"),
+            tool(f"c{i}", f'{{"reservation_id": "R{i:05d}", "api_key": "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs{i:02d}"}} ' * 3),
+        )
+    engine = make_engine(2048, summarizer, attempts=1, store=InMemorySummaryStore())
+    context = build(engine, store, system=LONG_SYSTEM)
+    (note,) = [m["content"] for m, s in zip(context.messages, context.sources, strict=True) if "folded" in s]
+    assert "reservation_id" in note and "[api key withheld]" in note and "sk-proj" not in note
+    assert "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs13" in context.messages[-1]["content"], "the newest step stays as stored"

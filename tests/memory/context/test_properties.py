@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
+from datetime import UTC, datetime
 
 from asgiref.sync import async_to_sync
 from hypothesis import HealthCheck, assume, event, given, settings
@@ -17,6 +19,11 @@ from hypothesis import strategies as st
 
 from memory.context.builder import CAS_ROUNDS
 from memory.context.request import ContextRequest
+from memory.facts.rules import message_rule_facts
+from memory.facts.values import KeyFact
+from memory.recall.pieces import message_pieces
+from memory.recall.values import RecallCandidate, RecallInput, RecallItem
+from memory.summary.archive import raw_text
 from memory.summary.extractive import ExtractiveSummarizer
 from memory.summary.store import InMemorySummaryStore
 from tests.memory.builders import COUNTER, FlakySummarizer, Store, asst, system, tool, user
@@ -284,3 +291,142 @@ def test_pre_compression_and_read_only_requests_keep_the_invariants(messages, wi
                 assert stored.content.strip(), "I8: an empty summary was stored"
             if planned is not None:
                 assert all(e.origin == "job" for e in planned.events)
+
+
+# --- F-51: credentials never reach a memory-written block ----------------------------------
+
+SECRETS = {
+    "my password is Blue-Falcon-88": "Blue-Falcon-88",
+    "the API key is sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8t": "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8t",
+    "your verification code is 482913": "482913",
+    "pay with card 4111 1111 1111 1111": "4111 1111 1111 1111",
+    "my PIN is 4821": "4821",
+    "Mein Passwort ist Sommer2026": "Sommer2026",
+    "密码是abc123": "abc123",
+}
+NOW = datetime(2026, 12, 1, tzinfo=UTC)
+
+
+def with_secret(draw, body: str) -> str:
+    """``body``, or it with a credential's sentence at a drawn word boundary."""
+    if draw(st.booleans()):
+        return body
+    words = body.split(" ")
+    at = draw(st.integers(0, len(words)))
+    return " ".join([*words[:at], f". {draw(st.sampled_from(sorted(SECRETS)))} .", *words[at:]]).strip()
+
+
+@st.composite
+def conversation_with_secrets(draw):
+    messages = []
+    for turn in range(draw(st.integers(min_value=2, max_value=9))):
+        messages.append(user(with_secret(draw, f"turn {turn}: " + draw(text))))
+        if draw(st.integers(0, 2)) == 0:
+            call_id = f"call_{turn}"
+            caller = asst(None, tc=[call_id])
+            caller["tool_calls"][0]["function"]["arguments"] = json.dumps({"query": with_secret(draw, "find ZFA04Y")})
+            messages.extend([caller, tool(call_id, with_secret(draw, draw(text)))])
+        messages.append(asst(with_secret(draw, draw(text))))
+    return messages
+
+
+class EchoSummarizer:
+    """A summarizer that ignores its instructions: the raw messages verbatim, and their secrets bare."""
+
+    model = "echo"
+
+    async def summarize(self, request):
+        raw = "\n".join(raw_text(message) for message in request.messages)
+        bare = [secret for sentence, secret in SECRETS.items() if sentence in raw]
+        return COUNTER.truncate_text(f"{request.previous_summary}\n{raw}\n{' '.join(bare)}", request.max_tokens)
+
+
+def recall_loader(store: Store, key: str):
+    """Recall candidates from the real index pieces of the rows up to ``boundary``, the last user message as query."""
+
+    async def load(boundary):
+        rows = [{**row, "created_at": NOW} for row in store.rows if boundary is not None and row["id"] <= boundary]
+        pieces = message_pieces(rows, counter=COUNTER, calls={})
+        query = next(row["content"] for row in reversed(store.rows) if row["role"] == "user")
+        candidates = [
+            RecallCandidate(
+                item=RecallItem(
+                    id=number,
+                    memory_key=key,
+                    chat_title="this chat",
+                    message_ids=piece.message_ids,
+                    role=piece.role,
+                    text=piece.text,
+                    tokens=piece.tokens,
+                    created_at=NOW,
+                ),
+                lexical_rank=number,
+                cosine=None,
+                identifier_match=False,
+            )
+            for number, piece in enumerate(pieces, 1)
+        ]
+        return RecallInput(query=query, candidates=candidates, model=None, now=NOW)
+
+    return load
+
+
+def rule_fact_loader(store: Store):
+    """The rule facts of the stored rows, as the store-time extraction keeps them."""
+
+    async def load():
+        candidates = [candidate for row in store.rows for candidate in message_rule_facts(row)]
+        return [
+            KeyFact(
+                id=number,
+                kind=c.kind,
+                key=c.key,
+                value=c.value,
+                text=c.text,
+                source_message_id=c.source_message_id,
+                excerpt=c.excerpt,
+            )
+            for number, c in enumerate(candidates, 1)
+        ]
+
+    return load
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+@given(
+    messages=conversation_with_secrets(),
+    window=st.sampled_from([512, 1024, 2048]),
+    mode=st.sampled_from(["agent", "quick-answer"]),
+    summarizer=st.sampled_from(["echo", "extractive", "down"]),
+)
+def test_f51_no_secret_reaches_a_memory_written_block_of_any_request(messages, window, mode, summarizer):
+    """docs/memory.md F-51, as a property: before every model call of a conversation holding
+    credentials anywhere, whichever summarizer (one echoing every secret, the extractive one, none
+    so the raw archive), no summary, key-facts, recall block or "steps so far" note holds one; the
+    user's own message in the window still may."""
+    key = f"secrets-{next(_keys)}"
+    primary = {"echo": EchoSummarizer(), "extractive": ExtractiveSummarizer(COUNTER), "down": FlakySummarizer(["fail"])}
+    engine = make_engine(window, primary[summarizer], attempts=1, store=InMemorySummaryStore(), facts_share=0.3)
+    store = Store()
+    for message in messages:
+        if message["role"] == "assistant" and store.rows:
+            context = async_to_sync(engine.build_context)(
+                ContextRequest(
+                    memory_key=key,
+                    system_prompt=SYSTEM,
+                    load_increment=store.load_increment,
+                    mode=mode,
+                    load_facts=rule_fact_loader(store),
+                    load_recall=recall_loader(store, key),
+                )
+            )
+            for wire, source in zip(context.messages, context.sources, strict=True):
+                if source["kind"] in ("summary", "facts", "recall") or source.get("folded"):
+                    event(f"checked {source['kind']}")
+                    leaked = [secret for secret in SECRETS.values() if secret in str(wire.get("content"))]
+                    assert not leaked, f"{leaked} in the {source['kind']} block: {wire['content']}"
+                elif source["kind"] == "history" and any(s in str(wire.get("content")) for s in SECRETS.values()):
+                    event("a secret stays in the user's own message of the window")
+        store.add(copy.deepcopy(message))

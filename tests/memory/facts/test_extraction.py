@@ -152,3 +152,34 @@ def test_the_prompt_numbers_the_new_messages_and_gives_the_facts_handles():
     assert EXTRACTION_MARKER in text
     assert "1. (2026-03-04) User: My order is #W2378156" in text
     assert '2. Assistant: find({"user_id": "mia_li_3668"})' in text
+
+
+def test_f51_an_extracted_credential_is_rejected_and_never_shown_in_a_facts_text_or_excerpt():
+    messages = [
+        {"id": 21, "role": "user", "content": "My booking is ZFA04Y and my password is Blue-Falcon-88."},
+        {
+            "id": 22,
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "login", "arguments": '{"password": "hunter2x"}'}}
+            ],
+        },
+    ]
+    data = ExtractionInput(messages=messages, facts=[])
+    leaked = {**item("ZFA04Y", [1], kind="id", key="reservation_id"), "text": "booking ZFA04Y, password Blue-Falcon-88"}
+    result = validate_extraction(
+        [leaked, item("Blue-Falcon-88", [1], key="password"), item("hunter2x", [2], key="password")],
+        data,
+        extractor="llm:test",
+    )
+    (booking,) = result.accepted
+    assert booking.value == "ZFA04Y"
+    assert "Blue-Falcon-88" not in booking.text and "[password withheld]" in booking.text
+    assert "Blue-Falcon-88" not in booking.excerpt and "ZFA04Y" in booking.excerpt
+    assert [(r["item"]["value"], r["reason"]) for r in result.rejected] == [
+        ("Blue-Falcon-88", "value is a credential"),
+        ("hunter2x", "value is a credential"),
+    ]
+    prompt = extraction_prompt(data)[-1]["content"]
+    assert "ZFA04Y" in prompt and "Blue-Falcon-88" not in prompt and "hunter2x" not in prompt

@@ -192,3 +192,10 @@ def test_f39_the_llm_prompt_asks_for_the_conversation_language():
 def request() -> SummaryRequest:
     prompt = build_summary_prompt(previous_summary="", transcript="- User: my code is Q-42.", max_tokens=100)
     return SummaryRequest(previous_summary="", messages=[], prompt=prompt, max_tokens=100)
+
+
+def test_f51_the_extractive_summary_withholds_a_password_and_keeps_the_order_number():
+    transcript = "- User: My order is #W2378156 and my password is Blue-Falcon-88, please fix my account."
+    summary = summarize(transcript, previous="- User: my PIN is 4821 for the card")
+    assert "#W2378156" in summary and "[password withheld]" in summary
+    assert "Blue-Falcon-88" not in summary and "4821" not in summary

@@ -23,7 +23,9 @@ from memory.text.secrets import (
     TOKEN_MARKER,
     SecretSpan,
     redact_secrets,
+    redact_values,
     secret_spans,
+    secret_values,
 )
 
 # (text, the secret as it appears in the text, its kind)
@@ -276,3 +278,22 @@ def test_spans_are_ordered_and_disjoint_and_outside_the_marker(text):
         assert 0 <= span.start < span.end <= len(text)
         assert "withheld]" not in text[span.start : span.end]
     assert all(a.end <= b.start for a, b in itertools.pairwise(spans))
+
+
+def test_f51_a_credential_under_a_json_key_is_found():
+    assert (
+        redact_secrets('{"user": "bob", "password": "hunter2x"}')
+        == '{"user": "bob", "password": "[password withheld]"}'
+    )
+    assert redact_secrets('{"api_key": "abcDEF1234567890xyzQ"}') == '{"api_key": "[api key withheld]"}'
+
+
+def test_f51_a_known_credential_echoed_without_its_cue_is_redacted_by_value():
+    values = secret_values(["my password is Blue-Falcon-88", "PIN: 482"])
+    assert values == {"Blue-Falcon-88": "password", "482": "pin"}
+    echoed = "Remember Blue-Falcon-88; not Blue-Falcon-889; room 482."
+    assert redact_values(echoed, values) == "Remember [password withheld]; not Blue-Falcon-889; room 482."
+    pin = secret_values(["my PIN is 2024"])
+    assert redact_values("PIN 2024 noted; flight on 2024-05-01, 12.2024", pin) == (
+        "PIN [PIN withheld] noted; flight on 2024-05-01, 12.2024"
+    )
