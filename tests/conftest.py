@@ -3,13 +3,21 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from tests.fake_openai import FakeOpenAI
+
+# The same generated examples on every run, so the suite is deterministic; explore with
+# ``HYPOTHESIS_PROFILE=explore`` (random examples, as hypothesis does by default).
+settings.register_profile("deterministic", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 
 @pytest.fixture
