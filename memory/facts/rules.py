@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
+from memory.facts.operations import value_operation
 from memory.facts.values import EXCERPT_CHARS, MAX_KEY_CHARS, MAX_VALUE_CHARS, FactCandidate, FactKind
 from memory.messages import Message
 
@@ -122,11 +123,11 @@ SLOT_WINDOW_CHARS = 48
 _SNAKE = re.compile(r"[^0-9a-z]+")
 
 
-def rule_facts(text: str, *, message_id: int) -> list[FactCandidate]:
+def rule_facts(text: str, *, message_id: int, operations: bool = False) -> list[FactCandidate]:
     """The key facts regular expressions find in a user's ``text`` (docs/memory.md §11), each once, in order of
     appearance. Secrets are never reported: whole card and social security numbers, values shortly after "password",
     "PIN", "密码" and the like. The slot comes from a word shortly before the value ("order" → ``order_id``), else
-    the kind. Never raises."""
+    the kind; with ``operations``, each value's operation comes from its sentence's cues (F-46, F-48). Never raises."""
     taken: list[tuple[int, int]] = []
     found: list[tuple[int, FactCandidate]] = []
     seen: set[tuple[str, str]] = set()
@@ -161,6 +162,7 @@ def rule_facts(text: str, *, message_id: int) -> list[FactCandidate]:
                         text=f"user gave {key.replace('_', ' ')} {value}",
                         source_message_id=message_id,
                         excerpt=excerpt_around(text, start, end),
+                        operation=value_operation(text, start) if operations else "add",
                     ),
                 )
             )
@@ -310,7 +312,9 @@ def message_rule_facts(message: Message) -> list[FactCandidate]:
     role = message.get("role")
     if role == "user":
         content = message.get("content")
-        return rule_facts(content if isinstance(content, str) else _text(content), message_id=message_id)
+        return rule_facts(
+            content if isinstance(content, str) else _text(content), message_id=message_id, operations=True
+        )
     if role == "assistant" and message.get("tool_calls"):
         return tool_call_facts(message["tool_calls"], message_id=message_id)
     return []
