@@ -1,7 +1,8 @@
 """The offline engine's answer to a key-facts extraction request (docs/memory.md §11, F-32): deterministic JSON in
 the shape of :data:`memory.api.EXTRACTION_SCHEMA`, from the prompt alone: rule facts and digit-free English and
 Chinese patterns on user lines, tool-call arguments on assistant lines. A new value of a single-valued slot, or any
-value on a correcting line, supersedes the slot's other values; facts already known are not repeated. Pure."""
+value on a correcting line, supersedes the slot's other values; a withdrawing sentence retracts the existing facts it
+names (F-46); facts already known are not repeated. Pure."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chatapp.llm.offline.evidence import plain_text
-from memory.api import EXTRACTION_MARKER, FactCandidate, message_rule_facts
+from memory.api import EXTRACTION_MARKER, FactCandidate, message_rule_facts, split_sentences
 
 Message = dict[str, Any]
 
@@ -41,6 +42,16 @@ _CORRECTION = re.compile(
     r"|the (?:old|previous|former) (?:one|number|id|account|code|value))\b",
     re.IGNORECASE,
 )
+# A sentence that withdraws a fact without a new value ("I'm no longer allergic to …", "我已经不…了"): a model's
+# reading of the withdrawal cues of docs/memory.md F-46.
+_WITHDRAWAL = re.compile(
+    r"\bno longer\b|\b(?:not|never)\b[^.;!?]{0,50}\bany ?more\b|n['’]t\b[^.;!?]{0,50}\bany ?more\b"
+    r"|\bforget (?:about )?(?:my|the|that)\b|\bi(?: have|['’]ve)? (?:stopped|quit|given up|gave up)\b"
+    r"|不再|已经不|已经没|(?:不|没)[^，。！？,.!?；;]{1,10}了|\bnicht mehr\b|\bkein\w*\b[^.;!?]{0,40}\bmehr\b"
+    r"|\bne\b[^.;!?]{0,30}\bplus\b|\bn['’][^.;!?]{0,30}\bplus\b|\bya no\b",
+    re.IGNORECASE,
+)
+_NEGATIVE_KEYS = frozenset({"dislikes"})
 # Capitalised words after "I'm" that are not names.
 _NOT_NAMES = frozenset({"Sorry", "Not", "So", "Just", "Still", "Also", "Really", "Very", "Here", "Allergic", "Looking"})
 _PRONOUNS = frozenset({"it", "that", "this", "them", "those", "these", "you", "one", "him", "her"})
@@ -170,6 +181,8 @@ def extraction_reply(messages: list[Message]) -> str:
             ]
         else:
             continue
+        if role == "user":
+            items += _retractions(body, number, existing, seen, {item["value"].casefold() for item in candidates})
         for item in candidates:
             if item["kind"] == "address":
                 item["key"] = _address_key(item["key"], existing)
@@ -198,6 +211,26 @@ def extraction_reply(messages: list[Message]) -> str:
                 single[item["key"]] = len(items)
             items.append(item)
     return json.dumps({"facts": items}, ensure_ascii=False)
+
+
+def _retractions(
+    body: str, number: int, existing: list[tuple[int, str, str, str]], seen: set[tuple[str, str]], new: set[str]
+) -> list[dict[str, Any]]:
+    """``retract`` items for the existing facts whose value a withdrawing sentence of ``body`` names, unless the
+    line gives that value again (a preference turned around supersedes, F-47)."""
+    items = []
+    for sentence in split_sentences(body):
+        if not _WITHDRAWAL.search(sentence):
+            continue
+        for handle, kind, key, value in existing:
+            folded = value.casefold()
+            if folded in sentence.casefold() and (key, folded) in seen and folded not in new:
+                seen.discard((key, value.casefold()))
+                items.append(
+                    {**_item(kind, key, "The user withdrew {value}", value, number), "operation": "retract"}
+                    | {"supersedes": [handle]}
+                )
+    return items
 
 
 def _existing_facts(material: str) -> Iterator[tuple[int, str, str, str]]:
@@ -245,7 +278,9 @@ def _calls(body: str) -> list[dict[str, Any]]:
 
 def _rule_item(candidate: FactCandidate, number: int) -> dict[str, Any]:
     return {
+        "operation": "add",
         "kind": candidate.kind,
+        "polarity": "positive",
         "key": candidate.key,
         "value": candidate.value,
         "text": candidate.text,
@@ -274,7 +309,9 @@ def _pattern_items(body: str, number: int) -> Iterator[dict[str, Any]]:
 
 def _item(kind: str, key: str, text: str, value: str, number: int) -> dict[str, Any]:
     return {
+        "operation": "add",
         "kind": kind,
+        "polarity": "negative" if key in _NEGATIVE_KEYS else "positive",
         "key": key,
         "value": value,
         "text": text.format(value=value),

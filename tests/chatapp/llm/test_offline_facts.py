@@ -133,6 +133,28 @@ def test_a_line_that_corrects_a_value_supersedes_the_others_of_its_slot_whatever
     assert [(item["value"], item["supersedes"]) for item in items] == [("#W3333333", [2]), ("#W4444444", [2])]
 
 
+def test_f46_a_withdrawing_sentence_retracts_the_existing_fact_it_names_and_validation_accepts_it():
+    existing = [
+        KeyFact(id=7, kind="preference", key="allergy", value="penicillin", text="", source_message_id=1),
+        KeyFact(id=8, kind="preference", key="allergy", value="shellfish", text="", source_message_id=1),
+    ]
+    messages = [{"id": 40, "role": "user", "content": "I'm no longer allergic to penicillin. Shellfish still is."}]
+    data = ExtractionInput(messages=messages, facts=existing)
+    items = parse_extraction(extraction_reply(extraction_prompt(data)))
+
+    assert [(i["operation"], i["value"], i["supersedes"]) for i in items] == [("retract", "penicillin", [1])]
+    (accepted,) = validate_extraction(items, data, extractor="llm:offline").accepted
+    assert (accepted.operation, accepted.supersedes) == ("retract", (7,))
+
+
+def test_f47_a_preference_turned_around_is_a_new_value_of_the_other_polarity_not_a_retraction():
+    existing = [KeyFact(id=7, kind="preference", key="likes", value="jazz", text="", source_message_id=1)]
+    items = extract("Funny thing, I don't like jazz anymore.", facts=existing)
+    assert [(i["operation"], i["key"], i["value"], i["polarity"]) for i in items] == [
+        ("add", "dislikes", "jazz", "negative")
+    ]
+
+
 def test_existing_facts_are_not_repeated_and_only_the_newest_value_of_a_slot_is_reported():
     existing = [KeyFact(id=7, kind="preference", key="allergy", value="penicillin", text="", source_message_id=1)]
     assert found("I'm allergic to penicillin.", facts=existing) == set()

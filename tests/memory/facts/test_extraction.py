@@ -6,6 +6,7 @@ its slot and never of a fact the user pinned (F-28)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -152,3 +153,34 @@ def test_the_prompt_numbers_the_new_messages_and_gives_the_facts_handles():
     assert EXTRACTION_MARKER in text
     assert "1. (2026-03-04) User: My order is #W2378156" in text
     assert '2. Assistant: find({"user_id": "mia_li_3668"})' in text
+
+
+WITHDRAWING = [
+    {"id": 21, "role": "user", "content": "I'm allergic to penicillin. And I love jazz."},
+    {"id": 22, "role": "user", "content": "Good news: I'm no longer allergic to penicillin."},
+    {"id": 23, "role": "user", "content": "Funny thing, I don't like jazz anymore."},
+]
+
+
+def test_f46_a_retract_is_accepted_only_when_the_cited_message_withdraws():
+    allergy = fact(7, "allergy", "penicillin")
+    data = ExtractionInput(messages=WITHDRAWING, facts=[allergy])
+    retract = {**item("penicillin", [2], kind="preference", key="allergy", supersedes=[1]), "operation": "retract"}
+    unsupported = {**retract, "source": [1]}
+
+    result = validate_extraction([retract, unsupported], data, extractor="llm:m")
+
+    (accepted,) = result.accepted
+    assert (accepted.operation, accepted.supersedes, accepted.source_message_id) == ("retract", (7,), 22)
+    assert [r["reason"] for r in result.rejected] == ["retract: no cited user message withdraws a fact"]
+
+
+def test_f47_a_value_held_with_the_other_polarity_is_not_dropped_as_a_restatement():
+    liked = replace(fact(8, "likes", "jazz"), kind="preference")
+    data = ExtractionInput(messages=WITHDRAWING, facts=[liked])
+    disliked = {**item("jazz", [3], kind="preference", key="dislikes"), "polarity": "negative"}
+
+    (accepted,) = validate_extraction([disliked], data, extractor="llm:m").accepted
+
+    assert (accepted.key, accepted.value, accepted.polarity) == ("dislikes", "jazz", "negative")
+    assert validate_extraction([item("jazz", [1], kind="preference", key="likes")], data, extractor="x").accepted == []
