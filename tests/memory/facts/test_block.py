@@ -159,6 +159,27 @@ def test_block_pins_only_facts_the_summary_covers_plus_user_and_superseding_ones
     }
 
 
+def test_f48_a_corrected_value_says_so_and_the_record_lists_each_current_fact_with_its_status():
+    corrected = fact(key="phone", kind="phone", value="0176 5550 1243", source=9, replaces="0176 5550 1234")
+    disliked = fact(kind="preference", key="dislikes", value="jazz", source=2)
+    disliked = KeyFact(**{**_fields(disliked), "polarity": "negative"})
+    corrected = KeyFact(**{**_fields(corrected), "operation": "correct"})
+    block = facts_block([corrected, disliked], boundary=5, max_tokens=400, counter=COUNTER)
+
+    assert block.message is not None
+    assert "- phone: 0176 5550 1243 (corrected in msg 9; replaces 0176 5550 1234)" in block.message["content"]
+    entries = block.as_dict()["entries"]
+    assert [(e["value"], e["status"], e["polarity"], e["provenance"], e["note"]) for e in entries] == [
+        ("0176 5550 1243", "pinned", "positive", "user", "corrected in msg 9"),
+        ("jazz", "pinned", "negative", "user", ""),
+    ]
+    assert set(entries[0]) == {"id", "kind", "key", "value", "polarity", "provenance", "status", "note"}
+
+
+def _fields(value: KeyFact) -> dict:
+    return {name: getattr(value, name) for name in KeyFact.__dataclass_fields__}
+
+
 def test_block_keep_order_is_user_pinned_then_ids_money_dates_contact_then_others_newest_first():
     other = fact(kind="preference", key="seat", value="aisle", source=5)
     old_id = fact(value="#W1", source=1)
