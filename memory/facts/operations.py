@@ -110,18 +110,21 @@ def slot_words(fact: KeyFact) -> set[str]:
 
 
 def withdrawn(text: str, facts: Iterable[KeyFact]) -> list[KeyFact]:
-    """The active, unpinned ``facts`` a withdrawal sentence of ``text`` names, by value or by a slot word
-    of the fact's excerpt ("forget my old work email"), in ``facts`` order (F-46)."""
+    """The active, unpinned ``facts`` a withdrawal sentence of ``text`` names, by value or by a slot word no other
+    value of the slot shares ("forget my old work email"), in ``facts`` order (F-46)."""
     said = withdrawal_sentences(text)
     if not said:
         return []
+    live = [fact for fact in facts if fact.active]
     found = []
-    for fact in facts:
-        if not fact.active or fact.pinned_by_user:
+    for fact in live:
+        if fact.pinned_by_user:
             continue
+        shared = {word for other in live if other.key == fact.key and other.id != fact.id for word in slot_words(other)}
+        distinct = slot_words(fact) - shared
         for sentence in said:
             words = {word.casefold() for word in _WORD.findall(sentence)}
-            if _norm(fact.value) in _norm(sentence) or slot_words(fact) & words:
+            if _norm(fact.value) in _norm(sentence) or distinct & words:
                 found.append(fact)
                 break
     return found

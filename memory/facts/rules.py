@@ -76,6 +76,8 @@ _PATTERNS: tuple[tuple[FactKind | Literal["secret"], re.Pattern[str]], ...] = (
     ),
     ("id", re.compile(r"(?:card|visa|mastercard|amex|ending(?:\s+in)?)\D{0,16}?\b(\d{4})\b", re.IGNORECASE)),
     ("id", re.compile(r"\b(\d{4})\s+(?:credit\s+|debit\s+|gift\s+)?card\b", re.IGNORECASE)),
+    # A flight number with its airline's code apart ("UA 882"); glued ones are identifiers below.
+    ("id", re.compile(r"(?<![\w-])(?!(?:ID|NO|PO|OK|AM|PM|TV|UK|US|EU)\s)[A-Z]{2}\s\d{2,4}(?![\w-])")),
     # Mixed letter-digit identifiers of 5+ characters; ASCII only, so one glued to CJK text (订单号是A-48213) is cut right.
     ("id", re.compile(r"(?<![A-Za-z0-9_#-])#?[A-Za-z0-9][A-Za-z0-9_\-./]*[A-Za-z0-9](?![A-Za-z0-9_])")),
 )
@@ -146,6 +148,8 @@ def rule_facts(text: str, *, message_id: int, operations: bool = False) -> list[
                 continue
             # A card tail (the only capturing pattern) names its slot itself.
             key = "payment_card" if group else _slot(text[:start], kind)
+            if kind == "id" and " " in value:
+                key = "flight_number"
             if kind == "date" and _TIME.fullmatch(value):
                 key = "time"
             if (key, value) in seen:

@@ -136,6 +136,12 @@ PATTERNS: tuple[_Pattern, ...] = (
         "dislikes",
         "The user dislikes {value}",
     ),
+    _Pattern(
+        re.compile(r"我(?:很|也|特别|非常|最)?喜欢"), "preference", "likes", "The user likes {value}", chinese=True
+    ),
+    _Pattern(
+        re.compile(r"我(?:现在)?不(?:再)?喜欢"), "preference", "dislikes", "The user dislikes {value}", chinese=True
+    ),
     _Pattern(re.compile(r"我叫|我的名字(?:是|叫)"), "name", "name", "The user's name is {value}", chinese=True),
     _Pattern(
         re.compile(r"我(?:们)?(?:现在)?住在"), "address", "home_address", "The user lives in {value}", chinese=True
@@ -147,7 +153,7 @@ PATTERNS: tuple[_Pattern, ...] = (
     _Pattern(re.compile(r"我的(?:狗|猫|宠物)叫"), "name", "pet_name", "The user's pet is called {value}", chinese=True),
 )
 # "我对X过敏": the value sits between two markers.
-_ZH_ALLERGY = re.compile(r"我(?:们)?对([^，。；！？、,.;!?\s]{1,20}?)过敏")
+_ZH_ALLERGY = re.compile(r"(?:我(?:们)?|也)对([^，。；！？、,.;!?\s]{1,20}?)过敏")
 
 
 def is_extraction_request(messages: list[Message]) -> bool:
@@ -326,7 +332,9 @@ def _value_at(body: str, start: int, *, chinese: bool) -> str:
     rest = body[start:]
     end = (_ZH_END if chinese else _EN_END).search(rest)
     value = rest[: end.start() if end else len(rest)].strip(" '\"‘’“”「」")
-    if not chinese:
+    if chinese:
+        value = value.removesuffix("了")
+    else:
         value = re.sub(
             r"(?:\s+(?:now|too|as well|anymore|though|actually|instead|please|here|today))+$",
             "",
@@ -350,6 +358,8 @@ def _capitalized_run(value: str) -> str:
 
 def _name_like(value: str, chinese: bool) -> bool:
     """A plausible person's name: 1-6 CJK characters, or 1-4 words."""
+    if any(ch.isdigit() for ch in value):
+        return False
     if chinese:
         return 1 <= len(value) <= 6
     return 1 <= len(value.split()) <= 4

@@ -58,6 +58,9 @@ def found(*texts: str | dict[str, Any], facts: list[KeyFact] | None = None) -> s
         ("我叫李明，我住在上海。", ("name", "name", "李明")),
         ("我叫李明，我住在上海。", ("address", "home_address", "上海")),
         ("我对花生过敏", ("preference", "allergy", "花生")),
+        ("我对花生过敏，也对芒果过敏。", ("preference", "allergy", "芒果")),
+        ("我很喜欢吃辣，越辣越好。", ("preference", "likes", "吃辣")),
+        ("我现在不喜欢吃辣了。", ("preference", "dislikes", "吃辣")),
         ("我的狗叫旺财。", ("name", "pet_name", "旺财")),
     ],
 )
@@ -73,6 +76,7 @@ def test_digit_free_patterns_copy_the_value_verbatim(text, expected):
         "I'm sorry, I like it.",
         "My dog is sick.",
         "I love to travel",
+        "The courier can call me on 0176 5550 1234.",
     ],
 )
 def test_requests_and_pronouns_are_not_taken_for_names_or_preferences(text):

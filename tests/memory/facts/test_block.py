@@ -60,6 +60,7 @@ def values(text: str) -> list[tuple[str, str, str]]:
         ("my follow-up is at 10 a.m.", ("date", "time", "10 a.m.")),
         ("see you at 9 p.m., thanks", ("date", "time", "9 p.m.")),
         ("it starts at 11:30.", ("date", "time", "11:30")),
+        ("I'm on UA 882 to Newark.", ("id", "flight_number", "UA 882")),
     ],
 )
 def test_rule_extraction_finds_each_kind_verbatim(text, expected):

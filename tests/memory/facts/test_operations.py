@@ -78,3 +78,9 @@ def test_f47_a_preference_of_the_other_polarity_on_the_same_topic_turns_the_old_
     assert turns_around(disliked, liked)
     assert not turns_around(disliked, fact(2, "likes", "runningshoes", kind="preference"))
     assert same_topic("Jazz", "jazz") and not same_topic("tea", "teams")
+
+
+def test_f46_a_slot_word_every_value_of_the_slot_shares_withdraws_none_of_them():
+    said = "I'm allergic to penicillin, and I'm also allergic to shellfish."
+    facts = [fact(1, "allergy", "penicillin", excerpt=said), fact(2, "allergy", "shellfish", excerpt=said)]
+    assert [f.id for f in withdrawn("I'm no longer allergic to penicillin, the test was clear.", facts)] == [1]
