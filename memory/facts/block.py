@@ -69,6 +69,8 @@ def change_note(fact: KeyFact) -> str:
 def fact_line(fact: KeyFact) -> str:
     """One annotated line, ``- slot: value (msg N)``, with ``text`` for the kinds in :data:`EXPLAINED_BY_TEXT`."""
     where = f"msg {fact.source_message_id}" if fact.source_message_id else "set by the user"
+    if fact.provenance == "mentioned":
+        where += ", mentioned, not said of the user"
     if fact.replaces and fact.operation == "correct":
         where = f"{change_note(fact)}; replaces {fact.replaces}"
     elif fact.replaces:
@@ -85,7 +87,7 @@ def render_facts(facts: Sequence[KeyFact]) -> str:
     lines: list[str] = []
     slots: dict[str, int] = {}
     for fact in facts:
-        if fact.kind in SELF_EXPLAINING and not fact.replaces:
+        if fact.kind in SELF_EXPLAINING and not fact.replaces and fact.provenance != "mentioned":
             if fact.key in slots:
                 lines[slots[fact.key]] += f"; {fact.value}"
             else:
@@ -97,11 +99,13 @@ def render_facts(facts: Sequence[KeyFact]) -> str:
 
 
 def block_order(facts: Iterable[KeyFact]) -> list[KeyFact]:
-    """``facts`` in the block's keep order (docs/memory.md §11 "Budget"): user-pinned, then by kind, newest first."""
+    """``facts`` in the block's keep order (docs/memory.md §11 "Budget"): user-pinned, the user's own values before
+    merely mentioned ones (F-49), then by kind, newest first."""
     return sorted(
         facts,
         key=lambda fact: (
             not fact.pinned_by_user,
+            fact.provenance == "mentioned",
             KIND_RANK.get(fact.kind, len(KIND_RANK)),
             -(fact.source_message_id or 0),
             -fact.id,

@@ -20,6 +20,7 @@ from memory.facts.values import (
     Polarity,
 )
 from memory.messages import Message
+from memory.text.provenance import own_text
 
 EXTRACTION_SCHEMA_NAME = "key_facts"
 
@@ -185,6 +186,10 @@ def validate_extraction(items: list[dict[str, Any]], data: ExtractionInput, *, e
             continue
         message = data.message_by_number(grounding)
         assert message is not None
+        provenance = _provenance(message, value)
+        if provenance == "mentioned" and kind in ABOUT_THE_USER:
+            rejected.append({"item": item, "reason": "quoted or pasted text says nothing about the user"})
+            continue
         supersedes = []
         for handle in _ints(item.get("supersedes")):
             old = data.fact_by_handle(handle)
@@ -205,10 +210,23 @@ def validate_extraction(items: list[dict[str, Any]], data: ExtractionInput, *, e
                 extractor=extractor,
                 supersedes=tuple(supersedes),
                 polarity=polarity,
+                provenance=provenance,
             )
         )
         current.add((key, polarity, _norm(value)))
     return Validation(accepted=accepted, rejected=rejected)
+
+
+# Kinds that describe the user: never taken from text the user quotes or pastes (F-49).
+ABOUT_THE_USER = frozenset({"name", "address", "preference"})
+
+
+def _provenance(message: Message, value: str) -> str:
+    """``tool_args``, ``user`` (the value is in the user's own words) or ``mentioned`` (only in quoted or pasted
+    text, docs/memory.md F-49)."""
+    if message.get("role") != "user":
+        return "tool_args"
+    return "user" if _norm(value) in _norm(own_text(_text(message.get("content")))) else "mentioned"
 
 
 def _retraction(

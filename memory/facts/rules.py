@@ -10,8 +10,9 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from memory.facts.operations import value_operation
-from memory.facts.values import EXCERPT_CHARS, MAX_KEY_CHARS, MAX_VALUE_CHARS, FactCandidate, FactKind
+from memory.facts.values import EXCERPT_CHARS, MAX_KEY_CHARS, MAX_VALUE_CHARS, FactCandidate, FactKind, Operation
 from memory.messages import Message
+from memory.text.provenance import ProvenanceSpan, repetitive_values, text_spans
 
 _MONTHS = (
     r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|Jun(?:e)?|Jul(?:y)?|Aug(?:ust)?|"
@@ -129,7 +130,10 @@ def rule_facts(text: str, *, message_id: int, operations: bool = False) -> list[
     """The key facts regular expressions find in a user's ``text`` (docs/memory.md §11), each once, in order of
     appearance. Secrets are never reported: whole card and social security numbers, values shortly after "password",
     "PIN", "密码" and the like. The slot comes from a word shortly before the value ("order" → ``order_id``), else
-    the kind; with ``operations``, each value's operation comes from its sentence's cues (F-46, F-48). Never raises."""
+    the kind. With ``operations`` (a user's message), a value's operation comes from its sentence's cues (F-46, F-48);
+    one in quoted or pasted text is only ``mentioned``, and a burst of one shape keeps its first values (F-49, F-50).
+    Never raises."""
+    spans = text_spans(text) if operations else []
     taken: list[tuple[int, int]] = []
     found: list[tuple[int, FactCandidate]] = []
     seen: set[tuple[str, str]] = set()
@@ -156,6 +160,7 @@ def rule_facts(text: str, *, message_id: int, operations: bool = False) -> list[
                 continue
             seen.add((key, value))
             taken.append((match.start(), max(end, match.end(group))))
+            operation, provenance = _said(text, start, spans)
             found.append(
                 (
                     start,
@@ -166,11 +171,37 @@ def rule_facts(text: str, *, message_id: int, operations: bool = False) -> list[
                         text=f"user gave {key.replace('_', ' ')} {value}",
                         source_message_id=message_id,
                         excerpt=excerpt_around(text, start, end),
-                        operation=value_operation(text, start) if operations else "add",
+                        operation=operation,
+                        provenance=provenance,
                     ),
                 )
             )
-    return [candidate for _, candidate in sorted(found, key=lambda item: item[0])]
+    ordered = [candidate for _, candidate in sorted(found, key=lambda item: item[0])]
+    return _capped(ordered) if operations else ordered
+
+
+# Values a burst of one shape keeps (F-50): enough to show what it was, never enough to crowd the block.
+BURST_KEPT = 2
+
+
+def _said(text: str, start: int, spans: list[ProvenanceSpan]) -> tuple[Operation, str]:
+    """A user's value's ``operation`` and ``provenance``: quoted or pasted text neither corrects nor withdraws."""
+    kind = next((span.kind for span in spans if span.start <= start < span.end), "own")
+    if not spans:
+        return "add", "user"
+    return (value_operation(text, start), "user") if kind == "own" else ("add", "mentioned")
+
+
+def _capped(candidates: list[FactCandidate]) -> list[FactCandidate]:
+    """``candidates`` with each burst of one-shaped values cut to its first :data:`BURST_KEPT`, marked mentioned."""
+    bursts = repetitive_values([candidate.value for candidate in candidates])
+    dropped = {value for burst in bursts for value in burst.values[BURST_KEPT:]}
+    listed = {value for burst in bursts for value in burst.values}
+    return [
+        replace(candidate, provenance="mentioned", operation="add") if candidate.value in listed else candidate
+        for candidate in candidates
+        if candidate.value not in dropped
+    ]
 
 
 def value_spans(text: str) -> list[tuple[int, int, str]]:
@@ -284,7 +315,11 @@ def _leaf_facts(leaf: Any, *, arg: str, tool: str, message_id: int) -> list[Fact
         return []
     if len(text) > MAX_VALUE_CHARS:
         return [
-            replace(candidate, key=key if candidate.key in ("identifier", "amount", candidate.kind) else candidate.key)
+            replace(
+                candidate,
+                key=key if candidate.key in ("identifier", "amount", candidate.kind) else candidate.key,
+                provenance="tool_args",
+            )
             for candidate in rule_facts(text, message_id=message_id)
         ]
     whole = [candidate for candidate in rule_facts(text, message_id=message_id) if candidate.value == text.strip()]
@@ -304,6 +339,7 @@ def _tool_fact(kind: FactKind, key: str, value: str, tool: str, message_id: int,
         text=f"{tool} was called with {key} {value}",
         source_message_id=message_id,
         excerpt=excerpt[:EXCERPT_CHARS],
+        provenance="tool_args",
     )
 
 

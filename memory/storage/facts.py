@@ -18,6 +18,7 @@ from memory.facts import rules as fact_rules
 from memory.facts import values as fact_values
 from memory.models import KeyFact
 from memory.ports import ConversationAlive, RunSync
+from memory.text.provenance import own_text
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +139,8 @@ def key_facts_store_rule(
             (candidate, valid_from) for candidate in fact_rules.message_rule_facts(message) if _storable(candidate)
         )
         text = message.get("content") if message.get("role") == "user" else None
-        if isinstance(text, str) and isinstance(message.get("id"), int) and fact_ops.withdrawal_sentences(text):
+        text = own_text(text) if isinstance(text, str) else None  # a quoted "no longer" withdraws nothing (F-49)
+        if text and isinstance(message.get("id"), int) and fact_ops.withdrawal_sentences(text):
             withdrawals.append((text, message["id"]))
     if not found and not withdrawals:
         return []

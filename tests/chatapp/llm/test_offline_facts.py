@@ -224,3 +224,17 @@ async def test_the_summary_delay_applies_to_extraction(settings):
     with pytest.raises(LLMError) as caught:
         await OpenAISummarizer(endpoint=summary_endpoint()).summarize(extraction_request())
     assert caught.value.kind == "timeout"
+
+
+def test_f49_what_the_offline_engine_reads_in_forwarded_text_is_no_fact_about_the_user():
+    text = (
+        "My name is Ana Kovač. My landlord forwarded this to me: ---------- Forwarded message ---------\n"
+        "From: Tom Reyes <tom.reyes@lettings.example>\nSubject: Boiler\n\n"
+        "Hello, my name is Tom Reyes and I live at 4 Elm Street."
+    )
+    data = ExtractionInput(messages=[{"id": 50, "role": "user", "content": text}], facts=[])
+    accepted = validate_extraction(parse_extraction(extraction_reply(extraction_prompt(data))), data, extractor="x")
+    assert {(c.key, c.value, c.provenance) for c in accepted.accepted} == {
+        ("name", "Ana Kovač", "user"),
+        ("email", "tom.reyes@lettings.example", "mentioned"),
+    }

@@ -177,6 +177,19 @@ def test_f48_a_corrected_value_says_so_and_the_record_lists_each_current_fact_wi
     assert set(entries[0]) == {"id", "kind", "key", "value", "polarity", "provenance", "status", "note"}
 
 
+def test_f50_mentioned_values_rank_below_the_users_own_and_never_evict_them():
+    own = fact(kind="phone", key="phone", value="+44 7700 900777", source=2)
+    burst = [fact(value=f"A-4821{n}", source=3) for n in range(6)]
+    burst = [KeyFact(**{**_fields(f), "id": 10 + n, "provenance": "mentioned"}) for n, f in enumerate(burst)]
+    budget = COUNTER.count_message({"role": "system", "content": render_facts([own])}) + 2
+
+    block = facts_block([*burst, own], boundary=5, max_tokens=budget, counter=COUNTER)
+
+    assert block_order([*burst, own])[0] == own
+    assert [f.value for f in block.pinned] == ["+44 7700 900777"]
+    assert "mentioned, not said of the user" in fact_line(burst[0])
+
+
 def _fields(value: KeyFact) -> dict:
     return {name: getattr(value, name) for name in KeyFact.__dataclass_fields__}
 

@@ -184,3 +184,28 @@ def test_f47_a_value_held_with_the_other_polarity_is_not_dropped_as_a_restatemen
 
     assert (accepted.key, accepted.value, accepted.polarity) == ("dislikes", "jazz", "negative")
     assert validate_extraction([item("jazz", [1], kind="preference", key="likes")], data, extractor="x").accepted == []
+
+
+FORWARDED = [
+    {
+        "id": 31,
+        "role": "user",
+        "content": "My name is Ana Kovač. My landlord forwarded this to me: ---------- Forwarded message ---------\n"
+        "From: Tom Reyes <tom.reyes@lettings.example>\nSubject: Boiler\n\n"
+        "Hello, my name is Tom Reyes and I live at 4 Elm Street. Order #W2378156 is yours.",
+    }
+]
+
+
+def test_f49_forwarded_text_yields_no_fact_about_the_user_and_its_identifiers_are_only_mentioned():
+    data = ExtractionInput(messages=FORWARDED, facts=[])
+    items = [
+        item("Ana Kovač", [1], kind="name", key="name"),
+        item("Tom Reyes", [1], kind="name", key="name"),
+        item("4 Elm Street", [1], kind="address", key="home_address"),
+        item("#W2378156", [1], kind="id", key="order_id"),
+    ]
+    result = validate_extraction(items, data, extractor="llm:m")
+
+    assert [(c.value, c.provenance) for c in result.accepted] == [("Ana Kovač", "user"), ("#W2378156", "mentioned")]
+    assert [r["item"]["value"] for r in result.rejected] == ["Tom Reyes", "4 Elm Street"]

@@ -505,3 +505,15 @@ def test_withdrawn_and_corrected_facts_are_marked_with_the_message_that_changed_
     assert '<strong data-testid="fact-replaced-by">#W2378165</strong>' in item
     current = part(html, 'data-testid="facts-current"', "</ul>")
     assert f'<li id="fact-{mobile.id}"' in current and f'<li id="fact-{fixed.id}"' in current
+
+
+def test_a_value_from_pasted_text_is_shown_as_mentioned(alice: Visitor):
+    session = chat_session_make(alice.owner)
+    log = "2026-11-24 09:01:12 ERROR request A-48213 failed\n2026-11-24 09:01:13 ERROR request A-48214 failed"
+    _, (own, *pasted) = said(session, f"My order #W2378156 failed. Their log:\n{log}")
+
+    html = section(alice.client.get(reverse("session-detail", kwargs={"session_id": session.pk})).content.decode())
+
+    assert pasted and all(fact.provenance == "mentioned" for fact in pasted)
+    assert 'data-testid="fact-provenance">mentioned<' in fact_item(html, pasted[0].id)
+    assert 'data-testid="fact-provenance"' not in fact_item(html, own.id)
