@@ -144,7 +144,11 @@ PATTERNS: tuple[_Pattern, ...] = (
     ),
     _Pattern(re.compile(r"我叫|我的名字(?:是|叫)"), "name", "name", "The user's name is {value}", chinese=True),
     _Pattern(
-        re.compile(r"我(?:们)?(?:现在)?住在"), "address", "home_address", "The user lives in {value}", chinese=True
+        re.compile(r"(?:我(?:们)?(?:现在)?|(?<=[，,]))住在"),
+        "address",
+        "home_address",
+        "The user lives in {value}",
+        chinese=True,
     ),
     _Pattern(
         re.compile(r"我(?:们)?搬(?:到|去)了?"), "address", "home_address", "The user lives in {value}", chinese=True
@@ -295,9 +299,19 @@ def _rule_item(candidate: FactCandidate, number: int) -> dict[str, Any]:
     }
 
 
+# What a user quotes or forwards says nothing about them (F-49): inline quotations, "> " quotes up to
+# their sentence's end, and everything after a forwarded or original message's header.
+_QUOTED = re.compile(
+    r"\"[^\"]*\"|“[^”]*”|「[^」]*」|(?:^|\s)>\s[^.!?]*[.!?]?"
+    r"|(?:-{3,}\s*(?:Forwarded message|Original Message)|Begin forwarded message:|\bOn [^.]{0,80}\bwrote:).*",
+    re.IGNORECASE,
+)
+
+
 def _pattern_items(body: str, number: int) -> Iterator[dict[str, Any]]:
-    """The items the digit-free patterns find in a user line, in order of appearance."""
+    """The items the digit-free patterns find in a user line's own words, in order of appearance."""
     found: list[tuple[int, dict[str, Any]]] = []
+    body = _QUOTED.sub(lambda match: " " * len(match[0]), body)
     for pattern in PATTERNS:
         for match in pattern.regex.finditer(body):
             value = _value_at(body, match.end(), chinese=pattern.chinese)
@@ -336,7 +350,7 @@ def _value_at(body: str, start: int, *, chinese: bool) -> str:
         value = value.removesuffix("了")
     else:
         value = re.sub(
-            r"(?:\s+(?:now|too|as well|anymore|though|actually|instead|please|here|today))+$",
+            r"(?:\s+(?:now|too|as well|anymore|though|actually|instead|please|here|today|myself|ourselves))+$",
             "",
             value,
             flags=re.IGNORECASE,

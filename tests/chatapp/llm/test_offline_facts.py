@@ -59,6 +59,7 @@ def found(*texts: str | dict[str, Any], facts: list[KeyFact] | None = None) -> s
         ("我叫李明，我住在上海。", ("address", "home_address", "上海")),
         ("我对花生过敏", ("preference", "allergy", "花生")),
         ("我对花生过敏，也对芒果过敏。", ("preference", "allergy", "芒果")),
+        ("他说：“我叫王强，住在北京。” 我叫李娜，住在上海。", ("address", "home_address", "上海")),
         ("我很喜欢吃辣，越辣越好。", ("preference", "likes", "吃辣")),
         ("我现在不喜欢吃辣了。", ("preference", "dislikes", "吃辣")),
         ("我的狗叫旺财。", ("name", "pet_name", "旺财")),
@@ -238,3 +239,15 @@ def test_f49_what_the_offline_engine_reads_in_forwarded_text_is_no_fact_about_th
         ("name", "Ana Kovač", "user"),
         ("email", "tom.reyes@lettings.example", "mentioned"),
     }
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('My name is Ines Duarte. The note says "My name is Paula, feed the cat".', {"Ines Duarte"}),
+        ('My cousin said "I live in Oslo and I love skiing". I live in Lyon myself.', {"Lyon"}),
+        ("I love hiking. On Sat, 14 Nov 2026 at 18:02, Ben <ben@x.example> wrote: > I love opera.", {"hiking"}),
+    ],
+)
+def test_f49_the_offline_engine_reads_no_fact_of_the_user_in_what_they_quote(text, expected):
+    assert {value for _, _, value in found(text) if "@" not in value and not value[0].isdigit()} == expected
