@@ -18,6 +18,7 @@ from memory.config import MemoryConfig
 from memory.context.budget import MemoryBudget
 from memory.context.builder import AgentMemoryMiddleware, ContextBuilder
 from memory.context.request import CompressionJobs, ContextRequest, MemoryContext
+from memory.facts.operations import withdrawal_sentences
 from memory.facts.rules import message_rule_facts
 from memory.facts.values import KeyFact
 from memory.jobs.runner import JobRun, MemoryJobRunner
@@ -329,8 +330,9 @@ class MemoryEngine:
 
     @staticmethod
     def has_rule_facts(message: dict[str, Any]) -> bool:
-        """Whether :meth:`facts_on_store` would find anything in ``message`` (no query)."""
-        return bool(message_rule_facts(message))
+        """Whether :meth:`facts_on_store` would find anything in ``message``: a value or a withdrawal (no query)."""
+        content = message.get("content") if message.get("role") == "user" else None
+        return bool(message_rule_facts(message)) or (isinstance(content, str) and bool(withdrawal_sentences(content)))
 
     def fact_pin(self, memory_key: str, fact_id: int, *, pinned: bool) -> KeyFact:
         """Pin or unpin a fact for the owner. Raises ``KeyFactNotFound``."""

@@ -141,6 +141,10 @@ class KeyFact(models.Model):
     pinned_by_user = models.BooleanField(default=False)
     hidden_by_user = models.BooleanField(default=False)
     last_seen_message_id = models.BigIntegerField(null=True, blank=True)
+    operation = models.CharField(max_length=16, default="add")
+    polarity = models.CharField(max_length=8, default="positive")
+    provenance = models.CharField(max_length=16, default="user")
+    changed_by_message_id = models.BigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -177,6 +181,10 @@ class KeyFact(models.Model):
             hidden_by_user=self.hidden_by_user,
             last_seen_message_id=self.last_seen_message_id,
             replaces=replaces or getattr(self, "replaces_value", None) or "",
+            operation=self.operation,
+            polarity=self.polarity,
+            provenance=self.provenance,
+            changed_by_message_id=self.changed_by_message_id,
         )
 
 

@@ -424,9 +424,9 @@ class MemoryContextEvent(ServerEvent):
     waited_ms: int = 0
     """Milliseconds the request waited for the session's memory job."""
     facts: dict[str, Any] | None = None
-    """The key-facts block (docs/memory.md §11) as fact ids: ``pinned`` (in the block),
-    ``in_window`` (verbatim in the request, not repeated), ``over_budget`` (left out: the block
-    was full), and its ``tokens``."""
+    """The key-facts block (docs/memory.md §11): fact ids ``pinned`` (in the block), ``in_window``
+    (verbatim in the request, not repeated), ``over_budget`` (the block was full), its ``tokens``, and
+    ``entries`` (each current fact's ``{id, kind, key, value, polarity, provenance, status, note}``)."""
     recall: dict[str, Any] | None = None
     """What recall brought into the request and why (docs/memory.md §12), null when the request
     had no recall: ``query``, ``model`` (the embedding model, null: lexical only),

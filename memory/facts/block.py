@@ -35,18 +35,45 @@ class FactsBlock:
         }
 
     def as_dict(self) -> dict[str, Any]:
+        """The replay record's ``facts`` (docs/replay.md): ids per status, ``tokens``, and ``entries``, one per
+        current fact ``{"id", "kind", "key", "value", "polarity", "provenance", "status", "note"}``."""
+        groups = (("pinned", self.pinned), ("in_window", self.in_window), ("over_budget", self.over_budget))
         return {
-            "pinned": [fact.id for fact in self.pinned],
-            "in_window": [fact.id for fact in self.in_window],
-            "over_budget": [fact.id for fact in self.over_budget],
+            **{status: [fact.id for fact in facts] for status, facts in groups},
             "tokens": self.tokens,
+            "entries": [fact_entry(fact, status) for status, facts in groups for fact in facts],
         }
+
+
+def fact_entry(fact: KeyFact, status: str) -> dict[str, Any]:
+    """A current fact as the replay record lists it; ``note`` says how its slot changed (F-48)."""
+    return {
+        "id": fact.id,
+        "kind": fact.kind,
+        "key": fact.key,
+        "value": fact.value,
+        "polarity": fact.polarity,
+        "provenance": fact.provenance,
+        "status": status,
+        "note": change_note(fact),
+    }
+
+
+def change_note(fact: KeyFact) -> str:
+    """``corrected in msg N`` or ``changed in msg N`` for a value that replaced another, else ``""``."""
+    if not fact.replaces or not fact.source_message_id:
+        return ""
+    return f"{'corrected' if fact.operation == 'correct' else 'changed'} in msg {fact.source_message_id}"
 
 
 def fact_line(fact: KeyFact) -> str:
     """One annotated line, ``- slot: value (msg N)``, with ``text`` for the kinds in :data:`EXPLAINED_BY_TEXT`."""
     where = f"msg {fact.source_message_id}" if fact.source_message_id else "set by the user"
-    if fact.replaces:
+    if fact.provenance == "mentioned":
+        where += ", mentioned, not said of the user"
+    if fact.replaces and fact.operation == "correct":
+        where = f"{change_note(fact)}; replaces {fact.replaces}"
+    elif fact.replaces:
         where += f", current; replaces {fact.replaces}"
     elif fact.pinned_by_user:
         where += ", pinned by the user"
@@ -60,7 +87,7 @@ def render_facts(facts: Sequence[KeyFact]) -> str:
     lines: list[str] = []
     slots: dict[str, int] = {}
     for fact in facts:
-        if fact.kind in SELF_EXPLAINING and not fact.replaces:
+        if fact.kind in SELF_EXPLAINING and not fact.replaces and fact.provenance != "mentioned":
             if fact.key in slots:
                 lines[slots[fact.key]] += f"; {fact.value}"
             else:
@@ -72,11 +99,13 @@ def render_facts(facts: Sequence[KeyFact]) -> str:
 
 
 def block_order(facts: Iterable[KeyFact]) -> list[KeyFact]:
-    """``facts`` in the block's keep order (docs/memory.md §11 "Budget"): user-pinned, then by kind, newest first."""
+    """``facts`` in the block's keep order (docs/memory.md §11 "Budget"): user-pinned, the user's own values before
+    merely mentioned ones (F-49), then by kind, newest first."""
     return sorted(
         facts,
         key=lambda fact: (
             not fact.pinned_by_user,
+            fact.provenance == "mentioned",
             KIND_RANK.get(fact.kind, len(KIND_RANK)),
             -(fact.source_message_id or 0),
             -fact.id,

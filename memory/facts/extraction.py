@@ -5,12 +5,22 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from memory.facts.operations import polarity_of, same_topic, withdrawal_sentences
 from memory.facts.rules import _SNAKE, _text, excerpt_around
-from memory.facts.values import FACT_KINDS, MAX_KEY_CHARS, MAX_TEXT_CHARS, MAX_VALUE_CHARS, FactCandidate, KeyFact
+from memory.facts.values import (
+    FACT_KINDS,
+    MAX_KEY_CHARS,
+    MAX_TEXT_CHARS,
+    MAX_VALUE_CHARS,
+    FactCandidate,
+    KeyFact,
+    Polarity,
+)
 from memory.messages import Message
+from memory.text.provenance import own_text
 from memory.text.secrets import redact_secrets, redact_values, secret_spans
 
 EXTRACTION_SCHEMA_NAME = "key_facts"
@@ -26,9 +36,11 @@ EXTRACTION_SCHEMA: dict[str, Any] = {
             "items": {
                 "type": "object",
                 "additionalProperties": False,
-                "required": ["kind", "key", "value", "text", "source", "supersedes"],
+                "required": ["operation", "kind", "key", "value", "polarity", "text", "source", "supersedes"],
                 "properties": {
+                    "operation": {"type": "string", "enum": ["add", "retract"]},
                     "kind": {"type": "string", "enum": list(FACT_KINDS)},
+                    "polarity": {"type": "string", "enum": ["positive", "negative"]},
                     "key": {"type": "string"},
                     "value": {"type": "string"},
                     "text": {"type": "string"},
@@ -47,9 +59,12 @@ Rules:
 - Copy "value" VERBATIM from the message it comes from (same spelling, digits and script); never translate, normalize or invent it.
 - "source": the numbers of the messages the value occurs in. "text": one short line saying what it is, with absolute dates.
 - "key": the slot in lowercase snake_case (e.g. shipping_address, allergy, pet_name, order_id). Use the same key as an existing fact for the same slot.
+- "polarity": "negative" for what the user does not like, have or do (key e.g. dislikes), else "positive".
 - When the user corrects or changes an existing fact of the same slot, put that fact's handle in "supersedes".
+- When the user withdraws an existing fact without a new value ("I'm no longer allergic to X", "forget my old email"), give "operation": "retract", that fact's key and value, the withdrawing message in "source" and its handle in "supersedes"; otherwise "operation": "add".
+- Values in quoted, forwarded or pasted text (emails, logs, code, tables) are not facts about the user.
 - Do not extract the assistant's suggestions, options or listings as facts of the user; do not repeat existing facts unchanged.
-- Reply with JSON only: {"facts": [{"kind", "key", "value", "text", "source", "supersedes"}]}; {"facts": []} when there is nothing new."""
+- Reply with JSON only: {"facts": [{"operation", "kind", "key", "value", "polarity", "text", "source", "supersedes"}]}; {"facts": []} when there is nothing new."""
 
 
 EXTRACTION_LINE_CHARS = 600
@@ -140,29 +155,43 @@ class Validation:
 def validate_extraction(items: list[dict[str, Any]], data: ExtractionInput, *, extractor: str) -> Validation:
     """Code-side validation of an extraction reply (docs/memory.md §11, F-28, F-30): a known ``kind``, a ``key``, a
     value of at most 200 characters grounded (case and spacing aside) in a cited user message or tool-call arguments,
-    the first such being the source; ``supersedes`` keeps only unpinned active facts of the same slot. Restatements
-    of an active value (in any slot) are dropped."""
+    the first such being the source; ``supersedes`` keeps only unpinned active facts of the same slot. A ``retract``
+    needs a cited user message that withdraws (F-46). Restatements (same slot, polarity and value) are dropped."""
     accepted: list[FactCandidate] = []
     rejected: list[dict[str, Any]] = []
-    current = {_norm(fact.value) for fact in data.facts}
+    current = {(fact.key, fact.polarity, _norm(fact.value)) for fact in data.facts}
     for item in items:
         kind = str(item.get("kind") or "other").lower()
         key = _SNAKE.sub("_", str(item.get("key") or "").lower()).strip("_")[:MAX_KEY_CHARS]
         value = " ".join(str(item.get("value") or "").split())
+        polarity: Polarity = "negative" if item.get("polarity") == "negative" else "positive"
+        if item.get("polarity") not in ("positive", "negative"):
+            polarity = polarity_of(key)
         if kind not in FACT_KINDS:
             kind = "other"
         if not key or not value or len(value) > MAX_VALUE_CHARS:
             rejected.append({"item": item, "reason": "missing or oversized key or value"})
             continue
         sources = [n for n in _ints(item.get("source")) if data.message_by_number(n) is not None]
+        if item.get("operation") == "retract":
+            retraction = _retraction(item, data, kind=kind, key=key, value=value, sources=sources)
+            if isinstance(retraction, str):
+                rejected.append({"item": item, "reason": retraction})
+            else:
+                accepted.append(replace(retraction, extractor=extractor, polarity=polarity))
+            continue
         grounding = next((n for n in sources if _grounds(data.message_by_number(n), value)), None)
         if grounding is None:
             rejected.append({"item": item, "reason": "value does not occur in a cited user message or tool call"})
             continue
-        if _norm(value) in current:
+        if (key, polarity, _norm(value)) in current:
             continue
         message = data.message_by_number(grounding)
         assert message is not None
+        provenance = _provenance(message, value)
+        if provenance == "mentioned" and kind in ABOUT_THE_USER:
+            rejected.append({"item": item, "reason": "quoted or pasted text says nothing about the user"})
+            continue
         supersedes = []
         for handle in _ints(item.get("supersedes")):
             old = data.fact_by_handle(handle)
@@ -188,10 +217,64 @@ def validate_extraction(items: list[dict[str, Any]], data: ExtractionInput, *, e
                 excerpt=excerpt_around(source_text, at, at + len(value), secrets=secrets),
                 extractor=extractor,
                 supersedes=tuple(supersedes),
+                polarity=polarity,
+                provenance=provenance,
             )
         )
-        current.add(_norm(value))
+        current.add((key, polarity, _norm(value)))
     return Validation(accepted=accepted, rejected=rejected)
+
+
+# Kinds that describe the user: never taken from text the user quotes or pastes (F-49).
+ABOUT_THE_USER = frozenset({"name", "address", "preference"})
+
+
+def _provenance(message: Message, value: str) -> str:
+    """``tool_args``, ``user`` (the value is in the user's own words) or ``mentioned`` (only in quoted or pasted
+    text, docs/memory.md F-49)."""
+    if message.get("role") != "user":
+        return "tool_args"
+    return "user" if _norm(value) in _norm(own_text(_text(message.get("content")))) else "mentioned"
+
+
+def _retraction(
+    item: dict[str, Any], data: ExtractionInput, *, kind: str, key: str, value: str, sources: list[int]
+) -> FactCandidate | str:
+    """A ``retract`` item as a candidate ending the active facts it names, or why it is rejected: no cited user
+    message withdraws, or no handle names an active, unpinned fact of that slot or value."""
+    withdrawing = next(
+        (
+            n
+            for n in sources
+            if (message := data.message_by_number(n)) is not None
+            and message.get("role") == "user"
+            and withdrawal_sentences(_text(message.get("content")))
+        ),
+        None,
+    )
+    if withdrawing is None:
+        return "retract: no cited user message withdraws a fact"
+    ends = [
+        old.id
+        for handle in _ints(item.get("supersedes"))
+        if (old := data.fact_by_handle(handle)) is not None
+        and old.active
+        and not old.pinned_by_user
+        and (old.key == key or same_topic(old.value, value))
+    ]
+    if not ends:
+        return f"retract: no active fact of {key} named by its handles"
+    message = data.message_by_number(withdrawing)
+    assert message is not None
+    return FactCandidate(
+        kind=kind,  # type: ignore[arg-type]  # checked against FACT_KINDS by the caller
+        key=key,
+        value=value,
+        text=f"withdrawn: {value}",
+        source_message_id=int(message["id"]),
+        operation="retract",
+        supersedes=tuple(ends),
+    )
 
 
 def _ints(value: Any) -> list[int]:

@@ -9,8 +9,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
-from memory.facts.values import EXCERPT_CHARS, MAX_KEY_CHARS, MAX_VALUE_CHARS, FactCandidate, FactKind
+from memory.facts.operations import value_operation
+from memory.facts.values import EXCERPT_CHARS, MAX_KEY_CHARS, MAX_VALUE_CHARS, FactCandidate, FactKind, Operation
 from memory.messages import Message
+from memory.text.provenance import ProvenanceSpan, repetitive_values, text_spans
 from memory.text.secrets import MARKERS, SecretSpan, redact_values, secret_spans, secret_values
 
 _MONTHS = (
@@ -76,6 +78,8 @@ _PATTERNS: tuple[tuple[FactKind | Literal["secret"], re.Pattern[str]], ...] = (
     ),
     ("id", re.compile(r"(?:card|visa|mastercard|amex|ending(?:\s+in)?)\D{0,16}?\b(\d{4})\b", re.IGNORECASE)),
     ("id", re.compile(r"\b(\d{4})\s+(?:credit\s+|debit\s+|gift\s+)?card\b", re.IGNORECASE)),
+    # A flight number with its airline's code apart ("UA 882"); glued ones are identifiers below.
+    ("id", re.compile(r"(?<![\w-])(?!(?:ID|NO|PO|OK|AM|PM|TV|UK|US|EU)\s)[A-Z]{2}\s\d{2,4}(?![\w-])")),
     # Mixed letter-digit identifiers of 5+ characters; ASCII only, so one glued to CJK text (订单号是A-48213) is cut right.
     ("id", re.compile(r"(?<![A-Za-z0-9_#-])#?[A-Za-z0-9][A-Za-z0-9_\-./]*[A-Za-z0-9](?![A-Za-z0-9_])")),
 )
@@ -123,14 +127,17 @@ SLOT_WINDOW_CHARS = 48
 _SNAKE = re.compile(r"[^0-9a-z]+")
 
 
-def rule_facts(text: str, *, message_id: int) -> list[FactCandidate]:
+def rule_facts(text: str, *, message_id: int, operations: bool = False) -> list[FactCandidate]:
     """The key facts regular expressions find in a user's ``text`` (docs/memory.md §11), each once, in order of
     appearance. Secrets are never reported: whole card and social security numbers, values shortly after "password",
     "PIN", "密码" and the like. The slot comes from a word shortly before the value ("order" → ``order_id``), else
-    the kind. Never raises."""
+    the kind. With ``operations`` (a user's message), a value's operation comes from its sentence's cues (F-46, F-48);
+    one in quoted or pasted text is only ``mentioned``, and a burst of one shape keeps its first values (F-49, F-50).
+    Never raises."""
     # Credentials (F-51) are taken first: no value inside one is reported, no excerpt shows one.
     secrets = secret_spans(text)
     taken: list[tuple[int, int]] = [(span.start, span.end) for span in secrets]
+    spans = text_spans(text) if operations else []
     found: list[tuple[int, FactCandidate]] = []
     seen: set[tuple[str, str]] = set()
     for kind, pattern in _PATTERNS:
@@ -148,12 +155,15 @@ def rule_facts(text: str, *, message_id: int) -> list[FactCandidate]:
                 continue
             # A card tail (the only capturing pattern) names its slot itself.
             key = "payment_card" if group else _slot(text[:start], kind)
+            if kind == "id" and " " in value:
+                key = "flight_number"
             if kind == "date" and _TIME.fullmatch(value):
                 key = "time"
             if (key, value) in seen:
                 continue
             seen.add((key, value))
             taken.append((match.start(), max(end, match.end(group))))
+            operation, provenance = _said(text, start, spans)
             found.append(
                 (
                     start,
@@ -164,10 +174,37 @@ def rule_facts(text: str, *, message_id: int) -> list[FactCandidate]:
                         text=f"user gave {key.replace('_', ' ')} {value}",
                         source_message_id=message_id,
                         excerpt=excerpt_around(text, start, end, secrets=secrets),
+                        operation=operation,
+                        provenance=provenance,
                     ),
                 )
             )
-    return [candidate for _, candidate in sorted(found, key=lambda item: item[0])]
+    ordered = [candidate for _, candidate in sorted(found, key=lambda item: item[0])]
+    return _capped(ordered) if operations else ordered
+
+
+# Values a burst of one shape keeps (F-50): enough to show what it was, never enough to crowd the block.
+BURST_KEPT = 2
+
+
+def _said(text: str, start: int, spans: list[ProvenanceSpan]) -> tuple[Operation, str]:
+    """A user's value's ``operation`` and ``provenance``: quoted or pasted text neither corrects nor withdraws."""
+    kind = next((span.kind for span in spans if span.start <= start < span.end), "own")
+    if not spans:
+        return "add", "user"
+    return (value_operation(text, start), "user") if kind == "own" else ("add", "mentioned")
+
+
+def _capped(candidates: list[FactCandidate]) -> list[FactCandidate]:
+    """``candidates`` with each burst of one-shaped values cut to its first :data:`BURST_KEPT`, marked mentioned."""
+    bursts = repetitive_values([candidate.value for candidate in candidates])
+    dropped = {value for burst in bursts for value in burst.values[BURST_KEPT:]}
+    listed = {value for burst in bursts for value in burst.values}
+    return [
+        replace(candidate, provenance="mentioned", operation="add") if candidate.value in listed else candidate
+        for candidate in candidates
+        if candidate.value not in dropped
+    ]
 
 
 def value_spans(text: str) -> list[tuple[int, int, str]]:
@@ -301,7 +338,11 @@ def _leaf_candidates(leaf: Any, text: str, *, key: str, arg: str, tool: str, mes
         return []
     if len(text) > MAX_VALUE_CHARS:
         return [
-            replace(candidate, key=key if candidate.key in ("identifier", "amount", candidate.kind) else candidate.key)
+            replace(
+                candidate,
+                key=key if candidate.key in ("identifier", "amount", candidate.kind) else candidate.key,
+                provenance="tool_args",
+            )
             for candidate in rule_facts(text, message_id=message_id)
         ]
     whole = [candidate for candidate in rule_facts(text, message_id=message_id) if candidate.value == text.strip()]
@@ -321,6 +362,7 @@ def _tool_fact(kind: FactKind, key: str, value: str, tool: str, message_id: int,
         text=f"{tool} was called with {key} {value}",
         source_message_id=message_id,
         excerpt=excerpt[:EXCERPT_CHARS],
+        provenance="tool_args",
     )
 
 
@@ -333,7 +375,9 @@ def message_rule_facts(message: Message) -> list[FactCandidate]:
     role = message.get("role")
     if role == "user":
         content = message.get("content")
-        return rule_facts(content if isinstance(content, str) else _text(content), message_id=message_id)
+        return rule_facts(
+            content if isinstance(content, str) else _text(content), message_id=message_id, operations=True
+        )
     if role == "assistant" and message.get("tool_calls"):
         return tool_call_facts(message["tool_calls"], message_id=message_id)
     return []

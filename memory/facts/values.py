@@ -50,6 +50,13 @@ SELF_EXPLAINING: frozenset[str] = frozenset({"id", "money", "date", "email", "ph
 EXPLAINED_BY_TEXT: frozenset[str] = frozenset({"commitment", "other"})
 
 
+# How a fact came or went (docs/memory.md F-46 to F-48); ``correct`` is a supersede said as a self-correction.
+Operation = Literal["add", "supersede", "correct", "retract"]
+Polarity = Literal["positive", "negative"]
+# Where a value came from (F-49): the user's own words, a tool call's arguments, or merely mentioned.
+PROVENANCES: tuple[str, ...] = ("user", "tool_args", "mentioned", "tool_result")
+
+
 # Characters of source text kept around a value as its excerpt.
 EXCERPT_CHARS = 120
 
@@ -67,7 +74,8 @@ MAX_TEXT_CHARS = 240
 @dataclass(frozen=True, kw_only=True)
 class FactCandidate:
     """A fact an extractor proposes: ``key`` its slot (``snake_case``), ``value`` verbatim from the source, ``text``
-    one line with absolute dates; ``supersedes``: ids of the slot's stored facts it replaces."""
+    one line with absolute dates; ``supersedes``: ids of the slot's stored facts it replaces (a ``retract`` stores
+    no value of its own: it only ends them)."""
 
     kind: FactKind
     key: str
@@ -77,12 +85,16 @@ class FactCandidate:
     excerpt: str = ""
     extractor: str = "rule"
     supersedes: tuple[int, ...] = ()
+    operation: Operation = "add"
+    polarity: Polarity = "positive"
+    provenance: str = "user"
 
 
 @dataclass(frozen=True, kw_only=True)
 class KeyFact:
     """A stored fact as the engine sees it: :class:`FactCandidate`'s fields plus ``id``, its retirement
-    (``invalidated_at``, ``superseded_by``), the owner's pin and hide, and ``replaces`` (the value it superseded)."""
+    (``invalidated_at``, ``superseded_by``, ``changed_by_message_id``), the owner's pin and hide, and ``replaces``
+    (the value it superseded)."""
 
     id: int
     kind: str
@@ -99,11 +111,22 @@ class KeyFact:
     hidden_by_user: bool = False
     last_seen_message_id: int | None = None
     replaces: str = ""
+    operation: str = "add"
+    polarity: str = "positive"
+    provenance: str = "user"
+    changed_by_message_id: int | None = None
 
     @property
     def active(self) -> bool:
         """Current (not superseded) and not hidden by the owner: eligible for the block."""
         return self.invalidated_at is None and not self.hidden_by_user
+
+    @property
+    def status(self) -> str:
+        """``current``, ``superseded`` (a newer value of the slot) or ``retracted`` (withdrawn, no new value)."""
+        if self.invalidated_at is None:
+            return "current"
+        return "superseded" if self.superseded_by is not None else "retracted"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -122,4 +145,9 @@ class KeyFact:
             "hidden_by_user": self.hidden_by_user,
             "last_seen_message_id": self.last_seen_message_id,
             "replaces": self.replaces,
+            "operation": self.operation,
+            "polarity": self.polarity,
+            "provenance": self.provenance,
+            "changed_by_message_id": self.changed_by_message_id,
+            "status": self.status,
         }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -12,10 +13,12 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
+from memory.facts import operations as fact_ops
 from memory.facts import rules as fact_rules
 from memory.facts import values as fact_values
 from memory.models import KeyFact
 from memory.ports import ConversationAlive, RunSync
+from memory.text.provenance import own_text
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +100,9 @@ def _fact_row(
         extractor=extractor[:64],
         valid_from=valid_from,
         last_seen_message_id=candidate.source_message_id,
+        operation="add" if candidate.operation == "retract" else candidate.operation,
+        polarity=candidate.polarity,
+        provenance=candidate.provenance,
     )
 
 
@@ -121,46 +127,75 @@ def key_facts_store_rule(
     *, memory_key: str, scope_key: str, messages: list[dict[str, Any]]
 ) -> list[fact_values.KeyFact]:
     """Store the rule facts of just-stored messages (dicts with ``id``, ``role``, ``content``, ``tool_calls``,
-    ``created_at``); returns those created (docs/memory.md §11 "Rule extraction"). A value an active fact holds
-    only moves its ``last_seen_message_id``. No query when no message yields a candidate."""
+    ``created_at``); returns those created (docs/memory.md §11 "Rule extraction"). A value an active fact of its slot
+    holds only moves its ``last_seen_message_id``; a correction or update supersedes the slot's newest value, a
+    withdrawal retracts what it names (F-46, F-48). No query when no message yields a candidate or a withdrawal."""
     found: list[tuple[fact_values.FactCandidate, datetime | None]] = []
+    withdrawals: list[tuple[str, int]] = []
     for message in messages:
         created_at = message.get("created_at")
         valid_from = created_at if isinstance(created_at, datetime) else None
         found.extend(
             (candidate, valid_from) for candidate in fact_rules.message_rule_facts(message) if _storable(candidate)
         )
-    if not found:
+        text = message.get("content") if message.get("role") == "user" else None
+        text = own_text(text) if isinstance(text, str) else None  # a quoted "no longer" withdraws nothing (F-49)
+        if text and isinstance(message.get("id"), int) and fact_ops.withdrawal_sentences(text):
+            withdrawals.append((text, message["id"]))
+    if not found and not withdrawals:
         return []
 
     def write() -> list[fact_values.KeyFact]:
-        held: dict[str, list[int]] = {}
-        active = KeyFact.objects.filter(
-            memory_key=memory_key, invalidated_at__isnull=True, value__in={candidate.value for candidate, _ in found}
-        )
-        for fact_id, value in active.values_list("id", "value"):
-            held.setdefault(value, []).append(fact_id)
+        changing = withdrawals or any(candidate.operation != "add" for candidate, _ in found)
+        rows = KeyFact.objects.filter(memory_key=memory_key, invalidated_at__isnull=True)
+        if not changing:
+            rows = rows.filter(value__in={candidate.value for candidate, _ in found})
+        current = [row.as_fact() for row in rows]
         new: dict[str, KeyFact] = {}
         restated: dict[int, set[int]] = {}
+        ended: dict[int, tuple[int, KeyFact | str]] = {}  # fact id -> (message id, new row or "retract")
+        for text, message_id in withdrawals:
+            for fact in fact_ops.withdrawn(text, current):
+                ended.setdefault(fact.id, (message_id, "retract"))
         for candidate, valid_from in found:
             message_id = candidate.source_message_id
-            if candidate.value in held:
-                restated.setdefault(message_id, set()).update(held[candidate.value])
+            held = [fact.id for fact in current if fact.value == candidate.value and fact.id not in ended]
+            if candidate.operation == "retract":
+                for fact_id in held:
+                    ended.setdefault(fact_id, (message_id, "retract"))
+            elif held:
+                restated.setdefault(message_id, set()).update(held)
             elif candidate.value in new:
                 row = new[candidate.value]
                 row.last_seen_message_id = max(row.last_seen_message_id or 0, message_id)
             else:
+                old = None
+                if candidate.operation in ("supersede", "correct"):
+                    old = fact_ops.corrected(candidate, [f for f in current if f.id not in ended])
+                if old is not None and candidate.key != old.key:
+                    candidate = replace(candidate, key=old.key)
                 new[candidate.value] = _fact_row(
                     candidate, memory_key=memory_key, scope_key=scope_key, extractor="rule", valid_from=valid_from
                 )
+                if old is not None:
+                    ended[old.id] = (message_id, new[candidate.value])
         created = KeyFact.objects.bulk_create(list(new.values())) if new else []
         now = timezone.now()
+        for fact_id, (message_id, by) in ended.items():
+            KeyFact.objects.filter(pk=fact_id, pinned_by_user=False).update(
+                invalidated_at=now,
+                superseded_by=None if by == "retract" else by,
+                changed_by_message_id=message_id,
+                updated_at=now,
+            )
         for message_id in sorted(restated):
             KeyFact.objects.filter(
                 Q(last_seen_message_id__isnull=True) | Q(last_seen_message_id__lt=message_id),
                 pk__in=restated[message_id],
             ).update(last_seen_message_id=message_id, updated_at=now)
-        return [row.as_fact() for row in created]
+        replaced = {by.pk: fact_id for fact_id, (_, by) in ended.items() if isinstance(by, KeyFact)}
+        values = {fact.id: fact.value for fact in current}
+        return [row.as_fact(replaces=values.get(replaced.get(row.pk, 0), "")) for row in created]
 
     return _fact_write_retried(write, memory_key=memory_key)
 
@@ -174,8 +209,9 @@ def key_facts_apply(
     alive: ConversationAlive | None = None,
 ) -> list[fact_values.KeyFact]:
     """Store validated extraction candidates and retire what they supersede (same slot, unpinned) in one
-    transaction; returns the facts created, ``replaces`` filled (docs/memory.md §11, F-28). Restatements and
-    values retired since their message (no revival) are skipped; nothing is written once ``alive`` fails (F-41)."""
+    transaction; returns the facts created, ``replaces`` filled (docs/memory.md §11, F-28). A ``retract`` ends what it
+    names, a preference ends the other polarity's value of its topic (F-46, F-47). Restatements and values retired
+    since their message (no revival) are skipped; nothing is written once ``alive`` fails (F-41)."""
     storable = [candidate for candidate in candidates if _storable(candidate)]
     if not storable:
         return []
@@ -190,27 +226,30 @@ def key_facts_apply(
                 value__in={candidate.value for candidate in storable},
             ).values_list("key", "value")
         )
-        retired_seen: dict[str, int] = {}
-        for value, source_id, seen_id in KeyFact.objects.filter(
+        retired_seen: dict[tuple[str, str], int] = {}
+        for key, value, *seen in KeyFact.objects.filter(
             memory_key=memory_key,
             invalidated_at__isnull=False,
             value__in={candidate.value for candidate in storable},
-        ).values_list("value", "source_message_id", "last_seen_message_id"):
-            retired_seen[value] = max(retired_seen.get(value, 0), source_id or 0, seen_id or 0)
+        ).values_list("key", "value", "source_message_id", "last_seen_message_id", "changed_by_message_id"):
+            retired_seen[(key, value)] = max(retired_seen.get((key, value), 0), *(n or 0 for n in seen))
         wanted = {fact_id for candidate in storable for fact_id in candidate.supersedes}
-        retirable: dict[int, KeyFact] = {}
-        if wanted:
-            rows = KeyFact.objects.filter(
-                pk__in=wanted, memory_key=memory_key, invalidated_at__isnull=True, pinned_by_user=False
-            )
-            if connection.features.has_select_for_update:
-                rows = rows.select_for_update()
-            retirable = {row.pk: row for row in rows}
+        rows = KeyFact.objects.filter(memory_key=memory_key, invalidated_at__isnull=True, pinned_by_user=False)
+        rows = rows.filter(Q(pk__in=wanted) | Q(kind="preference"))
+        if connection.features.has_select_for_update:
+            rows = rows.select_for_update()
+        retirable: dict[int, KeyFact] = {row.pk: row for row in rows}
+        retracted: dict[int, int] = {}
+        for candidate in (candidate for candidate in storable if candidate.operation == "retract"):
+            for fact_id in candidate.supersedes:
+                old = retirable.get(fact_id)
+                if old is not None and (old.key == candidate.key or fact_ops.same_topic(old.value, candidate.value)):
+                    retracted[retirable.pop(fact_id).pk] = candidate.source_message_id
         planned: list[tuple[KeyFact, list[KeyFact]]] = []
         for candidate in storable:
-            if (candidate.key, candidate.value) in active:
+            if candidate.operation == "retract" or (candidate.key, candidate.value) in active:
                 continue
-            if candidate.source_message_id <= retired_seen.get(candidate.value, -1):
+            if candidate.source_message_id <= retired_seen.get((candidate.key, candidate.value), -1):
                 continue  # replaced after that message: not revived by a late extraction
             active.add((candidate.key, candidate.value))
             row = _fact_row(
@@ -220,20 +259,30 @@ def key_facts_apply(
                 extractor=candidate.extractor,
                 valid_from=valid_from.get(candidate.source_message_id),
             )
-            retired = [
-                retirable.pop(fact_id)
+            ends = [
+                fact_id
                 for fact_id in dict.fromkeys(candidate.supersedes)
                 if fact_id in retirable and retirable[fact_id].key == candidate.key
             ]
+            ends += [
+                old.pk
+                for old in retirable.values()
+                if old.pk not in ends and fact_ops.turns_around(candidate, old.as_fact())
+            ]
+            retired = [retirable.pop(fact_id) for fact_id in ends]
             planned.append((row, sorted(retired, key=lambda old: old.pk)))
+        now = timezone.now()
+        for fact_id, message_id in retracted.items():
+            KeyFact.objects.filter(pk=fact_id).update(
+                invalidated_at=now, changed_by_message_id=message_id, updated_at=now
+            )
         if not planned:
             return []
         KeyFact.objects.bulk_create([row for row, _ in planned])
-        now = timezone.now()
         for row, retired in planned:
             if retired:
                 KeyFact.objects.filter(pk__in=[old.pk for old in retired]).update(
-                    invalidated_at=now, superseded_by=row, updated_at=now
+                    invalidated_at=now, superseded_by=row, changed_by_message_id=row.source_message_id, updated_at=now
                 )
         return [row.as_fact(replaces=retired[-1].value if retired else "") for row, retired in planned]
 

@@ -1,7 +1,8 @@
 """The offline engine's answer to a key-facts extraction request (docs/memory.md §11, F-32): deterministic JSON in
 the shape of :data:`memory.api.EXTRACTION_SCHEMA`, from the prompt alone: rule facts and digit-free English and
 Chinese patterns on user lines, tool-call arguments on assistant lines. A new value of a single-valued slot, or any
-value on a correcting line, supersedes the slot's other values; facts already known are not repeated. Pure."""
+value on a correcting line, supersedes the slot's other values; a withdrawing sentence retracts the existing facts it
+names (F-46); facts already known are not repeated. Pure."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chatapp.llm.offline.evidence import plain_text
-from memory.api import EXTRACTION_MARKER, FactCandidate, message_rule_facts
+from memory.api import EXTRACTION_MARKER, FactCandidate, message_rule_facts, split_sentences
 
 Message = dict[str, Any]
 
@@ -41,6 +42,16 @@ _CORRECTION = re.compile(
     r"|the (?:old|previous|former) (?:one|number|id|account|code|value))\b",
     re.IGNORECASE,
 )
+# A sentence that withdraws a fact without a new value ("I'm no longer allergic to …", "我已经不…了"): a model's
+# reading of the withdrawal cues of docs/memory.md F-46.
+_WITHDRAWAL = re.compile(
+    r"\bno longer\b|\b(?:not|never)\b[^.;!?]{0,50}\bany ?more\b|n['’]t\b[^.;!?]{0,50}\bany ?more\b"
+    r"|\bforget (?:about )?(?:my|the|that)\b|\bi(?: have|['’]ve)? (?:stopped|quit|given up|gave up)\b"
+    r"|不再|已经不|已经没|(?:不|没)[^，。！？,.!?；;]{1,10}了|\bnicht mehr\b|\bkein\w*\b[^.;!?]{0,40}\bmehr\b"
+    r"|\bne\b[^.;!?]{0,30}\bplus\b|\bn['’][^.;!?]{0,30}\bplus\b|\bya no\b",
+    re.IGNORECASE,
+)
+_NEGATIVE_KEYS = frozenset({"dislikes"})
 # Capitalised words after "I'm" that are not names.
 _NOT_NAMES = frozenset({"Sorry", "Not", "So", "Just", "Still", "Also", "Really", "Very", "Here", "Allergic", "Looking"})
 _PRONOUNS = frozenset({"it", "that", "this", "them", "those", "these", "you", "one", "him", "her"})
@@ -125,9 +136,19 @@ PATTERNS: tuple[_Pattern, ...] = (
         "dislikes",
         "The user dislikes {value}",
     ),
+    _Pattern(
+        re.compile(r"我(?:很|也|特别|非常|最)?喜欢"), "preference", "likes", "The user likes {value}", chinese=True
+    ),
+    _Pattern(
+        re.compile(r"我(?:现在)?不(?:再)?喜欢"), "preference", "dislikes", "The user dislikes {value}", chinese=True
+    ),
     _Pattern(re.compile(r"我叫|我的名字(?:是|叫)"), "name", "name", "The user's name is {value}", chinese=True),
     _Pattern(
-        re.compile(r"我(?:们)?(?:现在)?住在"), "address", "home_address", "The user lives in {value}", chinese=True
+        re.compile(r"(?:我(?:们)?(?:现在)?|(?<=[，,]))住在"),
+        "address",
+        "home_address",
+        "The user lives in {value}",
+        chinese=True,
     ),
     _Pattern(
         re.compile(r"我(?:们)?搬(?:到|去)了?"), "address", "home_address", "The user lives in {value}", chinese=True
@@ -136,7 +157,7 @@ PATTERNS: tuple[_Pattern, ...] = (
     _Pattern(re.compile(r"我的(?:狗|猫|宠物)叫"), "name", "pet_name", "The user's pet is called {value}", chinese=True),
 )
 # "我对X过敏": the value sits between two markers.
-_ZH_ALLERGY = re.compile(r"我(?:们)?对([^，。；！？、,.;!?\s]{1,20}?)过敏")
+_ZH_ALLERGY = re.compile(r"(?:我(?:们)?|也)对([^，。；！？、,.;!?\s]{1,20}?)过敏")
 
 
 def is_extraction_request(messages: list[Message]) -> bool:
@@ -170,6 +191,8 @@ def extraction_reply(messages: list[Message]) -> str:
             ]
         else:
             continue
+        if role == "user":
+            items += _retractions(body, number, existing, seen, {item["value"].casefold() for item in candidates})
         for item in candidates:
             if item["kind"] == "address":
                 item["key"] = _address_key(item["key"], existing)
@@ -198,6 +221,26 @@ def extraction_reply(messages: list[Message]) -> str:
                 single[item["key"]] = len(items)
             items.append(item)
     return json.dumps({"facts": items}, ensure_ascii=False)
+
+
+def _retractions(
+    body: str, number: int, existing: list[tuple[int, str, str, str]], seen: set[tuple[str, str]], new: set[str]
+) -> list[dict[str, Any]]:
+    """``retract`` items for the existing facts whose value a withdrawing sentence of ``body`` names, unless the
+    line gives that value again (a preference turned around supersedes, F-47)."""
+    items = []
+    for sentence in split_sentences(body):
+        if not _WITHDRAWAL.search(sentence):
+            continue
+        for handle, kind, key, value in existing:
+            folded = value.casefold()
+            if folded in sentence.casefold() and (key, folded) in seen and folded not in new:
+                seen.discard((key, value.casefold()))
+                items.append(
+                    {**_item(kind, key, "The user withdrew {value}", value, number), "operation": "retract"}
+                    | {"supersedes": [handle]}
+                )
+    return items
 
 
 def _existing_facts(material: str) -> Iterator[tuple[int, str, str, str]]:
@@ -245,7 +288,9 @@ def _calls(body: str) -> list[dict[str, Any]]:
 
 def _rule_item(candidate: FactCandidate, number: int) -> dict[str, Any]:
     return {
+        "operation": "add",
         "kind": candidate.kind,
+        "polarity": "positive",
         "key": candidate.key,
         "value": candidate.value,
         "text": candidate.text,
@@ -254,9 +299,19 @@ def _rule_item(candidate: FactCandidate, number: int) -> dict[str, Any]:
     }
 
 
+# What a user quotes or forwards says nothing about them (F-49): inline quotations, "> " quotes up to
+# their sentence's end, and everything after a forwarded or original message's header.
+_QUOTED = re.compile(
+    r"\"[^\"]*\"|“[^”]*”|「[^」]*」|(?:^|\s)>\s[^.!?]*[.!?]?"
+    r"|(?:-{3,}\s*(?:Forwarded message|Original Message)|Begin forwarded message:|\bOn [^.]{0,80}\bwrote:).*",
+    re.IGNORECASE,
+)
+
+
 def _pattern_items(body: str, number: int) -> Iterator[dict[str, Any]]:
-    """The items the digit-free patterns find in a user line, in order of appearance."""
+    """The items the digit-free patterns find in a user line's own words, in order of appearance."""
     found: list[tuple[int, dict[str, Any]]] = []
+    body = _QUOTED.sub(lambda match: " " * len(match[0]), body)
     for pattern in PATTERNS:
         for match in pattern.regex.finditer(body):
             value = _value_at(body, match.end(), chinese=pattern.chinese)
@@ -274,7 +329,9 @@ def _pattern_items(body: str, number: int) -> Iterator[dict[str, Any]]:
 
 def _item(kind: str, key: str, text: str, value: str, number: int) -> dict[str, Any]:
     return {
+        "operation": "add",
         "kind": kind,
+        "polarity": "negative" if key in _NEGATIVE_KEYS else "positive",
         "key": key,
         "value": value,
         "text": text.format(value=value),
@@ -289,9 +346,11 @@ def _value_at(body: str, start: int, *, chinese: bool) -> str:
     rest = body[start:]
     end = (_ZH_END if chinese else _EN_END).search(rest)
     value = rest[: end.start() if end else len(rest)].strip(" '\"‘’“”「」")
-    if not chinese:
+    if chinese:
+        value = value.removesuffix("了")
+    else:
         value = re.sub(
-            r"(?:\s+(?:now|too|as well|anymore|though|actually|instead|please|here|today))+$",
+            r"(?:\s+(?:now|too|as well|anymore|though|actually|instead|please|here|today|myself|ourselves))+$",
             "",
             value,
             flags=re.IGNORECASE,
@@ -313,6 +372,8 @@ def _capitalized_run(value: str) -> str:
 
 def _name_like(value: str, chinese: bool) -> bool:
     """A plausible person's name: 1-6 CJK characters, or 1-4 words."""
+    if any(ch.isdigit() for ch in value):
+        return False
     if chinese:
         return 1 <= len(value) <= 6
     return 1 <= len(value.split()) <= 4

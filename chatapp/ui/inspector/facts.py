@@ -43,6 +43,18 @@ class FactRow:
         return "" if self.fact.extractor == "rule" or not text or text == self.fact.value else text
 
     @property
+    def change_label(self) -> str:
+        """How a retired fact ended: ``withdrawn in message N``, ``corrected in message N`` or ``replaced in message
+        N`` (F-46 to F-48); ``""`` for a current one or when no message changed it (an edit)."""
+        fact, by = self.fact, self.fact.changed_by_message_id
+        if fact.status == "current" or by is None:
+            return ""
+        if fact.status == "retracted":
+            return f"withdrawn in message #{by}"
+        corrected = self.replaced_by is not None and self.replaced_by.operation == "correct"
+        return f"{'corrected' if corrected else 'replaced'} in message #{by}"
+
+    @property
     def extractor_label(self) -> str:
         """``rule``, ``LLM (<model>)``, ``offline engine (no language model)`` or ``you`` (an edit)."""
         extractor = self.fact.extractor
@@ -143,4 +155,8 @@ def key_fact_from_dict(data: dict[str, Any]) -> KeyFact:
         hidden_by_user=bool(data.get("hidden_by_user")),
         last_seen_message_id=int_or_none(data.get("last_seen_message_id")),
         replaces=str(data.get("replaces") or ""),
+        operation=str(data.get("operation") or "add"),
+        polarity=str(data.get("polarity") or "positive"),
+        provenance=str(data.get("provenance") or "user"),
+        changed_by_message_id=int_or_none(data.get("changed_by_message_id")),
     )

@@ -34,6 +34,7 @@ KEYS = {
     "recall",
 }
 QUESTION_KEYS = {"text", "answer", "category", "evidence", "evidence_message_ids", "conversation"}
+STATUSES = ("pinned", "in_window", "over_budget")
 
 pytestmark = pytest.mark.django_db
 
@@ -64,7 +65,9 @@ def check_record(record: dict) -> None:
     # The key-facts block (docs/memory.md §11): right after the system prompt, with provenance of
     # facts whose messages the summary covers or that are pinned, edited or superseding.
     kinds = [s["kind"] for s in record["sources"]]
-    assert set(record["facts"]) == {"pinned", "in_window", "over_budget", "tokens"}
+    assert set(record["facts"]) == {"pinned", "in_window", "over_budget", "tokens", "entries"}
+    listed = {status: [e["id"] for e in record["facts"]["entries"] if e["status"] == status] for status in STATUSES}
+    assert listed == {status: record["facts"][status] for status in STATUSES}
     if "facts" in kinds:
         assert kinds.index("facts") == 1
         block = record["sources"][1]

@@ -58,6 +58,10 @@ def found(*texts: str | dict[str, Any], facts: list[KeyFact] | None = None) -> s
         ("我叫李明，我住在上海。", ("name", "name", "李明")),
         ("我叫李明，我住在上海。", ("address", "home_address", "上海")),
         ("我对花生过敏", ("preference", "allergy", "花生")),
+        ("我对花生过敏，也对芒果过敏。", ("preference", "allergy", "芒果")),
+        ("他说：“我叫王强，住在北京。” 我叫李娜，住在上海。", ("address", "home_address", "上海")),
+        ("我很喜欢吃辣，越辣越好。", ("preference", "likes", "吃辣")),
+        ("我现在不喜欢吃辣了。", ("preference", "dislikes", "吃辣")),
         ("我的狗叫旺财。", ("name", "pet_name", "旺财")),
     ],
 )
@@ -73,6 +77,7 @@ def test_digit_free_patterns_copy_the_value_verbatim(text, expected):
         "I'm sorry, I like it.",
         "My dog is sick.",
         "I love to travel",
+        "The courier can call me on 0176 5550 1234.",
     ],
 )
 def test_requests_and_pronouns_are_not_taken_for_names_or_preferences(text):
@@ -131,6 +136,28 @@ def test_a_line_that_corrects_a_value_supersedes_the_others_of_its_slot_whatever
     assert [item["supersedes"] for item in extract("My account is ACC-9902.", facts=existing)] == [[]]
     items = extract("My order is #W2222222.", "No, instead my orders are #W3333333 and #W4444444.", facts=existing)
     assert [(item["value"], item["supersedes"]) for item in items] == [("#W3333333", [2]), ("#W4444444", [2])]
+
+
+def test_f46_a_withdrawing_sentence_retracts_the_existing_fact_it_names_and_validation_accepts_it():
+    existing = [
+        KeyFact(id=7, kind="preference", key="allergy", value="penicillin", text="", source_message_id=1),
+        KeyFact(id=8, kind="preference", key="allergy", value="shellfish", text="", source_message_id=1),
+    ]
+    messages = [{"id": 40, "role": "user", "content": "I'm no longer allergic to penicillin. Shellfish still is."}]
+    data = ExtractionInput(messages=messages, facts=existing)
+    items = parse_extraction(extraction_reply(extraction_prompt(data)))
+
+    assert [(i["operation"], i["value"], i["supersedes"]) for i in items] == [("retract", "penicillin", [1])]
+    (accepted,) = validate_extraction(items, data, extractor="llm:offline").accepted
+    assert (accepted.operation, accepted.supersedes) == ("retract", (7,))
+
+
+def test_f47_a_preference_turned_around_is_a_new_value_of_the_other_polarity_not_a_retraction():
+    existing = [KeyFact(id=7, kind="preference", key="likes", value="jazz", text="", source_message_id=1)]
+    items = extract("Funny thing, I don't like jazz anymore.", facts=existing)
+    assert [(i["operation"], i["key"], i["value"], i["polarity"]) for i in items] == [
+        ("add", "dislikes", "jazz", "negative")
+    ]
 
 
 def test_existing_facts_are_not_repeated_and_only_the_newest_value_of_a_slot_is_reported():
@@ -198,3 +225,29 @@ async def test_the_summary_delay_applies_to_extraction(settings):
     with pytest.raises(LLMError) as caught:
         await OpenAISummarizer(endpoint=summary_endpoint()).summarize(extraction_request())
     assert caught.value.kind == "timeout"
+
+
+def test_f49_what_the_offline_engine_reads_in_forwarded_text_is_no_fact_about_the_user():
+    text = (
+        "My name is Ana Kovač. My landlord forwarded this to me: ---------- Forwarded message ---------\n"
+        "From: Tom Reyes <tom.reyes@lettings.example>\nSubject: Boiler\n\n"
+        "Hello, my name is Tom Reyes and I live at 4 Elm Street."
+    )
+    data = ExtractionInput(messages=[{"id": 50, "role": "user", "content": text}], facts=[])
+    accepted = validate_extraction(parse_extraction(extraction_reply(extraction_prompt(data))), data, extractor="x")
+    assert {(c.key, c.value, c.provenance) for c in accepted.accepted} == {
+        ("name", "Ana Kovač", "user"),
+        ("email", "tom.reyes@lettings.example", "mentioned"),
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('My name is Ines Duarte. The note says "My name is Paula, feed the cat".', {"Ines Duarte"}),
+        ('My cousin said "I live in Oslo and I love skiing". I live in Lyon myself.', {"Lyon"}),
+        ("I love hiking. On Sat, 14 Nov 2026 at 18:02, Ben <ben@x.example> wrote: > I love opera.", {"hiking"}),
+    ],
+)
+def test_f49_the_offline_engine_reads_no_fact_of_the_user_in_what_they_quote(text, expected):
+    assert {value for _, _, value in found(text) if "@" not in value and not value[0].isdigit()} == expected

@@ -60,6 +60,7 @@ def values(text: str) -> list[tuple[str, str, str]]:
         ("my follow-up is at 10 a.m.", ("date", "time", "10 a.m.")),
         ("see you at 9 p.m., thanks", ("date", "time", "9 p.m.")),
         ("it starts at 11:30.", ("date", "time", "11:30")),
+        ("I'm on UA 882 to Newark.", ("id", "flight_number", "UA 882")),
     ],
 )
 def test_rule_extraction_finds_each_kind_verbatim(text, expected):
@@ -157,6 +158,40 @@ def test_block_pins_only_facts_the_summary_covers_plus_user_and_superseding_ones
         "fact_ids": [f.id for f in block.pinned],
         "message_ids": [3, 9],
     }
+
+
+def test_f48_a_corrected_value_says_so_and_the_record_lists_each_current_fact_with_its_status():
+    corrected = fact(key="phone", kind="phone", value="0176 5550 1243", source=9, replaces="0176 5550 1234")
+    disliked = fact(kind="preference", key="dislikes", value="jazz", source=2)
+    disliked = KeyFact(**{**_fields(disliked), "polarity": "negative"})
+    corrected = KeyFact(**{**_fields(corrected), "operation": "correct"})
+    block = facts_block([corrected, disliked], boundary=5, max_tokens=400, counter=COUNTER)
+
+    assert block.message is not None
+    assert "- phone: 0176 5550 1243 (corrected in msg 9; replaces 0176 5550 1234)" in block.message["content"]
+    entries = block.as_dict()["entries"]
+    assert [(e["value"], e["status"], e["polarity"], e["provenance"], e["note"]) for e in entries] == [
+        ("0176 5550 1243", "pinned", "positive", "user", "corrected in msg 9"),
+        ("jazz", "pinned", "negative", "user", ""),
+    ]
+    assert set(entries[0]) == {"id", "kind", "key", "value", "polarity", "provenance", "status", "note"}
+
+
+def test_f50_mentioned_values_rank_below_the_users_own_and_never_evict_them():
+    own = fact(kind="phone", key="phone", value="+44 7700 900777", source=2)
+    burst = [fact(value=f"A-4821{n}", source=3) for n in range(6)]
+    burst = [KeyFact(**{**_fields(f), "id": 10 + n, "provenance": "mentioned"}) for n, f in enumerate(burst)]
+    budget = COUNTER.count_message({"role": "system", "content": render_facts([own])}) + 2
+
+    block = facts_block([*burst, own], boundary=5, max_tokens=budget, counter=COUNTER)
+
+    assert block_order([*burst, own])[0] == own
+    assert [f.value for f in block.pinned] == ["+44 7700 900777"]
+    assert "mentioned, not said of the user" in fact_line(burst[0])
+
+
+def _fields(value: KeyFact) -> dict:
+    return {name: getattr(value, name) for name in KeyFact.__dataclass_fields__}
 
 
 def test_block_keep_order_is_user_pinned_then_ids_money_dates_contact_then_others_newest_first():

@@ -6,6 +6,7 @@ its slot and never of a fact the user pinned (F-28)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -183,3 +184,59 @@ def test_f51_an_extracted_credential_is_rejected_and_never_shown_in_a_facts_text
     ]
     prompt = extraction_prompt(data)[-1]["content"]
     assert "ZFA04Y" in prompt and "Blue-Falcon-88" not in prompt and "hunter2x" not in prompt
+
+
+WITHDRAWING = [
+    {"id": 21, "role": "user", "content": "I'm allergic to penicillin. And I love jazz."},
+    {"id": 22, "role": "user", "content": "Good news: I'm no longer allergic to penicillin."},
+    {"id": 23, "role": "user", "content": "Funny thing, I don't like jazz anymore."},
+]
+
+
+def test_f46_a_retract_is_accepted_only_when_the_cited_message_withdraws():
+    allergy = fact(7, "allergy", "penicillin")
+    data = ExtractionInput(messages=WITHDRAWING, facts=[allergy])
+    retract = {**item("penicillin", [2], kind="preference", key="allergy", supersedes=[1]), "operation": "retract"}
+    unsupported = {**retract, "source": [1]}
+
+    result = validate_extraction([retract, unsupported], data, extractor="llm:m")
+
+    (accepted,) = result.accepted
+    assert (accepted.operation, accepted.supersedes, accepted.source_message_id) == ("retract", (7,), 22)
+    assert [r["reason"] for r in result.rejected] == ["retract: no cited user message withdraws a fact"]
+
+
+def test_f47_a_value_held_with_the_other_polarity_is_not_dropped_as_a_restatement():
+    liked = replace(fact(8, "likes", "jazz"), kind="preference")
+    data = ExtractionInput(messages=WITHDRAWING, facts=[liked])
+    disliked = {**item("jazz", [3], kind="preference", key="dislikes"), "polarity": "negative"}
+
+    (accepted,) = validate_extraction([disliked], data, extractor="llm:m").accepted
+
+    assert (accepted.key, accepted.value, accepted.polarity) == ("dislikes", "jazz", "negative")
+    assert validate_extraction([item("jazz", [1], kind="preference", key="likes")], data, extractor="x").accepted == []
+
+
+FORWARDED = [
+    {
+        "id": 31,
+        "role": "user",
+        "content": "My name is Ana Kovač. My landlord forwarded this to me: ---------- Forwarded message ---------\n"
+        "From: Tom Reyes <tom.reyes@lettings.example>\nSubject: Boiler\n\n"
+        "Hello, my name is Tom Reyes and I live at 4 Elm Street. Order #W2378156 is yours.",
+    }
+]
+
+
+def test_f49_forwarded_text_yields_no_fact_about_the_user_and_its_identifiers_are_only_mentioned():
+    data = ExtractionInput(messages=FORWARDED, facts=[])
+    items = [
+        item("Ana Kovač", [1], kind="name", key="name"),
+        item("Tom Reyes", [1], kind="name", key="name"),
+        item("4 Elm Street", [1], kind="address", key="home_address"),
+        item("#W2378156", [1], kind="id", key="order_id"),
+    ]
+    result = validate_extraction(items, data, extractor="llm:m")
+
+    assert [(c.value, c.provenance) for c in result.accepted] == [("Ana Kovač", "user"), ("#W2378156", "mentioned")]
+    assert [r["item"]["value"] for r in result.rejected] == ["Tom Reyes", "4 Elm Street"]

@@ -1,11 +1,12 @@
-"""Rule extraction of key facts: credentials are never facts, nor shown in a fact's excerpt, while
-ordinary identifiers are kept (docs/memory.md §11, F-51)."""
+"""Rule extraction of key facts (docs/memory.md §11): credentials are never facts nor in an excerpt while ordinary
+identifiers are kept (F-51); values in quoted, forwarded or pasted text are only mentioned and neither correct nor
+withdraw, and a burst of one-shaped values keeps its first few (F-49, F-50)."""
 
 from __future__ import annotations
 
 import json
 
-from memory.facts.rules import message_rule_facts, rule_facts, tool_call_facts
+from memory.facts.rules import BURST_KEPT, message_rule_facts, rule_facts, tool_call_facts
 
 
 def test_f51_a_credential_is_never_a_rule_fact_nor_in_an_excerpt_but_the_order_number_is_kept():
@@ -32,3 +33,36 @@ def test_f51_a_credential_passed_to_a_tool_is_never_a_fact():
     facts = tool_call_facts(calls, message_id=3)
     assert [(fact.key, fact.value) for fact in facts] == [("reservation_id", "ZFA04Y")]
     assert message_rule_facts({"id": 4, "role": "user", "content": "my one-time code is 482913"}) == []
+
+
+def said(text: str) -> list[tuple[str, str, str]]:
+    return [
+        (c.value, c.provenance, c.operation) for c in message_rule_facts({"id": 4, "role": "user", "content": text})
+    ]
+
+
+def test_f49_values_in_forwarded_or_quoted_text_are_only_mentioned():
+    text = (
+        "My email is hedda.n@mailbox.example. My colleague forwarded this:\n"
+        "-----Original Message-----\nFrom: Tom Reyes\nSubject: Budget\n\n"
+        "Sorry, typo: reply to my new email tom.reyes@budget.example please."
+    )
+    assert said(text) == [
+        ("hedda.n@mailbox.example", "user", "add"),
+        ("tom.reyes@budget.example", "mentioned", "add"),
+    ]
+
+
+def test_f50_a_burst_of_one_shaped_values_keeps_only_its_first_ones():
+    log = "\n".join(f"2026-11-24 09:0{n}:00 ERROR request id=A-4821{n} failed" for n in range(8))
+    found = said(f"My order #W2378156 failed at checkout. Their log:\n{log}\nAny idea?")
+
+    assert found[0] == ("#W2378156", "user", "add")
+    ids = [value for value, _, _ in found if value.startswith("A-")]
+    assert ids == ["A-48210", "A-48211"][:BURST_KEPT]
+    assert all(provenance == "mentioned" for value, provenance, _ in found[1:])
+
+
+def test_tool_call_arguments_are_their_own_provenance():
+    calls = [{"function": {"name": "find", "arguments": '{"order_id": "#W2378156"}'}}]
+    assert [c.provenance for c in tool_call_facts(calls, message_id=3)] == ["tool_args"]

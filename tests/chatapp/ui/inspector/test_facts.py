@@ -485,3 +485,35 @@ def test_the_controls_need_the_csrf_token_htmx_sends_in_its_header(alice: Visito
 def test_the_inspector_says_who_found_a_fact(extractor: str, label: str):
     fact = KeyFact(id=1, kind="id", key="user_id", value="ACC-9902", text="", source_message_id=1, extractor=extractor)
     assert FactRow(fact=fact).extractor_label == label
+
+
+def test_withdrawn_and_corrected_facts_are_marked_with_the_message_that_changed_them(alice: Visitor):
+    session = chat_session_make(alice.owner)
+    _, (office, mobile) = said(session, "My office phone is 020 7946 0958 and my mobile is 07700 900123.")
+    _, (order,) = said(session, "My order #W2378156 arrived damaged.")
+    withdrawal, _ = said(session, "I no longer have the office line, I left that job.")
+    correction, (fixed,) = said(session, "Hold on, I meant #W2378165.")
+
+    html = section(alice.client.get(reverse("session-detail", kwargs={"session_id": session.pk})).content.decode())
+    superseded = part(html, '<details id="facts-superseded"', "</details>")
+
+    item = fact_item(superseded, office.id)
+    assert 'data-status="retracted"' in item and f"withdrawn in message #{withdrawal.pk}" in item
+    assert f'href="#message-{withdrawal.pk}"' in item
+    item = fact_item(superseded, order.id)
+    assert 'data-status="superseded"' in item and f"corrected in message #{correction.pk}" in item
+    assert '<strong data-testid="fact-replaced-by">#W2378165</strong>' in item
+    current = part(html, 'data-testid="facts-current"', "</ul>")
+    assert f'<li id="fact-{mobile.id}"' in current and f'<li id="fact-{fixed.id}"' in current
+
+
+def test_a_value_from_pasted_text_is_shown_as_mentioned(alice: Visitor):
+    session = chat_session_make(alice.owner)
+    log = "2026-11-24 09:01:12 ERROR request A-48213 failed\n2026-11-24 09:01:13 ERROR request A-48214 failed"
+    _, (own, *pasted) = said(session, f"My order #W2378156 failed. Their log:\n{log}")
+
+    html = section(alice.client.get(reverse("session-detail", kwargs={"session_id": session.pk})).content.decode())
+
+    assert pasted and all(fact.provenance == "mentioned" for fact in pasted)
+    assert 'data-testid="fact-provenance">mentioned<' in fact_item(html, pasted[0].id)
+    assert 'data-testid="fact-provenance"' not in fact_item(html, own.id)
