@@ -79,8 +79,8 @@ def message_list_for_context(*, session_id: int, boundary: int | None, turn_mess
     """The memory engine's increment for the turn opened by user message ``turn_message_id``.
 
     Every message of the session with an id above ``boundary`` (all when None), ascending id,
-    never a page (docs/memory.md F-15), as wire dicts plus ``id`` and ``token_count`` (only keys that are
-    set) -- except the messages of *other* turns stored after this turn's user message. Those
+    never a page (docs/memory.md F-15), as wire dicts plus ``id``, ``token_count`` and ``created_at`` (the
+    day markers of F-52; only keys that are set) -- except the messages of *other* turns stored after this turn's user message. Those
     belong to a concurrent turn (a second tab, docs/memory.md F-26); leaving them out keeps this turn's
     user message the current turn. Coverage is unaffected: the engine only summarizes history
     before the current turn, so the boundary never passes ``turn_message_id`` and the left-out
@@ -115,8 +115,8 @@ def _model_facing(row: Message) -> dict[str, Any]:
     stopped reply marked as cut off (docs/memory.md F-37)."""
     if row.status == Message.Status.STOPPED and row.role == Message.Role.ASSISTANT and not row.tool_calls:
         content = f"{(row.content or '').rstrip()}{STOPPED_REPLY_MARKER}"
-        return {"id": row.pk, **row.to_wire(), "content": content, "token_count": None}
-    return {"id": row.pk, **row.to_wire(), "token_count": row.token_count}
+        return {"id": row.pk, **row.to_wire(), "content": content, "token_count": None, "created_at": row.created}
+    return {"id": row.pk, **row.to_wire(), "token_count": row.token_count, "created_at": row.created}
 
 
 def message_last_user_id(*, session_id: int) -> int | None:
