@@ -96,6 +96,7 @@ def plan_request(
     single_system = budget.summary_role == "user"
     history_units = group_units(history, counter, single_system=single_system)
     mark_days(history_units, now, counter)
+    mark_lead(history_units, now, counter)
     current_units = group_units(current, counter, allow_trailing_calls=True, single_system=single_system)
     block = block_for(summary.last_message_id)
     recalled = recall if recall is not None else RecallResult()
