@@ -1,5 +1,4 @@
-"""Time on the wire (docs/memory.md §3, F-52): today's date for the system prompt and a day marker on
-history messages where the day changes, in the model-facing copy only. Pure."""
+"""Time on the wire (docs/memory.md §3, F-52): the date line and history's day markers, model-facing only. Pure."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ from memory.context.units import Unit
 from memory.messages import Message
 from memory.tokens.counter import TokenCounter
 
-# The widest marker, "[2026-11-22 Sun]" and its line break: what a lead marker may add to a message.
 WIDEST_MARKER = "[2026-11-22 Wed]\n"
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 
@@ -37,7 +35,7 @@ def day_marker(day: date) -> str:
 
 
 def marker_reserve(counter: TokenCounter) -> int:
-    """Tokens held back for the lead marker of the retained window (:func:`mark_lead`); one more for a merge."""
+    """Tokens held back for the window's lead marker (:func:`mark_lead`): the widest one, one more for a merge."""
     return counter.count_text(WIDEST_MARKER) + 1
 
 
@@ -57,8 +55,7 @@ def message_day(message: Message, now: datetime) -> date | None:
 
 
 def mark_days(units: list[Unit], now: datetime | None, counter: TokenCounter) -> None:
-    """Lead each history unit that opens a turn with its :func:`day_marker` where its day differs from the previous
-    message's (the first one: from ``now``'s), recounting its tokens; stored ``members`` are unchanged."""
+    """Lead each history turn with its :func:`day_marker` where its day differs from the previous message's; recounted."""
     if now is None:
         return
     previous: date | None = now.date()
@@ -71,8 +68,7 @@ def mark_days(units: list[Unit], now: datetime | None, counter: TokenCounter) ->
 
 
 def mark_lead(units: list[Unit], now: datetime | None, counter: TokenCounter) -> None:
-    """Lead the first turn of a retained window with its day when that is not today and it has no marker yet (a cut
-    moved the previous day's message away); :func:`marker_reserve` covers its tokens."""
+    """Lead the window's first turn with its day when not today and unmarked (a cut moved the day change away)."""
     if now is None:
         return
     first = next((unit for unit in units if unit.starts_turn and unit.wire), None)
