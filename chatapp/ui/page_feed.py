@@ -33,7 +33,7 @@ from chatapp.realtime.protocol import (
 )
 from chatapp.ui.inspector.facts import KeyFacts, key_fact_from_dict, key_facts_build
 from chatapp.ui.inspector.gauge import EstimateCheck, Gauge, Section, estimate_check_build
-from chatapp.ui.inspector.marks import MARK_NOT_SENT, MarkBasis
+from chatapp.ui.inspector.marks import MARK_NOT_SENT, MarkBasis, folded_boundary_of
 from chatapp.ui.inspector.recall import RecallSection, recall_build
 from chatapp.ui.inspector.request import MESSAGE_SECTIONS, PATH_LABELS
 from chatapp.ui.inspector.state import InspectorState, inspector_state_get
@@ -96,6 +96,7 @@ class LiveRequest:
     memory_path: str = ""
     waited_ms: int = 0
     estimate_check: EstimateCheck | None = None
+    summary_boundary: int | None = None
 
     @property
     def path_label(self) -> str:
@@ -133,6 +134,7 @@ def live_request_build(event: MemoryContextEvent, *, model_call_id: int, mode: s
         memory_path=event.path,
         waited_ms=event.waited_ms,
         estimate_check=check,
+        summary_boundary=event.summary.get("last_message_id"),
     )
 
 
@@ -284,13 +286,17 @@ class PageFeed:
         return "".join(parts)
 
     def _context(self, event: MemoryContextEvent) -> str:
-        """The panel and marks from the event alone; for an overflow (nothing sent) only the boundary moves."""
+        """The panel and marks from the event alone; an overflow sent nothing, so the last request's
+        marks stay and only what its compression folded moves (to "next request: in summary")."""
         if event.model_call_id is None:
             return self._marks_update(
                 MarkBasis(
-                    boundary=event.summary.get("last_message_id"),
+                    boundary=self.basis.boundary,
                     history_ids=self.basis.history_ids,
                     current_ids=self.basis.current_ids,
+                    folded_boundary=folded_boundary_of(
+                        sent=self.basis.boundary, stored=event.summary.get("last_message_id")
+                    ),
                 )
             )
         live = live_request_build(event, model_call_id=event.model_call_id, mode=self.modes.get(event.turn_id, ""))

@@ -66,6 +66,9 @@ def test_the_chat_page_with_its_inspector_and_the_knowledge_base_have_no_serious
     ):
         ask(page, question)
     page.get_by_role("button", name="Compress now").click()
+    expect(page.locator("#messages .mark[data-mark='folded']").first).to_be_visible()
+    htmx_idle(page)
+    ask(page, "And the Business plan?")  # the next request sends that summary: "in summary"
     expect(page.locator("#messages .mark[data-mark='summarized']").first).to_be_visible()
     htmx_idle(page)
     # The inspector open: its sections, the exact texts sent and the summary's text unfolded.

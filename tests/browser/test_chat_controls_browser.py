@@ -95,6 +95,9 @@ def test_memory_marks_and_the_health_pill_have_aa_contrast_and_summarized_messag
     seen = {marks.nth(i).get_attribute("data-mark") for i in range(marks.count())}
     assert {"retained", "current"} <= seen, seen
     page.get_by_role("button", name="Compress now").click()
+    expect(page.locator("#messages .mark[data-mark='folded']").first).to_be_visible()
+    htmx_idle(page)
+    ask(page, "And the Business plan?")  # the next request sends that summary: "in summary"
     expect(page.locator("#messages .mark[data-mark='summarized']").first).to_be_visible()
     htmx_idle(page)
     expect(page.get_by_test_id("health")).to_have_text("ok")
@@ -107,7 +110,7 @@ def test_memory_marks_and_the_health_pill_have_aa_contrast_and_summarized_messag
     # A mark that left the page since is probed from a copy of a bubble with that mark.
     page.evaluate(
         """() => {
-            for (const mark of ["summarized", "retained", "current"]) {
+            for (const mark of ["summarized", "retained", "current", "folded"]) {
                 const probe = document.createElement("article");
                 probe.className = "message assistant probe";
                 probe.innerHTML = '<header class="message-meta"><span class="role">Assistant</span>'
@@ -117,7 +120,7 @@ def test_memory_marks_and_the_health_pill_have_aa_contrast_and_summarized_messag
         }"""
     )
     probes = page.locator("#messages .probe .mark")
-    checked += [probes.nth(i) for i in range(3)]
+    checked += [probes.nth(i) for i in range(4)]
     for element in checked:
         seen_contrast = element.evaluate(CONTRAST)
         label = element.evaluate("e => e.outerHTML.slice(0, 80)")

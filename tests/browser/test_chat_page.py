@@ -112,8 +112,9 @@ def test_a_compression_shows_live_in_the_inspector(daphne_server: Server, new_co
     page.locator("#summary-text summary").click()
     expect(page.get_by_test_id("summary-content")).not_to_be_empty()
     expect(inspector.locator(".versions li")).to_have_count(version)
-    # The transcript: exactly the covered messages are marked, the rest of the last request too.
-    assert summarized_count(page) == compressed
+    # The transcript: the messages the last request's summary covered are "in summary", those the
+    # job folded since "next request: in summary": together, exactly the covered messages.
+    assert summarized_count(page) + page.locator("#messages .mark[data-mark='folded']").count() == compressed
     # (No "retained" mark is required: at this 2,048-token window the job compresses again after
     # most replies, so the last request's retained messages are usually in the summary by now.)
     expect(page.locator("#messages .mark[data-mark='current']").first).to_be_attached()
@@ -130,7 +131,9 @@ def screenshots_save(page: Page, directory: Path) -> None:
     """The chat with the inspector beside it (1440x900) and in its drawer (390x844), scrolled
     to where the summarized messages end."""
     directory.mkdir(parents=True, exist_ok=True)
-    boundary = "Array.from(document.querySelectorAll('#messages .mark[data-mark=summarized]')).pop()"
+    boundary = (
+        "Array.from(document.querySelectorAll('#messages .mark:is([data-mark=summarized], [data-mark=folded])')).pop()"
+    )
     page.evaluate(f"{boundary}.closest('article').scrollIntoView({{block: 'center'}})")
     page.locator("#summary-text").evaluate("details => details.open = false")
     page.screenshot(path=str(directory / "screenshot-wide.png"))
@@ -162,8 +165,9 @@ def test_a_failing_summarizer_is_shown_as_raw_archive(start_server: Callable[...
     expect(page.get_by_test_id("summary-type")).to_have_text("raw archive")
     expect(page.locator("#announce")).to_contain_text("raw archive: the summarizer failed")
     assert not [error for error in errors if "oobErrorNoTarget" in error]
-    # Everything before the newest question is now covered, and marked so over the socket.
-    expect(page.locator("#messages .mark[data-mark='summarized']")).to_have_count(
+    # Everything before the newest question is now covered, for the next request, and marked so
+    # over the socket.
+    expect(page.locator("#messages .mark[data-mark='folded']")).to_have_count(
         int(page.get_by_test_id("compressed-count").inner_text())
     )
 

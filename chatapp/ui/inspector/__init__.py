@@ -14,7 +14,7 @@ from chatapp.ui.inspector.facts import (
     key_facts_section_get,
 )
 from chatapp.ui.inspector.gauge import EstimateCheck, Gauge, Section, estimate_check_build
-from chatapp.ui.inspector.marks import MARK_LABELS, MARK_NEXT, MARK_NOT_SENT, MarkBasis
+from chatapp.ui.inspector.marks import MARK_FOLDED, MARK_LABELS, MARK_NEXT, MARK_NOT_SENT, MarkBasis
 from chatapp.ui.inspector.recall import RecallSection, recall_build, recall_section_get
 from chatapp.ui.inspector.request import MESSAGE_SECTIONS, PATH_LABELS, messages_text, request_snapshot_build
 from chatapp.ui.inspector.state import InspectorState, inspector_state_get
@@ -24,6 +24,7 @@ __all__ = [
     "FACT_IN_WINDOW",
     "FACT_OVER_BUDGET",
     "FACT_PINNED",
+    "MARK_FOLDED",
     "MARK_LABELS",
     "MARK_NEXT",
     "MARK_NOT_SENT",

@@ -71,6 +71,12 @@ class RequestSnapshot:
         return label.format(waited_ms=self.waited_ms)
 
     @property
+    def summary_boundary(self) -> int | None:
+        """The last message id the summary sent with this request covered; None without one."""
+        boundary = self.summary.get("last_message_id")
+        return int(boundary) if boundary is not None else None
+
+    @property
     def prompt_tokens_difference(self) -> int | None:
         return None if self.prompt_tokens is None else self.prompt_tokens - self.gauge.used
 

@@ -12,7 +12,7 @@ from chatapp.chats.memory import memory_engine, memory_key_of
 from chatapp.models import Message, ModelCall
 from chatapp.ui.inspector.attempts import error_text
 from chatapp.ui.inspector.facts import KeyFacts, key_facts_get, key_facts_of_call
-from chatapp.ui.inspector.marks import MarkBasis
+from chatapp.ui.inspector.marks import MarkBasis, folded_boundary_of
 from chatapp.ui.inspector.recall import RecallSection, recall_get, recall_of_call
 from chatapp.ui.inspector.request import RequestSnapshot, request_snapshot_build
 from chatapp.ui.inspector.summary import CurrentSummary, TimelineEvent, summary_versions_build
@@ -91,10 +91,13 @@ class InspectorState:
 
     @property
     def basis(self) -> MarkBasis:
+        """The marks of the last request, as its "Last request" panel shows it, and what was folded since."""
+        sent = self.request.summary_boundary if self.request else None
         return MarkBasis(
-            boundary=self.summary.boundary,
+            boundary=sent,
             history_ids=self.request.history_ids if self.request else frozenset(),
             current_ids=self.request.current_ids if self.request else frozenset(),
+            folded_boundary=folded_boundary_of(sent=sent, stored=self.summary.boundary),
         )
 
 

@@ -247,11 +247,12 @@ def test_the_feed_sends_only_the_marks_that_changed(alice: Visitor):
     feed.snapshot()
     summary_event = MemorySummaryEvent(turn_id=None, step=0, summary={})
     assert feed.render(summary_event).count('class="mark"') == 0
-    # Move the boundary past the first two messages: exactly their marks are sent.
+    # Move the boundary past the first two messages: exactly their marks are sent, and since no
+    # request sent that summary yet, they are in it for the next request.
     ids = list(Message.objects.filter(session=session).order_by("id").values_list("id", flat=True))
     summary_move(session, ids[1])
     html = feed.render(summary_event)
-    assert re.findall(r'id="mark-(\d+)" class="mark" data-mark="summarized"', html) == [str(ids[0]), str(ids[1])]
+    assert re.findall(r'id="mark-(\d+)" class="mark" data-mark="folded"', html) == [str(ids[0]), str(ids[1])]
     assert 'data-summary-version="1"' in html and "raw archive" in html
     assert feed.render(summary_event).count('class="mark"') == 0
 
@@ -295,12 +296,11 @@ def test_f37_an_app_written_reply_is_marked_not_sent_and_keeps_that_mark(alice: 
     snapshot = feed.snapshot()
     assert f'id="mark-{note.pk}" class="mark" data-mark="not-sent"' in snapshot
     assert "not sent to the model" in snapshot
-    # The boundary passes both rows: the question is in the summary, the note still is not.
+    # The boundary passes both rows: the question is in the summary (for the next request), the note
+    # still is not.
     summary_move(session, note.pk)
     html = feed.render(MemorySummaryEvent(turn_id=None, step=0, summary={}))
-    assert re.findall(r'id="mark-(\d+)" class="mark" data-mark="(\w[\w-]*)"', html) == [
-        (str(question.pk), "summarized")
-    ]
+    assert re.findall(r'id="mark-(\d+)" class="mark" data-mark="(\w[\w-]*)"', html) == [(str(question.pk), "folded")]
     # A note stored while the page is open is marked the same way.
     later = message_make(session, "user", "Again?")
     refusal = message_make(session, "assistant", "too large", reply_to=later, status="error", origin="app")
@@ -342,11 +342,12 @@ def test_memory_context_renders_the_request_and_the_marks_from_the_event_alone(a
     assert 'data-section="overhead"' in html and ">60</td>" in html  # 600 - (100 + 50 + 200 + 150 + 40)
     assert f"message #{question.pk} (90 → 40 tokens)" in html
     assert feed.render(event).count('class="mark"') == 0  # nothing changed since
-    # A request that overflowed was not sent: only the boundary moves, the panel stays.
+    # A request that overflowed was not sent: the panel and the last request's marks stay, and what
+    # its compression folded is in the summary for the next request.
     overflow = context_event(question.pk, model_call_id=None, overflow=True, summary={"last_message_id": ids[2]})
     html = feed.render(overflow)
     assert "ins-request-panel" not in html
-    assert re.findall(r'id="mark-(\d+)" class="mark" data-mark="summarized"', html) == [str(ids[2])]
+    assert re.findall(r'id="mark-(\d+)" class="mark" data-mark="([\w-]*)"', html) == [(str(ids[2]), "folded")]
 
 
 def test_stored_messages_render_from_the_event_like_the_page_renders_the_row(alice: Visitor):

@@ -145,15 +145,18 @@ def test_transcript_marks_follow_the_boundary_and_the_last_request(alice: Visito
     )
     sources: list[dict[str, Any]] = [{"id": None, "kind": "system"}, {"id": None, "kind": "summary"}]
     sources += [{"id": m.pk, "kind": "history"} for m in made[2:-1]] + [{"id": made[-1].pk, "kind": "current"}]
+    context = context_make(sources=sources, tokens=100)
+    context["summary"]["last_message_id"] = boundary  # the request sent that summary
     ModelCall.objects.create(
         session=session,
         reply_to=made[-1],
         mode="agent",
         model="m",
         estimated_tokens=100,
-        context=context_make(sources=sources, tokens=100),
+        context=context,
     )
     content = alice.client.get(url("session-detail", session)).content.decode()
+    assert f'data-testid="request-summary" data-boundary="{boundary}"' in content
     assert f'id="mark-{made[0].pk}" class="mark" data-mark="summarized"' in content
     assert f'id="mark-{made[1].pk}" class="mark" data-mark="summarized"' in content
     assert f'id="mark-{made[2].pk}" class="mark" data-mark="retained"' in content
