@@ -272,7 +272,6 @@ class ContextBuilder:
                 force=request.force,
                 facts=facts,
                 recall=selection,
-                now=request.now,
             )
 
         if recall is None:
