@@ -171,7 +171,7 @@ def rule_facts(text: str, *, message_id: int, operations: bool = False) -> list[
                         kind=kind,
                         key=key,
                         value=value,
-                        text=f"user gave {key.replace('_', ' ')} {value}",
+                        text=_rule_text(key, value, provenance),
                         source_message_id=message_id,
                         excerpt=excerpt_around(text, start, end, secrets=secrets),
                         operation=operation,
@@ -195,13 +195,26 @@ def _said(text: str, start: int, spans: list[ProvenanceSpan]) -> tuple[Operation
     return (value_operation(text, start), "user") if kind == "own" else ("add", "mentioned")
 
 
+def _rule_text(key: str, value: str, provenance: str) -> str:
+    """A rule fact's text: who stated the value, so a quoted or pasted one never reads as the user's (F-49)."""
+    who = "user gave" if provenance == "user" else "mentioned"
+    return f"{who} {key.replace('_', ' ')} {value}"
+
+
 def _capped(candidates: list[FactCandidate]) -> list[FactCandidate]:
     """``candidates`` with each burst of one-shaped values cut to its first :data:`BURST_KEPT`, marked mentioned."""
     bursts = repetitive_values([candidate.value for candidate in candidates])
     dropped = {value for burst in bursts for value in burst.values[BURST_KEPT:]}
     listed = {value for burst in bursts for value in burst.values}
     return [
-        replace(candidate, provenance="mentioned", operation="add") if candidate.value in listed else candidate
+        replace(
+            candidate,
+            provenance="mentioned",
+            operation="add",
+            text=_rule_text(candidate.key, candidate.value, "mentioned"),
+        )
+        if candidate.value in listed
+        else candidate
         for candidate in candidates
         if candidate.value not in dropped
     ]

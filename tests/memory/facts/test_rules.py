@@ -66,3 +66,12 @@ def test_f50_a_burst_of_one_shaped_values_keeps_only_its_first_ones():
 def test_tool_call_arguments_are_their_own_provenance():
     calls = [{"function": {"name": "find", "arguments": '{"order_id": "#W2378156"}'}}]
     assert [c.provenance for c in tool_call_facts(calls, message_id=3)] == ["tool_args"]
+
+
+def test_f49_a_mentioned_values_text_never_says_the_user_gave_it():
+    text = (
+        "My order is #W2378156. My colleague forwarded this:\n"
+        "-----Original Message-----\nFrom: Jonathan Meyer\n\nMy customer number is CUST-99812."
+    )
+    texts = {c.value: c.text for c in message_rule_facts({"id": 4, "role": "user", "content": text})}
+    assert texts == {"#W2378156": "user gave order id #W2378156", "CUST-99812": "mentioned identifier CUST-99812"}
