@@ -34,7 +34,10 @@ then as its last line ``evidence_4096=<x> answer_4096=<y> foreign_hits=<z> evide
 answer_8192=<y> latency_p50_ms=<p> latency_p95_ms=<p> recall_managed=<x> recall_truncation=<y>
 configuration=<c>``: the fullest configuration run (``embedder``), foreign hits and latency at
 the first window; ``recall_managed``/``recall_truncation``: answer in context at the first
-window, that configuration versus truncation.
+window, that configuration versus truncation; then ``answer_<window>_cat<k>=<x>``: answer in context per
+LoCoMo category (1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop) at each window, the same configuration,
+and ``answer_dates_<window>_cat<k>=<x>``: the same with written dates read as ISO 8601 on both sides
+(:func:`iso_dates`: "29 January, 2023" in an answer is found as the request's ``2023-01-29``).
 
     python bench/locomo_recall.py [--windows 4096,8192] [--limit 5] [--configs ...] [--cache DIR]
     python bench/locomo_recall.py --report DIR   # the figures of the runs kept in DIR (printed first)
@@ -78,6 +81,35 @@ SPACE = re.compile(r"\s+")
 
 def normalised(text: str) -> str:
     return SPACE.sub(" ", text).strip()
+
+
+MONTHS = [
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+]
+WRITTEN_DATE = re.compile(rf"(?:(\d{{1,2}})\s+)?({'|'.join(MONTHS)}),?\s+(\d{{4}})", re.IGNORECASE)
+
+
+def iso_dates(text: str) -> str:
+    """``text`` with written dates as ISO 8601 ("29 January, 2023" -> "2023-01-29", "May 2023" -> "2023-05"), so a
+    date is found in the request whatever form the request or the answer writes it in."""
+
+    def iso(match: re.Match[str]) -> str:
+        day, month, year = match.groups()
+        number = MONTHS.index(month.lower()) + 1
+        return f"{year}-{number:02d}-{int(day):02d}" if day else f"{year}-{number:02d}"
+
+    return WRITTEN_DATE.sub(iso, text)
 
 
 # --- the worker: one configuration at one window, in its own process -------------------------
@@ -146,6 +178,7 @@ def worker(config: str, window: int, limit: int, cache: Path, out: Path) -> None
                 "evidence": any(text in sent for text in evidence),
                 "evidence_ids": bool(present & set(question["evidence_message_ids"])),
                 "answer": question["answer"].lower() in sent.lower(),
+                "answer_dates": iso_dates(question["answer"].strip()).lower() in iso_dates(sent).lower(),
                 "foreign": sum(item["memory_key"] != own_key for item in items),
                 "recalled": len(items),
                 # Where recall left the evidence (diagnostics for the gate and the budget).
@@ -324,6 +357,12 @@ def report(results: dict, configs: list[str], windows: list[int]) -> None:
                 "p50": percentile(latencies, 0.5),
                 "p95": percentile(latencies, 0.95),
             }
+            for category in sorted({r["category"] for r in rows}):
+                pool = [r for r in rows if r["category"] == category]
+                figure[f"answer_cat{category}"] = share(pool, "answer")
+                if "answer_dates" in rows[0]:
+                    figure[f"dates_cat{category}"] = share(pool, "answer_dates")
+                figure[f"evidence_cat{category}"] = share(pool, "evidence", evidence_only=True)
             figures[(config, window)] = figure
             print(
                 f"{window:>6}  {LABELS[config]:<26}{figure['evidence']:>9.3f}{figure['evidence_ids']:>8.3f}"
@@ -337,6 +376,15 @@ def report(results: dict, configs: list[str], windows: list[int]) -> None:
                     f"over budget {share(rows, 'evidence_over_budget', evidence_only=True):.3f}; "
                     f"recall block {sum(r['recall_tokens'] for r in rows) / len(rows):.0f} tokens on average"
                 )
+            print(
+                f"{'':>8}by category (answer, evidence, questions): "
+                + "; ".join(
+                    f"{c} {figure[f'answer_cat{c}']:.3f} {figure[f'evidence_cat{c}']:.3f} "
+                    f"{sum(r['category'] == c for r in rows)}"
+                    + (f" (answer, dates as ISO: {figure[f'dates_cat{c}']:.3f})" if f"dates_cat{c}" in figure else "")
+                    for c in sorted({r["category"] for r in rows})
+                )
+            )
             embedding = [r["embedding_ms"] for r in rows if r.get("embedding_ms")]
             if embedding:
                 print(
@@ -362,6 +410,15 @@ def report(results: dict, configs: list[str], windows: list[int]) -> None:
         ]
     if ("truncation", first) in figures:
         parts.append(f"recall_truncation={figures[('truncation', first)]['answer']:.3f}")
+    for window in windows:
+        by_category = sorted(key for key in figures.get((full, window), {}) if key.startswith("answer_cat"))
+        parts += [
+            f"answer_{window}_{key.removeprefix('answer_')}={figures[(full, window)][key]:.3f}" for key in by_category
+        ]
+        dates = sorted(key for key in figures.get((full, window), {}) if key.startswith("dates_cat"))
+        parts += [
+            f"answer_dates_{window}_{key.removeprefix('dates_')}={figures[(full, window)][key]:.3f}" for key in dates
+        ]
     print(" ".join([*parts, f"configuration={full}"]))
 
 

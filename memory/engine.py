@@ -10,6 +10,7 @@ import socket
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -98,8 +99,9 @@ class MemoryEngine:
         builder = await self.builder()
         return await AgentMemoryMiddleware(builder).before_model(self._completed(request))
 
-    def recall(self, *, memory_key: str, scope_key: str, question: str) -> TurnRecall:
-        """One turn's recall for ``question``: pass it as ``load_recall``, call ``prefetch`` as the turn opens."""
+    def recall(self, *, memory_key: str, scope_key: str, question: str, now: datetime | None = None) -> TurnRecall:
+        """One turn's recall for ``question``: pass it as ``load_recall``, call ``prefetch`` as the turn opens; ``now``
+        ages the candidates (default: the clock)."""
         return TurnRecall(
             index=self.index,
             embedder=self.embedder,
@@ -108,6 +110,7 @@ class MemoryEngine:
             query=question,
             scope=self.config.recall_scope,
             deadline_seconds=self.config.recall_deadline_seconds,
+            now=now,
         )
 
     def _completed(self, request: ContextRequest) -> ContextRequest:

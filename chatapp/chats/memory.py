@@ -10,6 +10,7 @@ from typing import Any, cast
 
 from django.conf import settings
 from django.db import connection
+from django.utils import timezone
 
 from chatapp.chats import selectors, turns
 from chatapp.llm.calibration import calibration_applies
@@ -106,6 +107,7 @@ class ChatConversations(ConversationSource):
             mode="agent" if mode == ChatSession.Mode.AGENT else "quick-answer",
             tools=tools,
             summarize_below=in_flight,
+            now=timezone.localtime(),
         )
         return NextRequest(request=request, reserve_share=reserve_share, last_message_id=last_id)
 

@@ -60,9 +60,9 @@ def message_list_between(*, session_id: int, after_id: int, up_to_id: int, limit
 
 
 def message_list_for_context(*, session_id: int, boundary: int | None, turn_message_id: int) -> list[dict[str, Any]]:
-    """The memory engine's increment: every message above ``boundary`` (never a page, F-15) as wire dicts with ``id``
-    and ``token_count``, without other turns' later messages (F-26) or app-written rows, a stopped reply marked
-    (docs/memory.md F-37)."""
+    """The memory engine's increment: every message above ``boundary`` (never a page, F-15) as wire dicts with ``id``,
+    ``token_count`` and ``created_at`` (day markers, F-52), without other turns' later messages (F-26) or app-written
+    rows, a stopped reply marked (docs/memory.md F-37)."""
     # Raw SQL: read on every request, where building the same ORM query each time cost CPU.
     after = -1 if boundary is None else boundary
     rows = Message.objects.raw(
@@ -80,8 +80,8 @@ _CONTEXT_SQL = (
 def _model_facing(row: Message) -> dict[str, Any]:
     if row.status == Message.Status.STOPPED and row.role == Message.Role.ASSISTANT and not row.tool_calls:
         content = f"{(row.content or '').rstrip()}{STOPPED_REPLY_MARKER}"
-        return {"id": row.pk, **row.to_wire(), "content": content, "token_count": None}
-    return {"id": row.pk, **row.to_wire(), "token_count": row.token_count}
+        return {"id": row.pk, **row.to_wire(), "content": content, "token_count": None, "created_at": row.created}
+    return {"id": row.pk, **row.to_wire(), "token_count": row.token_count, "created_at": row.created}
 
 
 def message_last_user_id(*, session_id: int) -> int | None:

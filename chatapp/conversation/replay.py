@@ -7,10 +7,12 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Literal
 
 from asgiref.sync import async_to_sync, sync_to_async
+from django.utils import timezone as django_timezone
 
 from chatapp.chats import selectors, services
 from chatapp.chats.access import Owner
@@ -30,6 +32,11 @@ QUESTION_ID = NO_TURN_YET + 1
 # 4 single-hop, 1 multi-hop, 2 temporal, 3 open-domain; 5 (adversarial) has no answer.
 QUESTION_CATEGORIES = (1, 2, 3, 4)
 SESSION_KEY = re.compile(r"session_(\d+)")
+# LoCoMo's session times ("1:56 pm on 8 May, 2023") and tau-bench's stated time ("The current time is
+# 2024-05-15 15:00:00 EST."): the recorded "now" of a replay's requests (docs/memory.md F-52).
+LOCOMO_TIME = re.compile(r"(\d{1,2}):(\d{2})\s*([ap]m)\s+on\s+(\d{1,2})\s+([A-Za-z]+),?\s+(\d{4})", re.IGNORECASE)
+STATED_TIME = re.compile(r"current time is (\d{4}-\d{2}-\d{2} \d{2}:\d{2}(?::\d{2})?)\s*([A-Z]{2,5})?")
+ZONES = {"EST": -5, "EDT": -4, "CST": -6, "CDT": -5, "MST": -7, "MDT": -6, "PST": -8, "PDT": -7, "UTC": 0, "GMT": 0}
 
 
 class ReplayInputError(Exception):
@@ -50,13 +57,39 @@ class Question:
 @dataclass(frozen=True, kw_only=True)
 class Conversation:
     """A recorded conversation (OpenAI wire messages); LoCoMo's also have ``turn_ids`` (dialogue ids, aligned with
-    ``messages``) and ``questions``."""
+    ``messages``) and ``questions``; ``times``: each message's recorded time (aware), empty when unknown."""
 
     name: str
     system_prompt: str
     messages: list[dict[str, Any]]
     turn_ids: list[str] = field(default_factory=list)
     questions: list[Question] = field(default_factory=list)
+    times: list[datetime] = field(default_factory=list)
+
+
+def locomo_time(text: str) -> datetime | None:
+    """A LoCoMo session time as an aware datetime in the default time zone; None when unreadable."""
+    match = LOCOMO_TIME.search(text or "")
+    if match is None:
+        return None
+    hour, minute, half, day, month, year = match.groups()
+    try:
+        naive = datetime.strptime(f"{day} {month[:3]} {year} {hour}:{minute} {half}", "%d %b %Y %I:%M %p")
+    except ValueError:
+        return None
+    return django_timezone.make_aware(naive, django_timezone.get_default_timezone())
+
+
+def stated_time(system_prompt: str) -> datetime | None:
+    """The time a system prompt states ("The current time is 2024-05-15 15:00:00 EST."), aware; None when none."""
+    match = STATED_TIME.search(system_prompt or "")
+    if match is None:
+        return None
+    moment = datetime.fromisoformat(match.group(1))
+    zone = match.group(2)
+    if zone in ZONES:
+        return moment.replace(tzinfo=timezone(timedelta(hours=ZONES[zone]), zone))
+    return django_timezone.make_aware(moment, django_timezone.get_default_timezone())
 
 
 def conversations_read(path: Path, fmt: Format) -> Iterator[Conversation]:
@@ -95,10 +128,12 @@ def _tau_bench(data: Any) -> Iterator[Conversation]:
         traj = item["traj"]
         system_prompt = traj[0]["content"] if traj and traj[0].get("role") == "system" else ""
         messages = [{k: m[k] for k in WIRE_KEYS if m.get(k) is not None} for m in traj[1 if system_prompt else 0 :]]
+        when = stated_time(system_prompt)
         yield Conversation(
             name=f"tau-bench-{index}-task{item.get('task_id')}-trial{item.get('trial')}",
             system_prompt=system_prompt,
             messages=messages,
+            times=[when] * len(messages) if when is not None else [],
         )
 
 
@@ -111,24 +146,28 @@ def speaker_name(speaker: str) -> str:
 
 
 def locomo_conversation(data: Any, name: str) -> Conversation:
-    """One LoCoMo conversation: ``speaker_a`` as user, ``speaker_b`` as assistant, each named (docs/replay.md)."""
+    """One LoCoMo conversation: ``speaker_a`` as user, ``speaker_b`` as assistant, each named (docs/replay.md), each
+    message timed at its session's date (its first message prefixed with the date only when that cannot be read)."""
     conversation = data.get("conversation", data) if isinstance(data, dict) else None
     if not isinstance(conversation, dict) or "speaker_a" not in conversation:
         raise ReplayInputError(f"{name}: a LoCoMo file has speaker_a, speaker_b and session_N lists")
     speaker_a, speaker_b = conversation["speaker_a"], conversation["speaker_b"]
     numbers = sorted(int(match.group(1)) for key in conversation if (match := SESSION_KEY.fullmatch(key)))
-    messages, turn_ids = [], []
+    messages, turn_ids, times = [], [], []
+    moments = {number: locomo_time(conversation.get(f"session_{number}_date_time", "")) for number in numbers}
+    known = all(moment is not None for moment in moments.values())
     for number in numbers:
-        when = conversation.get(f"session_{number}_date_time", "")
+        when, moment = conversation.get(f"session_{number}_date_time", ""), moments[number]
         for position, turn in enumerate(conversation[f"session_{number}"]):
             text = turn.get("text", "")
             if turn.get("blip_caption"):
                 text = f"{text} [shares an image: {turn['blip_caption']}]".strip()
-            if position == 0 and when:
+            if position == 0 and when and not known:
                 text = f"[{when}] {text}"
             role = "user" if turn.get("speaker") == speaker_a else "assistant"
             messages.append({"role": role, "content": text, "name": speaker_name(str(turn.get("speaker") or ""))})
             turn_ids.append(str(turn.get("dia_id", "")))
+            times.append(moment)
     prompt = (
         f"You are {speaker_b}, chatting with your friend {speaker_a} over many sessions. "
         "Answer as yourself, consistent with everything said before."
@@ -151,7 +190,14 @@ def locomo_conversation(data: Any, name: str) -> Conversation:
         and "answer" in item
         and "question" in item
     ]
-    return Conversation(name=name, system_prompt=prompt, messages=messages, turn_ids=turn_ids, questions=questions)
+    return Conversation(
+        name=name,
+        system_prompt=prompt,
+        messages=messages,
+        turn_ids=turn_ids,
+        questions=questions,
+        times=[moment for moment in times if moment is not None] if known else [],
+    )
 
 
 class ReplayConversations(ChatConversations):
@@ -162,12 +208,14 @@ class ReplayConversations(ChatConversations):
         super().__init__(run_sync=sync_to_async)
         self.system_prompt = system_prompt
         self.compressions: list[dict[str, Any]] = []
+        # The recorded time of the replay's current model call (None: the recording has none, no dates).
+        self.now: datetime | None = None
 
     async def next_request(self, memory_key: str) -> NextRequest | None:
         planned = await super().next_request(memory_key)
         if planned is None:
             return None
-        request = replace(planned.request, system_prompt=self.system_prompt, tools=None)
+        request = replace(planned.request, system_prompt=self.system_prompt, tools=None, now=self.now)
         return replace(planned, request=request, reserve_share=0.0)
 
     async def notify(self, memory_key: str, notice: Notice) -> None:
@@ -238,6 +286,8 @@ class ReplaySession:
         recall: TurnRecall | None = None
         reply_stored = False
         for index, message in enumerate(conversation.messages):
+            if conversation.times:
+                self.source.now = conversation.times[index]
             if message["role"] == "assistant":
                 job_events = self._jobs_run_if_due(reply_stored=reply_stored)
                 reply_stored = not message.get("tool_calls")
@@ -252,8 +302,12 @@ class ReplaySession:
                     name=message.get("name", ""),
                 )
                 turn_message_id = self._open_turn = stored.pk
+                self._timed(stored.pk)
                 recall = self.engine.recall(
-                    memory_key=self.memory_key, scope_key=self.scope_key, question=stored.content or ""
+                    memory_key=self.memory_key,
+                    scope_key=self.scope_key,
+                    question=stored.content or "",
+                    now=self.source.now,
                 )
                 self.message_ids.append(stored.pk)
             else:
@@ -267,6 +321,7 @@ class ReplaySession:
                     name=message.get("name", ""),
                 )
                 self.message_ids.append(reply.pk)
+                self._timed(reply.pk)
                 if message["role"] == "assistant" and not message.get("tool_calls"):
                     self._open_turn = None  # the final reply deleted the lease
 
@@ -277,7 +332,9 @@ class ReplaySession:
         self._unanswered_turn_end()
         job_events = self._jobs_run_if_due(reply_stored=True)
         for question in questions:
-            recall = self.engine.recall(memory_key=self.memory_key, scope_key=self.scope_key, question=question.text)
+            recall = self.engine.recall(
+                memory_key=self.memory_key, scope_key=self.scope_key, question=question.text, now=self.source.now
+            )
             context = self._build(NO_TURN_YET, recall=recall, question=question.text)
             record = self._record(context)
             record["sources"] = _unstored(record["sources"])
@@ -295,6 +352,11 @@ class ReplaySession:
                 },
             }
             job_events = []
+
+    def _timed(self, message_id: int) -> None:
+        """Give the stored message its recorded time (when the recording has times)."""
+        if self.source.now is not None:
+            Message.objects.filter(pk=message_id).update(created=self.source.now)
 
     def _unanswered_turn_end(self) -> None:
         if self._open_turn is not None:
@@ -323,6 +385,7 @@ class ReplaySession:
             load_increment=load_increment,
             load_recall=recall,
             mode=self.mode,
+            now=self.source.now,
         )
 
         async def build() -> MemoryContext:

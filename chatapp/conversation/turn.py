@@ -12,6 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError
+from django.utils import timezone
 
 from chatapp.chats import selectors, services, turns
 from chatapp.chats.memory import memory_key_of
@@ -117,6 +118,7 @@ class Turn:
             mode="agent" if self.mode == ChatSession.Mode.AGENT else "quick-answer",
             tools=tools,
             summarize_below=await self.summarize_below(),
+            now=timezone.localtime(),
         )
 
     def precompression_may_help(self, final_reply: Message) -> bool:

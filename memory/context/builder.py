@@ -272,6 +272,7 @@ class ContextBuilder:
                 force=request.force,
                 facts=facts,
                 recall=selection,
+                now=request.now,
             )
 
         if recall is None:

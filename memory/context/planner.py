@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from memory.context.assembly import Assembly, assemble, elide_current_turn, flatten, steps_note
 from memory.context.budget import MemoryBudget, Mode
+from memory.context.timeline import mark_days, mark_lead, marker_reserve
 from memory.context.units import Unit, back_scan, count_turns, group_units, snap_to_turn_start, split_current_turn
 from memory.facts.block import FactsBlock, facts_block
 from memory.facts.values import KeyFact
@@ -71,12 +73,14 @@ def plan_request(
     force: bool = False,
     facts: Sequence[KeyFact] = (),
     recall: RecallResult | None = None,
+    now: datetime | None = None,
 ) -> Plan:
     """Decide what a request keeps verbatim and what is folded into the summary (docs/memory.md §3): the retained window
     gets ``target - system - facts - recall - current turn - summary reserve - tools`` tokens (none at 0 or less, F-18);
     the cut moves to a turn start (F-38); nothing from ``summarize_below`` on is folded (F-26) unless that overflows the
     window and ``in_flight_yields`` (a memory job passes False: I2, I5). Folding pins more key facts, so the back-scan
-    is redone with the larger block (§11); recalled items all precede the boundary (I4)."""
+    is redone with the larger block (§11); recalled items all precede the boundary (I4). With ``now``, history carries
+    day markers (F-52) and a marker's tokens are held back for the window's first turn."""
 
     def block_for(boundary: int | None) -> FactsBlock:
         return facts_block(
@@ -91,6 +95,8 @@ def plan_request(
     history, current = split_current_turn(increment)
     single_system = budget.summary_role == "user"
     history_units = group_units(history, counter, single_system=single_system)
+    mark_days(history_units, now, counter)
+    mark_lead(history_units, now, counter)
     current_units = group_units(current, counter, allow_trailing_calls=True, single_system=single_system)
     block = block_for(summary.last_message_id)
     recalled = recall if recall is not None else RecallResult()
@@ -113,6 +119,8 @@ def plan_request(
         + REPLY_PRIMING_TOKENS
     )
     retain_budget = budget.target_tokens - fixed - budget.summary_reserve_tokens
+    if now is not None:
+        retain_budget -= marker_reserve(counter)
     plan = Plan(
         system=system,
         history=history_units,
@@ -162,6 +170,7 @@ def plan_request(
         plan.retained = history_units
         plan.notes.clear()
         return plan
+    mark_lead(plan.retained, now, counter)
     if force:
         plan.notes.append("compression requested by the user: all history before the current turn is summarized")
     elif retain_budget <= 0:

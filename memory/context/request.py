@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, fields
+from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from memory.context.budget import Mode
+from memory.context.timeline import with_date_line
 from memory.facts.values import KeyFact
 from memory.messages import Message
 from memory.recall.values import RecallInput
@@ -48,7 +50,8 @@ class CompressionJobs(Protocol):
 class ContextRequest:
     """What one model call needs from memory (a new one per agent step): ``tools`` are counted (F-20), nothing from id
     ``summarize_below`` on is summarized (F-26), ``force`` folds all history before the turn; ``compression`` ``sync``
-    compresses inside the call, ``background`` leaves it to the memory job (§10); ``origin`` is recorded on events."""
+    compresses inside the call, ``background`` leaves it to the memory job (§10); ``origin`` is recorded on events;
+    ``now`` (aware: its zone names the day) puts the date on the wire (F-52), None: unknown, no dates."""
 
     memory_key: str
     system_prompt: str | None
@@ -61,10 +64,12 @@ class ContextRequest:
     origin: Origin = "request"
     load_facts: FactsLoader | None = None
     load_recall: RecallLoader | None = None
+    now: datetime | None = None
 
     @property
     def system(self) -> Message | None:
-        return {"role": "system", "content": self.system_prompt} if self.system_prompt else None
+        content = with_date_line(self.system_prompt, self.now)
+        return {"role": "system", "content": content} if content else None
 
 
 @dataclass(kw_only=True)

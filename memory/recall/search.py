@@ -48,7 +48,9 @@ class TurnRecall:
         query: str,
         scope: Scope,
         deadline_seconds: float | None,
+        now: datetime | None = None,
     ) -> None:
+        self.now = now  # the request's time (a replay's recorded one); None: the clock's
         self.index = index
         self.embedder = embedder
         self.memory_key = memory_key
@@ -81,7 +83,7 @@ class TurnRecall:
             scope_key=self.scope_key, memory_key=self.memory_key, boundary=boundary, scope=self.scope, query=self.query
         )
         embedded = await self._embedding
-        now = datetime.now(UTC)
+        now = self.now or datetime.now(UTC)
         found: Found = ([], None, None, {})
         if embedded.vector is not None or hits.lexical or hits.exact:
             found = await self.index.candidates(

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 from django.apps import apps
+from django.utils import timezone
 
 from chatapp.chats import services
 from chatapp.chats.memory import memory_key_of
@@ -62,8 +63,12 @@ def fake_chat(fake_openai: FakeOpenAI, settings: Any) -> FakeOpenAI:
 
 
 def wire_sent(fake: FakeOpenAI) -> list[dict[str, Any]]:
-    """The messages of the last request the fake chat model received."""
-    return fake.requests[-1].json["messages"]
+    """The messages of the last request the fake chat model received, the system prompt's date line
+    (docs/memory.md F-52: today's, in the configured zone) checked and left out."""
+    messages = fake.requests[-1].json["messages"]
+    prompt, line = messages[0]["content"].rsplit("\n\n", 1)
+    assert line.startswith(f"Current date: {timezone.localdate().isoformat()} (") and line.endswith("time zone UTC.")
+    return [{**messages[0], "content": prompt}, *messages[1:]]
 
 
 # --- F-37: placeholders are never sent as replies -------------------------------------------

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
 
+from chatapp.conversation.replay import locomo_time, stated_time
 from chatapp.models import Message, TurnLease
 from memory.models import MemoryJobState
 
@@ -107,7 +109,9 @@ def test_tau_bench_replay_follows_the_contract(tmp_path):
     blocks = [r["messages"][1]["content"] for r in records if r["sources"][1]["kind"] == "facts"]
     assert blocks and any("mia_li_3668" in block for block in blocks)
     first = records[0]
-    assert first["call"] == 0 and first["messages"][0]["content"] == data[0]["traj"][0]["content"]
+    assert first["call"] == 0 and first["messages"][0]["content"].startswith(data[0]["traj"][0]["content"].rstrip())
+    # The transcript's stated time ("The current time is 2024-05-15 15:00:00 EST.") is the request's now.
+    assert first["messages"][0]["content"].endswith("Current date: 2024-05-15 (Wednesday), 15:00, time zone EST.")
 
 
 def test_locomo_replay_maps_speakers_and_captions(tmp_path):
@@ -158,6 +162,52 @@ def test_crafted_locomo_file_with_an_image_turn(tmp_path):
         ("assistant", "Bo"),
         ("user", "Ann"),
         ("assistant", "Bo"),
+    ]
+
+
+def test_stated_and_session_times_are_read_as_aware_times():
+    est = timezone(timedelta(hours=-5), "EST")
+    assert stated_time("Policy.\n\nThe current time is 2024-05-15 15:00:00 EST.\n") == datetime(
+        2024, 5, 15, 15, 0, tzinfo=est
+    )
+    assert stated_time("No time here.") is None
+    assert locomo_time("1:56 pm on 8 May, 2023") == datetime(2023, 5, 8, 13, 56, tzinfo=UTC)
+    assert locomo_time("12:09 am on 13 September, 2023") == datetime(2023, 9, 13, 0, 9, tzinfo=UTC)
+    assert locomo_time("1 May 2023") is None
+
+
+def test_a_locomo_replay_sends_the_recorded_dates_not_the_replay_day(tmp_path):
+    conv = {
+        "speaker_a": "Ann",
+        "speaker_b": "Bo",
+        "session_1_date_time": "1:56 pm on 8 May, 2023",
+        "session_1": [
+            {"speaker": "Ann", "dia_id": "D1:1", "text": "I ran a charity race yesterday"},
+            {"speaker": "Bo", "dia_id": "D1:2", "text": "Well done!"},
+        ],
+        "session_2_date_time": "1:14 pm on 25 May, 2023",
+        "session_2": [
+            {"speaker": "Ann", "dia_id": "D2:1", "text": "Hi again"},
+            {"speaker": "Bo", "dia_id": "D2:2", "text": "Hello"},
+        ],
+    }
+    path = tmp_path / "conv-1.json"
+    path.write_text(json.dumps(conv))
+    records = replay(tmp_path, str(path), "--format", "locomo", "--mode", "quick-answer")
+    first, second = records
+    assert first["messages"][0]["content"].endswith("Current date: 2023-05-08 (Monday), 13:56, time zone UTC.")
+    assert second["messages"][0]["content"].endswith("Current date: 2023-05-25 (Thursday), 13:14, time zone UTC.")
+    assert [m["content"] for m in second["messages"][1:]] == [
+        "[2023-05-08 Mon]\nI ran a charity race yesterday",
+        "Well done!",
+        "Hi again",
+    ]
+    # Stored as said, at the recorded time: the date is on the wire, never in the text.
+    assert list(Message.objects.order_by("id").values_list("content", "created")) == [
+        ("I ran a charity race yesterday", datetime(2023, 5, 8, 13, 56, tzinfo=UTC)),
+        ("Well done!", datetime(2023, 5, 8, 13, 56, tzinfo=UTC)),
+        ("Hi again", datetime(2023, 5, 25, 13, 14, tzinfo=UTC)),
+        ("Hello", datetime(2023, 5, 25, 13, 14, tzinfo=UTC)),
     ]
 
 

@@ -159,6 +159,7 @@ def test_the_loader_leaves_out_later_messages_of_other_turns(alice):
         "tool_call_id": "c1",
         "name": "calculator",
         "token_count": my_result.token_count,
+        "created_at": my_result.created,
     }
     # The other turn sees everything before its own question, including mine.
     theirs_loaded = message_list_for_context(session_id=session.pk, boundary=older.pk, turn_message_id=theirs.pk)
