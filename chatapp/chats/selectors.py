@@ -62,18 +62,18 @@ def message_list_between(*, session_id: int, after_id: int, up_to_id: int, limit
 def message_list_for_context(*, session_id: int, boundary: int | None, turn_message_id: int) -> list[dict[str, Any]]:
     """The memory engine's increment: every message above ``boundary`` (never a page, F-15) as wire dicts with ``id``,
     ``token_count`` and ``created_at`` (day markers, F-52), without other turns' later messages (F-26) or app-written
-    rows, a stopped reply marked (docs/memory.md F-37)."""
+    rows, a stopped reply marked (docs/memory.md F-37). The turn's own messages are always in it (I2), even where another
+    turn's compression folded them because keeping them would have overflowed the window."""
     # Raw SQL: read on every request, where building the same ORM query each time cost CPU.
     after = -1 if boundary is None else boundary
-    rows = Message.objects.raw(
-        _CONTEXT_SQL, [session_id, turn_message_id, turn_message_id, str(Message.Origin.APP.value), after]
-    )
+    turn = turn_message_id
+    rows = Message.objects.raw(_CONTEXT_SQL, [session_id, turn, turn, str(Message.Origin.APP.value), after, turn, turn])
     return [_model_facing(row) for row in rows]
 
 
 _CONTEXT_SQL = (
     f"SELECT * FROM {Message._meta.db_table} WHERE session_id = %s AND (id <= %s OR reply_to_id = %s) "
-    "AND origin <> %s AND id > %s ORDER BY id"
+    "AND origin <> %s AND (id > %s OR id = %s OR reply_to_id = %s) ORDER BY id"
 )
 
 

@@ -91,6 +91,9 @@ async def test_concurrent_turns_compressing_at_once_keep_both_replies_and_a_forw
     history = await sync_to_async(history_make)(session, 12)
     first = await sync_to_async(message_make)(session, "user", "search the knowledge base for API rate limits")
     second = await sync_to_async(message_make)(session, "user", "calculate 600 * 60")
+    # As the consumer stores them: each question with its lease, so each turn sees the other in flight.
+    await sync_to_async(lease_make)(first)
+    await sync_to_async(lease_make)(second)
 
     finals = await asyncio.gather(
         chat_turn_run(session_id=session.pk, user_message_id=first.pk),
@@ -167,6 +170,23 @@ def test_the_loader_leaves_out_later_messages_of_other_turns(alice):
     # Once both turns are over, a new turn sees every message after the boundary.
     later = message_make(session, "user", "next question")
     assert len(message_list_for_context(session_id=session.pk, boundary=None, turn_message_id=later.pk)) == 7
+
+
+def test_a_turn_keeps_its_own_messages_after_another_turn_folded_them(alice):
+    """A concurrent turn may fold an in-flight question when keeping it would overflow the window; the folded
+    turn still sends its own question and steps verbatim (I2), never only the summary."""
+    session = chat_session_make(alice.owner)
+    older = message_make(session, "user", "older question")
+    mine = message_make(session, "user", "my question")
+    my_call = message_make(
+        session, "assistant", "", reply_to=mine, tool_calls=[{"id": "c1", "type": "function", "function": {}}]
+    )
+    theirs = message_make(session, "user", "their question")
+
+    loaded = message_list_for_context(session_id=session.pk, boundary=theirs.pk, turn_message_id=mine.pk)
+
+    assert [m["id"] for m in loaded] == [mine.pk, my_call.pk]
+    assert older.pk not in [m["id"] for m in loaded]
 
 
 async def test_a_stop_while_the_context_is_built_never_calls_the_model(alice, monkeypatch):
