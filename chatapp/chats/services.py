@@ -107,7 +107,7 @@ def message_facts_store(*, message: Message, scope_key: str | None = None) -> li
         "role": message.role,
         "content": message.content,
         "tool_calls": message.tool_calls,
-        "created_at": message.created,
+        "created_at": timezone.localtime(message.created) if message.created else None,
     }
     engine = memory_engine()
     if scope_key is None:

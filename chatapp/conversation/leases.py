@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Collection
+from datetime import datetime
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
@@ -48,10 +49,17 @@ def _without_final_reply(messages: QuerySet[Message]) -> QuerySet[Message]:
 
 
 def user_message_submit(
-    *, session: ChatSession, client_message_id: str, text: str, max_pending: int | None = None, name: str = ""
+    *,
+    session: ChatSession,
+    client_message_id: str,
+    text: str,
+    max_pending: int | None = None,
+    name: str = "",
+    created: datetime | None = None,
 ) -> tuple[Message, bool]:
     """Store the user message once per ``client_message_id`` with its turn's lease, key facts and the session's title;
-    returns ``(message, created)``: a resend (docs/memory.md F-27) stores nothing. ``name``: the speaker's (docs/replay.md).
+    returns ``(message, created)``: a resend (docs/memory.md F-27) stores nothing. ``name``: the speaker's, ``created``:
+    the recorded time of a replayed message (docs/replay.md).
     Raises :class:`TurnLimitReached` when ``max_pending`` turns are in flight, counted under a lock on the session."""
     # A resend is rare: the unique constraint finds it, not a query before every new message.
     wire = {"role": Message.Role.USER, "content": text, **({"name": name} if name else {})}
@@ -71,6 +79,9 @@ def user_message_submit(
                 client_message_id=client_message_id,
                 token_count=message_token_count(wire),
             )
+            if created is not None:
+                Message.objects.filter(pk=message.pk).update(created=created)
+                message.created = created
             TurnLease.objects.create(user_message=message, heartbeat=timezone.now())
             ChatSession.objects.filter(pk=session.pk).update(updated=timezone.now())
             if not session.title:  # as loaded; the filter re-checks the stored title

@@ -300,9 +300,9 @@ class ReplaySession:
                     client_message_id=f"replay-{index}",
                     text=message.get("content") or "",
                     name=message.get("name", ""),
+                    created=self.source.now,
                 )
                 turn_message_id = self._open_turn = stored.pk
-                self._timed(stored.pk)
                 recall = self.engine.recall(
                     memory_key=self.memory_key,
                     scope_key=self.scope_key,

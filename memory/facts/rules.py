@@ -7,11 +7,13 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from datetime import datetime
 from typing import Any, Literal
 
 from memory.facts.operations import value_operation
 from memory.facts.values import EXCERPT_CHARS, MAX_KEY_CHARS, MAX_VALUE_CHARS, FactCandidate, FactKind, Operation
 from memory.messages import Message
+from memory.text.dates import ResolvedDate, resolve_relative
 from memory.text.provenance import ProvenanceSpan, repetitive_values, text_spans
 from memory.text.secrets import MARKERS, SecretSpan, redact_values, secret_spans, secret_values
 
@@ -127,19 +129,42 @@ SLOT_WINDOW_CHARS = 48
 _SNAKE = re.compile(r"[^0-9a-z]+")
 
 
-def rule_facts(text: str, *, message_id: int, operations: bool = False) -> list[FactCandidate]:
+def rule_facts(
+    text: str, *, message_id: int, operations: bool = False, at: datetime | None = None
+) -> list[FactCandidate]:
     """The key facts regular expressions find in a user's ``text`` (docs/memory.md §11), each once, in order of
     appearance. Secrets are never reported: whole card and social security numbers, values shortly after "password",
     "PIN", "密码" and the like. The slot comes from a word shortly before the value ("order" → ``order_id``), else
     the kind. With ``operations`` (a user's message), a value's operation comes from its sentence's cues (F-46, F-48);
     one in quoted or pasted text is only ``mentioned``, and a burst of one shape keeps its first values (F-49, F-50).
-    Never raises."""
+    With ``at`` (the message's aware time), relative dates are stored resolved, their words kept (F-52). Never raises."""
     # Credentials (F-51) are taken first: no value inside one is reported, no excerpt shows one.
     secrets = secret_spans(text)
     taken: list[tuple[int, int]] = [(span.start, span.end) for span in secrets]
     spans = text_spans(text) if operations else []
     found: list[tuple[int, FactCandidate]] = []
     seen: set[tuple[str, str]] = set()
+    for resolved in _relative_dates(text, at):
+        if any(resolved.start < t_end and t_start < resolved.end for t_start, t_end in taken):
+            continue
+        taken.append((resolved.start, resolved.end))
+        seen.add(("date", resolved.value))
+        operation, provenance = _said(text, resolved.start, spans)
+        found.append(
+            (
+                resolved.start,
+                FactCandidate(
+                    kind="date",
+                    key="date",
+                    value=resolved.value,
+                    text=f"{_rule_text('date', resolved.value, provenance)} (“{resolved.words}”, said on {at:%Y-%m-%d})",
+                    source_message_id=message_id,
+                    excerpt=excerpt_around(text, resolved.start, resolved.end, secrets=secrets),
+                    operation=operation,
+                    provenance=provenance,
+                ),
+            )
+        )
     for kind, pattern in _PATTERNS:
         for match in pattern.finditer(text):
             group = 1 if match.re.groups else 0
@@ -181,6 +206,13 @@ def rule_facts(text: str, *, message_id: int, operations: bool = False) -> list[
             )
     ordered = [candidate for _, candidate in sorted(found, key=lambda item: item[0])]
     return _capped(ordered) if operations else ordered
+
+
+def _relative_dates(text: str, at: datetime | None) -> list[ResolvedDate]:
+    """The relative dates of ``text`` resolved against ``at``; none without an aware ``at``."""
+    if at is None or at.tzinfo is None:
+        return []
+    return resolve_relative(text, at)
 
 
 # Values a burst of one shape keeps (F-50): enough to show what it was, never enough to crowd the block.
@@ -389,11 +421,25 @@ def message_rule_facts(message: Message) -> list[FactCandidate]:
     if role == "user":
         content = message.get("content")
         return rule_facts(
-            content if isinstance(content, str) else _text(content), message_id=message_id, operations=True
+            content if isinstance(content, str) else _text(content),
+            message_id=message_id,
+            operations=True,
+            at=_created_at(message),
         )
     if role == "assistant" and message.get("tool_calls"):
         return tool_call_facts(message["tool_calls"], message_id=message_id)
     return []
+
+
+def _created_at(message: Message) -> datetime | None:
+    """The message's ``created_at`` (a datetime or ISO 8601 text) when it names its zone, else None."""
+    created: Any = message.get("created_at")
+    if isinstance(created, str):
+        try:
+            created = datetime.fromisoformat(created)
+        except ValueError:
+            return None
+    return created if isinstance(created, datetime) and created.tzinfo is not None else None
 
 
 def _text(content: Any) -> str:

@@ -1,10 +1,12 @@
 """Rule extraction of key facts (docs/memory.md §11): credentials are never facts nor in an excerpt while ordinary
 identifiers are kept (F-51); values in quoted, forwarded or pasted text are only mentioned and neither correct nor
-withdraw, and a burst of one-shaped values keeps its first few (F-49, F-50)."""
+withdraw, and a burst of one-shaped values keeps its first few (F-49, F-50); relative dates are stored resolved (F-52)."""
 
 from __future__ import annotations
 
 import json
+from datetime import datetime
+from zoneinfo import ZoneInfo
 
 from memory.facts.rules import BURST_KEPT, message_rule_facts, rule_facts, tool_call_facts
 
@@ -75,3 +77,22 @@ def test_f49_a_mentioned_values_text_never_says_the_user_gave_it():
     )
     texts = {c.value: c.text for c in message_rule_facts({"id": 4, "role": "user", "content": text})}
     assert texts == {"#W2378156": "user gave order id #W2378156", "CUST-99812": "mentioned identifier CUST-99812"}
+
+
+def test_f52_a_relative_date_is_stored_resolved_against_the_message_time_with_its_words():
+    said = datetime(2026, 11, 22, 10, 0, tzinfo=ZoneInfo("Europe/Berlin"))  # a Sunday
+    message = {"id": 7, "role": "user", "content": "Dentist tomorrow at 3pm, order #W2378156.", "created_at": said}
+
+    facts = message_rule_facts(message)
+
+    assert [(fact.key, fact.value) for fact in facts] == [("date", "2026-11-23 15:00"), ("order_id", "#W2378156")]
+    assert "“tomorrow at 3pm”" in facts[0].text and "2026-11-22" in facts[0].text
+    # The same words in Chinese, and the time as ISO text (a replay record's or an export's).
+    chinese = {"id": 8, "role": "user", "content": "我下周五要交房租。", "created_at": said.isoformat()}
+    assert [fact.value for fact in message_rule_facts(chinese)] == ["2026-11-27"]
+
+
+def test_f52_without_a_zoned_message_time_a_relative_date_is_not_guessed():
+    naive = {"id": 7, "role": "user", "content": "Dentist tomorrow at 3pm.", "created_at": datetime(2026, 11, 22, 10)}
+    assert [(fact.key, fact.value) for fact in message_rule_facts(naive)] == [("time", "3pm")]
+    assert [fact.value for fact in rule_facts("Dentist tomorrow at 3pm.", message_id=1)] == ["3pm"]
