@@ -1,7 +1,8 @@
 """Key facts in a real browser (system Chromium, headless) against a real Daphne server: an order
 id the owner typed shows in the inspector's Key facts section, the owner pins it and corrects
 its value there, and the next request carries the corrected value in its key-facts block
-(docs/memory.md §11)."""
+(docs/memory.md §11); a withdrawn fact leaves the current facts and is shown with the message that
+withdrew it (F-46)."""
 
 from __future__ import annotations
 
@@ -124,3 +125,24 @@ def test_a_stranger_cannot_use_the_fact_controls(daphne_server: Server, new_cont
     fact = owner.get_by_test_id("facts-current").locator("li", has_text="KX-55190")
     expect(fact).to_be_visible()
     expect(fact.get_by_test_id("fact-user-pinned")).to_have_count(0)
+
+
+def test_a_withdrawn_fact_leaves_the_current_facts_and_is_marked_with_the_message_that_withdrew_it(
+    daphne_server: Server, new_context: Context
+):
+    page = new_context(viewport={"width": 1440, "height": 900}).new_page()
+    chat_open(page, daphne_server)
+    ask(page, "My work email is carl.berg@brightwave.example and my personal one is carlberg@mailbox.example.")
+    current = page.get_by_test_id("facts-current")
+    expect(current.locator("li", has_text="carl.berg@brightwave.example")).to_be_visible()
+
+    ask(page, "Please forget my old work email, I left Brightwave last Friday and that inbox is gone.")
+    withdrawing = page.locator("#messages article.user").last
+    expect(current.locator("li", has_text="carl.berg@brightwave.example")).to_have_count(0)
+    expect(current.locator("li", has_text="carlberg@mailbox.example")).to_be_visible()
+    page.locator("#facts-superseded summary").click()
+    withdrawn = page.get_by_test_id("facts-superseded").locator("li", has_text="carl.berg@brightwave.example")
+    expect(withdrawn).to_have_attribute("data-status", "retracted")
+    change = withdrawn.get_by_test_id("fact-change")
+    expect(change).to_have_text(re.compile(r"^withdrawn in message #\d+$"))
+    expect(change.locator("a")).to_have_attribute("href", "#" + (withdrawing.get_attribute("id") or "?"))
