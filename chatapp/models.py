@@ -55,6 +55,7 @@ class Message(models.Model):
     class Status(models.TextChoices):
         COMPLETE = "complete"
         STOPPED = "stopped"
+        CUT_OFF = "cut_off"
         ERROR = "error"
 
     class Origin(models.TextChoices):

@@ -272,6 +272,7 @@ class _JsonRenderer:
 # --- Markdown: the same content for reading.
 
 ROLE_LABELS = {"user": "User", "assistant": "Assistant", "tool": "Tool", "system": "System"}
+STATUS_NOTES = {"cut_off": "cut off at the model's token limit"}
 FACT_STATE_ORDER = ("active", "hidden", "superseded")
 
 
@@ -371,7 +372,7 @@ class _MarkdownRenderer:
             role = f"Tool {inline(message['name'] or 'result')} answering {inline(message['tool_call_id'])}"
         notes = []
         if message["status"] != "complete":
-            notes.append(message["status"])
+            notes.append(STATUS_NOTES.get(message["status"], message["status"]))
         if message["origin"] == "app":
             notes.append("written by the app, never sent to the model")
         note = f" ({'; '.join(notes)})" if notes else ""

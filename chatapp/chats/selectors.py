@@ -12,6 +12,7 @@ from chatapp.models import ChatSession, Message
 SYNC_MAX_MESSAGES = 500
 # Appended to a reply the user stopped, in the model-facing copy only (docs/memory.md F-37).
 STOPPED_REPLY_MARKER = "… [reply stopped by the user]"
+CUT_OFF_REPLY_MARKER = "… [reply cut off at the token limit]"
 
 
 def session_list_for_owner(*, owner: Owner) -> QuerySet[ChatSession]:
@@ -62,7 +63,7 @@ def message_list_between(*, session_id: int, after_id: int, up_to_id: int, limit
 def message_list_for_context(*, session_id: int, boundary: int | None, turn_message_id: int) -> list[dict[str, Any]]:
     """The memory engine's increment: every message above ``boundary`` (never a page, F-15) as wire dicts with ``id``,
     ``token_count`` and ``created_at`` (day markers, F-52), without other turns' later messages (F-26) or app-written
-    rows, a stopped reply marked (docs/memory.md F-37). The turn's own messages are always in it (I2), even where another
+    rows, a stopped or cut-off reply marked (docs/memory.md F-37). The turn's own messages are always in it (I2), even where another
     turn's compression folded them because keeping them would have overflowed the window."""
     # Raw SQL: read on every request, where building the same ORM query each time cost CPU.
     after = -1 if boundary is None else boundary
@@ -77,9 +78,13 @@ _CONTEXT_SQL = (
 )
 
 
+_ENDING_MARKERS = {Message.Status.STOPPED: STOPPED_REPLY_MARKER, Message.Status.CUT_OFF: CUT_OFF_REPLY_MARKER}
+
+
 def _model_facing(row: Message) -> dict[str, Any]:
-    if row.status == Message.Status.STOPPED and row.role == Message.Role.ASSISTANT and not row.tool_calls:
-        content = f"{(row.content or '').rstrip()}{STOPPED_REPLY_MARKER}"
+    marker = _ENDING_MARKERS.get(row.status)
+    if marker is not None and row.role == Message.Role.ASSISTANT and not row.tool_calls:
+        content = f"{(row.content or '').rstrip()}{marker}"
         return {"id": row.pk, **row.to_wire(), "content": content, "token_count": None, "created_at": row.created}
     return {"id": row.pk, **row.to_wire(), "token_count": row.token_count, "created_at": row.created}
 

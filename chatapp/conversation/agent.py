@@ -35,7 +35,7 @@ async def agent_turn_run(turn: Turn) -> Message:
         except ModelCallFailed as failure:
             return await turn.fail(failure, step=step)
         if not reply.tool_calls:
-            return await turn.finish(content=reply.text, status=Message.Status.COMPLETE, step=step)
+            return await turn.answered(reply, step=step)
         if last_step:
             note = f"[Stopped: no final answer within {max_steps} model calls.]"
             return await turn.finish(

@@ -45,4 +45,4 @@ async def quick_answer_run(turn: Turn) -> Message:
         return await turn.stopped(stopped.partial.text, step=1)
     except ModelCallFailed as failure:
         return await turn.fail(failure, step=1)
-    return await turn.finish(content=reply.text, status=Message.Status.COMPLETE, step=1)
+    return await turn.answered(reply, step=1)

@@ -281,6 +281,12 @@ class Turn:
         await self.emit(ChatDoneEvent(turn_id=self.user_message_id, status=status, message_id=message.pk))
         return message
 
+    async def answered(self, reply: ModelReply, *, step: int) -> Message:
+        """Store the model's final answer: ``cut_off`` when the provider ended it at its token limit, so it is never
+        shown, exported or sent back to the model as a finished answer."""
+        status = Message.Status.CUT_OFF if reply.finish_reason == "length" else Message.Status.COMPLETE
+        return await self.finish(content=reply.text, status=status, step=step)
+
     async def stopped(self, partial_text: str, *, step: int) -> Message:
         """End a stopped turn with the streamed text, or the app's placeholder when there was none (F-37)."""
         return await self.finish(

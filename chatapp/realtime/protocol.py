@@ -320,8 +320,9 @@ class ChatDoneEvent(ServerEvent):
     turn_id: int
     """The turn id."""
     status: str
-    """How it ended: ``complete``, ``stopped`` (``chat.stop``) or ``error`` (see the ``error``
-    event before it; an interrupted turn has none)."""
+    """How it ended: ``complete``, ``cut_off`` (the model's reply ended at its token limit; the text
+    is stored as far as it came), ``stopped`` (``chat.stop``) or ``error`` (see the ``error`` event
+    before it; an interrupted turn has none)."""
     message_id: int
     """The id of the final assistant message."""
 

@@ -9,7 +9,8 @@
 //   - after every (re)connect, pending bubbles are sent again (the server ignores duplicates);
 //     they are kept in sessionStorage until then, so a reload loses none: one the server refused
 //     ("Not sent", the cap of waiting messages) stays with Retry and Dismiss buttons;
-//   - Retry on a failed reply sends its turn's question again, as a new message;
+//   - Retry on a failed reply sends its turn's question again, as a new message; Continue on a reply
+//     cut off at the token limit asks the model to go on;
 //   - reflects the socket state in data-ws on #chat-page (browser tests wait on it); a chat
 //     deleted elsewhere (close code 4404) disables the composer;
 //   - keeps focus, open <details>, text typed into the inspector's forms (a key fact's new value)
@@ -255,6 +256,8 @@
   document.addEventListener("input", (event) => { if (event.target.id === "composer-text") sendUpdate(); });
   document.addEventListener("htmx:afterSettle", sendUpdate);
 
+  const CONTINUE_TEXT = "Please continue from where your reply was cut off.";
+
   function send(text) {
     const bubble = bubbleCreate(newClientId(), text);
     document.getElementById("errors").replaceChildren();
@@ -367,6 +370,11 @@
       } else bubble.remove();
       outboxSave();
       document.getElementById("composer-text").focus();
+      return;
+    }
+    // A reply cut off at the token limit: ask the model to go on (it sees the reply marked as cut off).
+    if (event.target.closest("[data-continue]")) {
+      send(CONTINUE_TEXT);
       return;
     }
     // A failed reply: its turn's question again, as a new message (the failed turn stays as it was).

@@ -223,3 +223,23 @@ def test_a_failed_reply_can_be_retried_as_a_new_turn(start_server: Callable[...,
     expect(asked).to_have_count(2)
     assert [text.strip() for text in asked.all_inner_texts()] == ["What does the Team plan cost?"] * 2
     expect(page.locator(FINAL_REPLIES)).to_have_count(answered + 1)
+
+
+def test_a_reply_cut_off_at_the_token_limit_is_marked_and_continue_asks_for_more(
+    start_server: Callable[..., Server], new_context: Context
+):
+    server = start_server(LLM_MAX_OUTPUT_TOKENS="16")
+    page = new_context().new_page()
+    chat_open(page, server)
+    ask(page, "How large can a file be?")
+    reply = page.locator("#messages article.assistant").last
+    expect(reply).to_have_class(re.compile(r"\bstatus-cut_off\b"))
+    expect(reply.get_by_test_id("cut-off")).to_contain_text("Cut off at the model's token limit")
+
+    reply.get_by_role("button", name=re.compile("^Continue")).click()
+    expect(page.locator("#messages article.user").last).to_contain_text(
+        "Please continue from where your reply was cut off."
+    )
+    # The continuation is answered.
+    expect(page.locator("#messages article").last).to_have_class(re.compile(r"\bassistant\b"))
+    expect(page.locator("#messages article.user")).to_have_count(2)

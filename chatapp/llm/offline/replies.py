@@ -54,14 +54,18 @@ NO_CALCULATOR = (
 
 @dataclass(frozen=True, kw_only=True)
 class OfflineReply:
-    """Either ``text`` or ``tool_calls`` (OpenAI format), never both."""
+    """Either ``text`` or ``tool_calls`` (OpenAI format), never both; ``cut``: the text ended at the request's
+    ``max_tokens``, as a provider's reply that ends with ``finish_reason: "length"``."""
 
     text: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    cut: bool = False
 
     @property
-    def finish_reason(self) -> Literal["stop", "tool_calls"]:
-        return "tool_calls" if self.tool_calls else "stop"
+    def finish_reason(self) -> Literal["stop", "tool_calls", "length"]:
+        if self.tool_calls:
+            return "tool_calls"
+        return "length" if self.cut else "stop"
 
 
 def summary_prompt(messages: list[Message]) -> str | None:

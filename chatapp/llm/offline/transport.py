@@ -8,6 +8,7 @@ import asyncio
 import hashlib
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
@@ -74,6 +75,9 @@ async def _chat_completions(request: httpx2.Request, body: dict[str, Any]) -> ht
         return _error_response(500, "offline engine: chat is switched to fail (OFFLINE_FAIL_CHAT)", "offline_fail_chat")
     max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or settings.MEMORY_SUMMARY_MAX_TOKENS
     reply = offline_reply(messages, tools=tools, summary_max_tokens=int(max_tokens))
+    if not is_summary and reply.text and _counter().count_text(reply.text) > int(max_tokens):
+        # As a provider does: the reply ends at the output cap, and says so.
+        reply = replace(reply, text=_counter().truncate_text(reply.text, int(max_tokens)), cut=True)
     completion_id = (
         "chatcmpl-offline-" + hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:24]
     )

@@ -1,7 +1,7 @@
 """Whole chat turns and memory jobs against a llama.cpp-like fake server (tests/fake_openai.py):
 an agent turn that calls the calculator and sends the call back, a turn whose server drops the
-connection before the first token, and key facts extracted from a server refusing both
-``response_format`` types."""
+connection before the first token, a reply cut off at the token limit, and key facts extracted
+from a server refusing both ``response_format`` types."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 
+from chatapp.chats.selectors import CUT_OFF_REPLY_MARKER
 from chatapp.conversation.runner import chat_turn_run
 from chatapp.models import ChatSession, Message
 from chatapp.realtime.protocol import ErrorEvent
@@ -93,6 +94,29 @@ async def test_a_server_gone_before_the_first_token_is_llm_connection(alice, lla
     (error,) = errors_sent
     assert error.code == "llm_connection"
     assert llama_cpp_chat.base_url in error.message and "before the first token" in error.message
+
+
+@pytest.mark.parametrize("mode", [ChatSession.Mode.QUICK_ANSWER, ChatSession.Mode.AGENT])
+async def test_a_reply_cut_off_at_the_token_limit_is_stored_cut_off_and_sent_back_marked(
+    alice, llama_cpp_chat, errors_sent, mode
+):
+    llama_cpp_chat.script(
+        text_stream("The three steps are: first, unpack; second,", finish_reason="length"), text_stream("Third: run.")
+    )
+    session = await sync_to_async(chat_session_make)(alice.owner, mode=mode)
+    question = await sync_to_async(message_make)(session, "user", "List the three setup steps.")
+
+    reply = await chat_turn_run(session_id=session.pk, user_message_id=question.pk)
+
+    assert (reply.status, reply.content) == (Message.Status.CUT_OFF, "The three steps are: first, unpack; second,")
+    assert errors_sent == []
+    more = await sync_to_async(message_make)(session, "user", "Please continue from where your reply was cut off.")
+    assert (await chat_turn_run(session_id=session.pk, user_message_id=more.pk)).status == Message.Status.COMPLETE
+    sent = llama_cpp_chat.requests[-1].json["messages"]
+    assert sent[-2] == {
+        "role": "assistant",
+        "content": f"The three steps are: first, unpack; second,{CUT_OFF_REPLY_MARKER}",
+    }
 
 
 async def test_key_facts_come_from_a_server_refusing_both_response_formats(alice, settings, fake_openai):
