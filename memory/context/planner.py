@@ -10,7 +10,7 @@ from typing import Any
 
 from memory.context.assembly import Assembly, assemble, elide_current_turn, flatten, steps_note
 from memory.context.budget import MemoryBudget, Mode
-from memory.context.timeline import mark_days, mark_lead, marker_reserve
+from memory.context.timeline import has_other_days, mark_days, mark_lead, marker_reserve
 from memory.context.units import Unit, back_scan, count_turns, group_units, snap_to_turn_start, split_current_turn
 from memory.facts.block import FactsBlock, facts_block
 from memory.facts.values import KeyFact
@@ -119,7 +119,7 @@ def plan_request(
         + REPLY_PRIMING_TOKENS
     )
     retain_budget = budget.target_tokens - fixed - budget.summary_reserve_tokens
-    if now is not None:
+    if has_other_days(history_units, now):
         retain_budget -= marker_reserve(counter)
     plan = Plan(
         system=system,

@@ -39,6 +39,14 @@ def marker_reserve(counter: TokenCounter) -> int:
     return counter.count_text(WIDEST_MARKER) + 1
 
 
+def has_other_days(units: list[Unit], now: datetime | None) -> bool:
+    """Whether a history turn was written on another day than ``now``'s: only then may a cut need a lead marker."""
+    if now is None:
+        return False
+    today = now.date()
+    return any(unit.starts_turn and message_day(unit.members[0], now) not in (None, today) for unit in units)
+
+
 def message_day(message: Message, now: datetime) -> date | None:
     """The day of ``message``'s ``created_at`` (a datetime or ISO 8601 text) in ``now``'s zone; None when unknown."""
     created: Any = message.get("created_at")

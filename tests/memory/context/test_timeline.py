@@ -171,7 +171,8 @@ def _check_markers(context, rows, now):
         day = by_id[source["id"]]["created_at"].date()
         before = by_id.get(source["id"] - 1)
         changed = before is not None and before["created_at"].date() != day
-        if (first and day != now.date()) or (not first and changed):
+        # A day change marks a turn wherever it lies; the window's first turn also when it is not today.
+        if changed or (first and day != now.date()):
             assert message["content"].startswith(day_marker(day)), (message, first)
         else:
             assert not message["content"].startswith("[20"), (message, first)
