@@ -184,7 +184,9 @@ async def test_in_sync_mode_the_request_compresses_and_the_job_only_extracts_fac
 
 @pytest.mark.usefixtures("small_window")
 async def test_a_turn_far_under_the_trigger_batches_its_job_and_one_near_it_starts_it(alice, settings):
-    # docs/memory.md §10 "when the job runs": nothing urgent -> the job waits for idleness.
+    # docs/memory.md §10 "when the job runs": nothing urgent -> the job waits for idleness. The agent prompt, tools
+    # and date line take about 300 tokens: 1,280 leaves a short chat clearly under the trigger.
+    settings.LLM_CHAT_CONTEXT_WINDOW = 1280
     session = await sync_to_async(chat_session_make)(alice.owner, mode=ChatSession.Mode.AGENT)
     memory_key = str(session.pk)
     await turn(session, "calculate 6 * 7")
