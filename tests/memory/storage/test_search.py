@@ -451,8 +451,8 @@ def test_the_vector_cache_reads_only_rows_after_the_last_one_and_rechecks_missin
         return [row for row in rows if row[0] > after or row[0] in ids]
 
     def search() -> list[int]:
-        hits, _ = cache.search(OWNER, model="m", query=hashed("a"), read=read, eligible=lambda c, last: c == c, limit=5)
-        return [hit.id for hit in hits]
+        found = cache.search(OWNER, model="m", query=hashed("a"), read=read, eligible=lambda c, last: c == c, limit=5)
+        return [hit.id for hit in found.hits]
 
     assert search() == [1]
     rows.append((2, "1", 2, None, "", 0))  # indexed, not embedded yet
