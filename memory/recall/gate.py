@@ -67,7 +67,8 @@ LEXICAL_THRESHOLDS = RecallThresholds(
 
 
 # e5 cosines are compressed (docs/benchmarks.md): a cosine alone admits only above every foreign turn seen on
-# LoCoMo; a moderate one admits lexical hits too thin for the floor.
+# LoCoMo; a moderate one admits lexical hits too thin for the floor; the margin above the owner's median cosine is
+# the smallest that adds no foreign admission there (bench/recall_calibrate.py).
 RECALL_THRESHOLDS: dict[str, RecallThresholds] = {
     "multilingual-e5-small": RecallThresholds(
         model="multilingual-e5-small",
@@ -76,6 +77,7 @@ RECALL_THRESHOLDS: dict[str, RecallThresholds] = {
         moderate_share=0.25,
         lexical_share=0.4,
         lexical_terms=2,
+        margin=0.11,
     ),
 }
 
