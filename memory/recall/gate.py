@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from memory.recall.values import RecallCandidate, TermRarity
+from memory.recall.values import CosineBackground, RecallCandidate, TermRarity
 
 DENSE_WEIGHT = 0.5
 
@@ -43,7 +43,8 @@ _HAS_DIGIT = re.compile(r"\d")
 class RecallThresholds:
     """The gate's thresholds for one embedding model (docs/memory.md §12 "Admission gate"): a cosine from ``high``
     admits alone, from ``moderate`` with a lexical hit (both None: cosines only rank); ``lexical_*`` is the count floor,
-    ``rarity_*`` the rarity floor; ``dense_weight`` weighs the dense rank in :func:`rrf`."""
+    ``rarity_*`` the rarity floor; ``dense_weight`` weighs the dense rank in :func:`rrf`; a cosine ``margin`` above the
+    owner's background admits alone (None: no such rule)."""
 
     model: str
     high: float | None
@@ -56,6 +57,7 @@ class RecallThresholds:
     rarity_single_share: float = 0.5
     rarity_relative: float = 0.5
     dense_weight: float = DENSE_WEIGHT
+    margin: float | None = None
 
 
 # Without an embedder, or for an uncalibrated model: the conservative lexical floor (bench/recall_calibrate.py).
@@ -65,7 +67,8 @@ LEXICAL_THRESHOLDS = RecallThresholds(
 
 
 # e5 cosines are compressed (docs/benchmarks.md): a cosine alone admits only above every foreign turn seen on
-# LoCoMo; a moderate one admits lexical hits too thin for the floor.
+# LoCoMo; a moderate one admits lexical hits too thin for the floor; the margin above the owner's median cosine is
+# the smallest that adds no foreign admission there (bench/recall_calibrate.py).
 RECALL_THRESHOLDS: dict[str, RecallThresholds] = {
     "multilingual-e5-small": RecallThresholds(
         model="multilingual-e5-small",
@@ -74,6 +77,7 @@ RECALL_THRESHOLDS: dict[str, RecallThresholds] = {
         moderate_share=0.25,
         lexical_share=0.4,
         lexical_terms=2,
+        margin=0.11,
     ),
 }
 
@@ -147,10 +151,12 @@ def admit(
     thresholds: RecallThresholds,
     rarity: TermRarity | None = None,
     best_mass: float = 0.0,
+    background: CosineBackground | None = None,
 ) -> tuple[bool, str]:
     """``(admitted, reason for the inspector)`` (docs/memory.md §12 "Admission gate", F-33): a repeat of the question
     is refused; an identifier, a high cosine, the lexical floor (the rarity floor with ``rarity``, else the count
-    floor), or a moderate cosine with a lexical hit admit. Never raises."""
+    floor), a moderate cosine with a lexical hit, or a cosine the model's margin above the owner's ``background``
+    admit. Never raises."""
     if candidate.item.role != "tool" and content_terms(candidate.item.text) <= query_terms:
         return False, "repeats the question: it holds nothing the question does not say"
     if candidate.identifier_match:
@@ -180,9 +186,20 @@ def admit(
     if not dense or cosine is None or thresholds.moderate is None:
         return False, f"lexical: only {floor}"
     if cosine < thresholds.moderate:
-        return False, f"cosine {cosine:.3f} < {thresholds.moderate:.2f}; {floor}"
-    if candidate.lexical_rank is not None and matched > 0 and share >= thresholds.moderate_share:
+        refused = f"cosine {cosine:.3f} < {thresholds.moderate:.2f}; {floor}"
+    elif candidate.lexical_rank is not None and matched > 0 and share >= thresholds.moderate_share:
         if strong_enough:
             return True, f"cosine {cosine:.3f} ≥ {thresholds.moderate:.2f} and lexical hit ({words})"
-        return False, f"cosine {cosine:.3f} ≥ {thresholds.moderate:.2f} but a weak lexical hit ({floor})"
-    return False, f"cosine {cosine:.3f} ≥ {thresholds.moderate:.2f} but no lexical hit ({words})"
+        refused = f"cosine {cosine:.3f} ≥ {thresholds.moderate:.2f} but a weak lexical hit ({floor})"
+    else:
+        refused = f"cosine {cosine:.3f} ≥ {thresholds.moderate:.2f} but no lexical hit ({words})"
+    if thresholds.margin is None or background is None or not background.usable:
+        return False, refused
+    above = cosine - background.median
+    measured = (
+        f"{above:.3f} above this owner's background (needs {thresholds.margin:.2f}; "
+        f"median {background.median:.3f} of {background.items} items)"
+    )
+    if above >= thresholds.margin:
+        return True, f"cosine {cosine:.3f}, {measured}"
+    return False, f"{refused}; {measured}"

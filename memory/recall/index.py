@@ -9,11 +9,22 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from memory.recall.pieces import IndexPiece
-from memory.recall.values import LexicalHits, RecallCandidate, RecallItem, ScoredCandidate, TermRarity
+from memory.recall.values import (
+    CosineBackground,
+    LexicalHits,
+    RecallCandidate,
+    RecallItem,
+    ScoredCandidate,
+    TermRarity,
+)
 
 Scope = Literal["chat", "owner"]
 Found = tuple[
-    list[RecallCandidate], TermRarity | None, tuple[ScoredCandidate, ...] | None, dict[int, tuple[RecallItem, ...]]
+    list[RecallCandidate],
+    TermRarity | None,
+    tuple[ScoredCandidate, ...] | None,
+    dict[int, tuple[RecallItem, ...]],
+    CosineBackground | None,
 ]
 
 
@@ -44,7 +55,8 @@ class RecallIndex(Protocol):
         rarity: TermRarity | None,
         now: datetime,
     ) -> Found:
-        """``hits`` plus the nearest by ``vector``, the rarity, the scored candidates, the best's neighbours."""
+        """``hits`` plus the nearest by ``vector``, the rarity, the scored candidates, the best's neighbours and the
+        query's cosine background."""
         ...
 
     async def write(

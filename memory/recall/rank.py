@@ -9,7 +9,15 @@ from typing import TYPE_CHECKING
 
 from memory.recall.block import RECALL_HEADER, recall_block, recall_line
 from memory.recall.gate import DENSE_WEIGHT, RecallThresholds, admit, content_terms, rarity_overlap, thresholds_for
-from memory.recall.values import RecallCandidate, RecallInput, RecallItem, RecallResult, ScoredCandidate, TermRarity
+from memory.recall.values import (
+    CosineBackground,
+    RecallCandidate,
+    RecallInput,
+    RecallItem,
+    RecallResult,
+    ScoredCandidate,
+    TermRarity,
+)
 from memory.tokens.counter import TokenCounter
 
 if TYPE_CHECKING:
@@ -67,9 +75,11 @@ def score_candidates(
     now: datetime,
     thresholds: RecallThresholds,
     rarity: TermRarity | None = None,
+    background: CosineBackground | None = None,
 ) -> list[ScoredCandidate]:
-    """Every candidate gated (:func:`admit`) and scored ``rrf * decay`` (docs/memory.md §12), best first, then newer,
-    then higher id; an item listed twice counts once, with its best lexical rank."""
+    """Every candidate gated (:func:`admit`, ``background``: the query's cosines to all the owner's eligible items)
+    and scored ``rrf * decay`` (docs/memory.md §12), best first, then newer, then higher id; an item listed twice
+    counts once, with its best lexical rank."""
     unique: dict[int, RecallCandidate] = {}
     for candidate in candidates:
         seen = unique.get(candidate.item.id)
@@ -89,7 +99,12 @@ def score_candidates(
     scored = []
     for candidate in unique.values():
         admitted, reason = admit(
-            candidate, query_terms=query_terms, thresholds=thresholds, rarity=rarity, best_mass=best_mass
+            candidate,
+            query_terms=query_terms,
+            thresholds=thresholds,
+            rarity=rarity,
+            best_mass=best_mass,
+            background=background,
         )
         dense_rank = dense_ranks.get(candidate.item.id)
         fused = rrf(candidate.lexical_rank, dense_rank, dense_weight=thresholds.dense_weight)
@@ -126,6 +141,7 @@ def select_recall(
     rarity: TermRarity | None = None,
     neighbors: Mapping[int, Sequence[RecallItem]] | None = None,
     scored: Sequence[ScoredCandidate] | None = None,
+    background: CosineBackground | None = None,
 ) -> RecallResult:
     """What to recall for ``query`` (docs/memory.md §12, F-33, F-35): admitted candidates best first while the block
     stays within ``budget_tokens`` and ``max_items`` (one that does not fit is skipped), then the ``neighbors`` of the
@@ -133,7 +149,9 @@ def select_recall(
     :func:`recall_scored`. ``item.tokens`` is trusted as a lower bound of a line. Empty when nothing is admitted or
     fits; never raises."""
     if scored is None:
-        scored = score_candidates(candidates, query=query, now=now, thresholds=thresholds, rarity=rarity)
+        scored = score_candidates(
+            candidates, query=query, now=now, thresholds=thresholds, rarity=rarity, background=background
+        )
     admitted = [s for s in scored if s.admitted]
     rejected = tuple(s for s in scored if not s.admitted)[:RECALL_MAX_REJECTED]
     if not admitted or budget_tokens <= 0:
@@ -193,10 +211,19 @@ def select_recall(
 
 
 def recall_scored(
-    candidates: Sequence[RecallCandidate], *, query: str, now: datetime, model: str | None, rarity: TermRarity | None
+    candidates: Sequence[RecallCandidate],
+    *,
+    query: str,
+    now: datetime,
+    model: str | None,
+    rarity: TermRarity | None,
+    background: CosineBackground | None = None,
 ) -> tuple[ScoredCandidate, ...]:
     """:func:`score_candidates` under the gate of ``model`` (:func:`thresholds_for`), so one request scores once."""
-    return tuple(score_candidates(candidates, query=query, now=now, thresholds=thresholds_for(model), rarity=rarity))
+    thresholds = thresholds_for(model)
+    return tuple(
+        score_candidates(candidates, query=query, now=now, thresholds=thresholds, rarity=rarity, background=background)
+    )
 
 
 def recall_anchors(
@@ -248,4 +275,5 @@ def recall_for(data: RecallInput, *, budget_tokens: int, counter: TokenCounter, 
         rarity=data.rarity,
         neighbors=data.neighbors,
         scored=data.scored,
+        background=data.background,
     )

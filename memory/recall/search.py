@@ -84,7 +84,7 @@ class TurnRecall:
         )
         embedded = await self._embedding
         now = self.now or datetime.now(UTC)
-        found: Found = ([], None, None, {})
+        found: Found = ([], None, None, {}, None)
         if embedded.vector is not None or hits.lexical or hits.exact:
             found = await self.index.candidates(
                 scope_key=self.scope_key,
@@ -98,7 +98,7 @@ class TurnRecall:
                 rarity=rarity,
                 now=now,
             )
-        candidates, rarity, scored, neighbors = found
+        candidates, rarity, scored, neighbors, background = found
         return RecallInput(
             query=self.query,
             candidates=candidates,
@@ -110,6 +110,7 @@ class TurnRecall:
             latency_ms=int((time.perf_counter() - started) * 1000),
             embedding_ms=embedded.ms,
             rarity=rarity,
+            background=background,
         )
 
     async def _embed(self) -> QueryEmbedding:

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import numpy as np
+
 
 @dataclass(frozen=True, kw_only=True)
 class RecallItem:
@@ -77,6 +79,36 @@ class RecallInput:
     rarity: TermRarity | None = None
     neighbors: Mapping[int, Sequence[RecallItem]] = field(default_factory=dict)
     scored: tuple[ScoredCandidate, ...] | None = None
+    background: CosineBackground | None = None
+
+
+# Fewer eligible items give no background a margin could be measured against (docs/memory.md §12 "Admission gate").
+BACKGROUND_MIN_ITEMS = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class CosineBackground:
+    """How close the query sits to the owner's eligible items in general: their number, median cosine and median
+    absolute deviation. e5 cosines are compressed, so a candidate is told apart by its height above this, not by
+    its cosine alone (docs/memory.md §12 "Admission gate")."""
+
+    items: int
+    median: float
+    spread: float
+
+    @property
+    def usable(self) -> bool:
+        """Whether there are enough items for the median to be a background at all."""
+        return self.items >= BACKGROUND_MIN_ITEMS
+
+    @classmethod
+    def of(cls, cosines: Sequence[float] | np.ndarray) -> CosineBackground:
+        """The background of ``cosines``, the query's cosine to each eligible item; none at all has no items."""
+        values = np.asarray(cosines, dtype=np.float64).reshape(-1)
+        if not values.size:
+            return cls(items=0, median=0.0, spread=0.0)
+        median = float(np.median(values))
+        return cls(items=int(values.size), median=median, spread=float(np.median(np.abs(values - median))))
 
 
 # A smaller index cannot tell a rare word from a common one (docs/memory.md §12 "Admission gate").

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from memory.recall.values import CosineBackground
+
 
 def vector_bytes(vector: np.ndarray) -> bytes:
     """An embedding as stored: float32, little-endian."""
@@ -98,6 +100,16 @@ class DenseHit:
     cosine: float
 
 
+@dataclass(frozen=True, kw_only=True)
+class DenseSearch:
+    """One dense search: the nearest ``hits`` best first, the cosines of the items asked for ``also``, and the
+    ``background`` of the query's cosines to every eligible item (the gate's margin is measured above it)."""
+
+    hits: list[DenseHit] = field(default_factory=list)
+    also: dict[int, float] = field(default_factory=dict)
+    background: CosineBackground = field(default_factory=lambda: CosineBackground.of(()))
+
+
 class VectorCache:
     """Per-owner embeddings in memory, append-only (docs/memory.md §12, "Embeddings"): a lookup reads only rows above
     the last id read, plus those without a usable embedding every :data:`MISSING_RECHECK_SECONDS`; at most
@@ -124,10 +136,11 @@ class VectorCache:
         eligible: Callable[[np.ndarray, np.ndarray], np.ndarray],
         limit: int,
         also: Iterable[int] = (),
-    ) -> tuple[list[DenseHit], dict[int, float]]:
+    ) -> DenseSearch:
         """The ``limit`` items most similar to ``query`` (L2-normalised) among the rows ``eligible(chats, last_ids)``
-        allows, best first, and the cosines of the cached items ``also``; only ``model``'s embeddings of the query's
-        dimension count. ``read`` runs under the lock; storage errors propagate."""
+        allows, best first, the cosines of the cached items ``also`` and the background of all eligible rows; only
+        ``model``'s embeddings of the query's dimension count. ``read`` runs under the lock; storage errors
+        propagate."""
         dimension = int(query.shape[-1])
         with self._lock:
             owner = self._owners.get(scope_key)
@@ -148,7 +161,7 @@ class VectorCache:
             matrix = owner.matrix[:size]
             rows = {item_id: owner.position[item_id] for item_id in also if item_id in owner.position}
         if not size:
-            return [], {}
+            return DenseSearch()
         # einsum runs in this thread; a BLAS product may start a thread per core and wait for them on a busy server.
         scores = np.einsum("ij,j->i", matrix, query.astype(np.float32))
         mask = alive & eligible(chats, last_ids)
@@ -160,7 +173,7 @@ class VectorCache:
         top = top[np.argsort(-scores[top], kind="stable")]
         hits = [DenseHit(int(ids[k]), float(scores[k])) for k in top]
         extra = {item_id: float(scores[k]) for item_id, k in rows.items()}
-        return hits, extra
+        return DenseSearch(hits=hits, also=extra, background=CosineBackground.of(scores[candidates]))
 
     def forget(self, scope_key: str, item_ids: Iterable[int]) -> None:
         """Mark items found deleted so they are no longer returned."""

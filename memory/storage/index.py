@@ -19,9 +19,9 @@ from memory.recall.rank import recall_anchors, recall_scored
 from memory.recall.values import LexicalHits, TermRarity
 from memory.recall.vectors import vector_bytes
 from memory.storage.search import (
-    recall_candidates,
     recall_lexical_hits,
     recall_neighbors,
+    recall_search,
     recall_term_rarity,
     vector_cache,
 )
@@ -224,7 +224,7 @@ class OrmRecallIndex:
         now: datetime,
     ) -> Found:
         def read() -> Found:
-            found = recall_candidates(
+            found, background = recall_search(
                 scope_key=scope_key,
                 memory_key=memory_key,
                 boundary=boundary,
@@ -236,9 +236,9 @@ class OrmRecallIndex:
                 titles=self.titles,
             )
             if not found:
-                return found, None, None, {}
+                return found, None, None, {}, background
             known = rarity if rarity is not None else recall_term_rarity(scope_key=scope_key, query=query)
-            scored = recall_scored(found, query=query, now=now, model=model, rarity=known)
+            scored = recall_scored(found, query=query, now=now, model=model, rarity=known, background=background)
             neighbors = recall_neighbors(
                 scope_key=scope_key,
                 memory_key=memory_key,
@@ -246,7 +246,7 @@ class OrmRecallIndex:
                 scope=scope,
                 anchors=recall_anchors(scored, memory_key=memory_key),
             )
-            return found, known, scored, neighbors
+            return found, known, scored, neighbors, background
 
         result: Found = await self.run_sync(read)()
         return result

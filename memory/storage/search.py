@@ -13,7 +13,7 @@ from django.db.models import Q
 from memory.facts import rules as fact_rules
 from memory.models import MemoryItem
 from memory.recall.gate import content_terms
-from memory.recall.values import LexicalHits, RecallCandidate, RecallItem, TermRarity
+from memory.recall.values import CosineBackground, LexicalHits, RecallCandidate, RecallItem, TermRarity
 from memory.recall.vectors import VectorCache, VectorRow
 from memory.text.fulltext import fts5_match, query_terms
 
@@ -184,10 +184,41 @@ def recall_candidates(
     hits: LexicalHits | None = None,
     titles: Callable[[set[str]], Mapping[str, str]] | None = None,
 ) -> list[RecallCandidate]:
+    """The candidates of :func:`recall_search` without their background."""
+    return recall_search(
+        scope_key=scope_key,
+        memory_key=memory_key,
+        boundary=boundary,
+        scope=scope,
+        query=query,
+        query_vector=query_vector,
+        limit=limit,
+        embedding_model=embedding_model,
+        dense_limit=dense_limit,
+        hits=hits,
+        titles=titles,
+    )[0]
+
+
+def recall_search(
+    *,
+    scope_key: str,
+    memory_key: str,
+    boundary: int | None,
+    scope: Literal["chat", "owner"],
+    query: str,
+    query_vector: np.ndarray | None,
+    limit: int = RECALL_POOL,
+    embedding_model: str | None = None,
+    dense_limit: int | None = None,
+    hits: LexicalHits | None = None,
+    titles: Callable[[set[str]], Mapping[str, str]] | None = None,
+) -> tuple[list[RecallCandidate], CosineBackground | None]:
     """The unranked items that may be recalled for ``query`` (docs/memory.md §12 "Candidates"; the caller's gate
     decides): only owner ``scope_key``'s, of this chat up to ``boundary`` or, with ``scope`` ``owner``, of its other
     chats. The best full-text hits, the nearest to ``query_vector`` (L2-normalised, compared within
-    ``embedding_model``) and verbatim identifier matches; lexical hits first by rank, then by cosine. ``hits``: the
+    ``embedding_model``) and verbatim identifier matches; lexical hits first by rank, then by cosine. With the
+    candidates, the query's cosine background over every item in scope (None without a vector). ``hits``: the
     full-text side already searched; ``titles``: memory keys → chat titles. Storage errors propagate."""
     if hits is None:
         hits = recall_lexical_hits(
@@ -202,6 +233,7 @@ def recall_candidates(
     lexical, exact, identifiers = hits.lexical, hits.exact, hits.identifiers
     cosines: dict[int, float] = {}
     dense: list[int] = []
+    background: CosineBackground | None = None
     if query_vector is not None and query_vector.size:
         vector = np.asarray(query_vector, dtype=np.float32).reshape(-1)
 
@@ -209,7 +241,7 @@ def recall_candidates(
             here = (chats == memory_key) & (last_ids <= (boundary if boundary is not None else -1))
             return here | (chats != memory_key) if scope == "owner" else here
 
-        nearest, extra = vector_cache.search(
+        searched = vector_cache.search(
             scope_key,
             model=embedding_model,
             query=vector,
@@ -218,11 +250,12 @@ def recall_candidates(
             limit=dense_limit if dense_limit is not None else min(limit, RECALL_DENSE_POOL),
             also=[*lexical, *exact],
         )
-        dense = [hit.id for hit in nearest]
-        cosines = {**extra, **{hit.id: hit.cosine for hit in nearest}}
+        dense = [hit.id for hit in searched.hits]
+        cosines = {**searched.also, **{hit.id: hit.cosine for hit in searched.hits}}
+        background = searched.background
     wanted = list(dict.fromkeys([*lexical, *exact, *dense]))
     if not wanted:
-        return []
+        return [], background
     # The full-text side's rows were read with its hits (while the query was being embedded).
     found = {item_id: hits.items[item_id] for item_id in wanted if item_id in hits.items}
     missing = [item_id for item_id in wanted if item_id not in hits.items]
@@ -258,7 +291,7 @@ def recall_candidates(
             -(c.cosine if c.cosine is not None else -2.0),
         )
     )
-    return candidates
+    return candidates, background
 
 
 _ITEM_COLUMNS = ("id", "memory_key", "message_ids", "role", "text", "token_count", "created_at")

