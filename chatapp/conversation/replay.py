@@ -323,6 +323,7 @@ class ReplaySession:
             load_increment=load_increment,
             load_recall=recall,
             mode=self.mode,
+            scope_key=self.scope_key,
         )
 
         async def build() -> MemoryContext:
