@@ -7,6 +7,7 @@ from typing import Literal
 
 from memory.context.budget import MemoryBudget, SummaryRole
 from memory.context.request import Compression
+from memory.facts.scope import FactsScope
 
 RecallScope = Literal["chat", "owner"]
 
@@ -15,7 +16,8 @@ RecallScope = Literal["chat", "owner"]
 class MemoryConfig:
     """The engine's settings, built once per use by the owning app; figures in tokens and seconds. ``calibrate``: learn
     the estimate's factor (docs/memory.md §5); the budget (§3, §11, §12); the summarizer and its failover (§4); when
-    compression runs (§10); recall (§12), ``recall_deadline_seconds`` None waiting for the embedding, as replays do."""
+    compression runs (§10); key facts (§11: ``facts_scope`` ``owner`` shares personal facts across the owner's chats);
+    recall (§12), ``recall_deadline_seconds`` None waiting for the embedding, as replays do."""
 
     chat_model: str
     context_window: int
@@ -45,6 +47,7 @@ class MemoryConfig:
     job_batch_turns: int = 4
     facts_extraction: bool = True
     facts_max_batches: int | None = 3
+    facts_scope: FactsScope = "owner"
     recall_scope: RecallScope = "owner"
     recall_deadline_seconds: float | None = 0.15
     unindexed_tools: frozenset[str] = field(default_factory=frozenset)

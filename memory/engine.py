@@ -128,6 +128,7 @@ class MemoryEngine:
                 store=self.summaries,
                 jobs=self._compression_jobs or (self.jobs() if self.config.compression == "background" else None),
                 facts=self.fact_store,
+                facts_scope=self.config.facts_scope,
                 sync_wait_seconds=self.config.sync_wait_seconds,
             )
         return self._builder
@@ -241,7 +242,12 @@ class MemoryEngine:
         """The builder pre-compression plans with: the live one, without handing work to jobs."""
         live = await self.builder()
         return ContextBuilder(
-            budget=live.budget, chain=self.chain, counter=self.counter, store=self.summaries, facts=self.fact_store
+            budget=live.budget,
+            chain=self.chain,
+            counter=self.counter,
+            store=self.summaries,
+            facts=self.fact_store,
+            facts_scope=self.config.facts_scope,
         )
 
     async def _forget(self, memory_key: str) -> None:
@@ -328,8 +334,14 @@ class MemoryEngine:
         return stored_facts.key_fact_list(memory_key=memory_key)
 
     def facts_on_store(self, memory_key: str, *, scope_key: str, messages: Sequence[dict[str, Any]]) -> list[KeyFact]:
-        """Store the rule facts of just-stored ``messages`` (inside the caller's transaction)."""
-        return stored_facts.key_facts_store_rule(memory_key=memory_key, scope_key=scope_key, messages=list(messages))
+        """Store the rule facts of just-stored ``messages`` (inside the caller's transaction); in ``owner`` scope a
+        withdrawal also reaches the owner's personal facts of other chats (docs/memory.md §11 "Owner-wide")."""
+        return stored_facts.key_facts_store_rule(
+            memory_key=memory_key,
+            scope_key=scope_key,
+            messages=list(messages),
+            owner_wide=self.config.facts_scope == "owner",
+        )
 
     @staticmethod
     def has_rule_facts(message: dict[str, Any]) -> bool:

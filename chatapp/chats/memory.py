@@ -91,7 +91,7 @@ class ChatConversations(ConversationSource):
         subject = await self.run_sync(_next_request_subject)(session_id=session_id)
         if subject is None:
             return None
-        mode, last_id, in_flight = subject
+        mode, last_id, in_flight, scope_key = subject
 
         async def load_increment(boundary: int | None) -> list[WireMessage]:
             rows: list[WireMessage] = await self.run_sync(selectors.message_list_for_context)(
@@ -108,6 +108,7 @@ class ChatConversations(ConversationSource):
             tools=tools,
             summarize_below=in_flight,
             now=timezone.localtime(),
+            scope_key=scope_key,
         )
         return NextRequest(request=request, reserve_share=reserve_share, last_message_id=last_id)
 
@@ -184,16 +185,18 @@ def _messages_after(*, session_id: int, after: int | None, limit: int) -> Stored
     return StoredMessages(scope_key=scope_key, messages=messages, calls=calls)
 
 
-def _next_request_subject(*, session_id: int) -> tuple[str, int, int | None] | None:
-    """The session's mode, newest message id and first turn in flight; None when it is gone or
-    has no message."""
-    mode = ChatSession.objects.filter(pk=session_id).values_list("mode", flat=True).first()
-    if mode is None:
+def _next_request_subject(*, session_id: int) -> tuple[str, int, int | None, str] | None:
+    """The session's mode, newest message id, first turn in flight and owner's scope key; None
+    when it is gone or has no message."""
+    session = ChatSession.objects.filter(pk=session_id).values_list("mode", "owner_id", "owner_session_key").first()
+    if session is None:
         return None
+    mode, owner_id, owner_session_key = session
     last_id = Message.objects.filter(session_id=session_id).order_by("-id").values_list("id", flat=True).first()
     if last_id is None:
         return None
-    return mode, last_id, turns.turn_in_flight_first_id(session_id=session_id)
+    scope_key = chat_session_scope_key(owner_id=owner_id, owner_session_key=owner_session_key)
+    return mode, last_id, turns.turn_in_flight_first_id(session_id=session_id), scope_key
 
 
 def memory_config(endpoint: Endpoint | None = None) -> MemoryConfig:
@@ -228,6 +231,7 @@ def memory_config(endpoint: Endpoint | None = None) -> MemoryConfig:
         job_idle_seconds=settings.MEMORY_JOB_IDLE_SECONDS,
         job_batch_turns=settings.MEMORY_JOB_BATCH_TURNS,
         facts_extraction=bool(settings.MEMORY_FACTS_EXTRACTION),
+        facts_scope=cast(Any, settings.MEMORY_FACTS_SCOPE),  # validated by settings
         recall_scope=cast(Any, settings.MEMORY_RECALL_SCOPE),
         recall_deadline_seconds=settings.MEMORY_RECALL_DEADLINE_MS / 1000,
         unindexed_tools=UNINDEXED_TOOLS,

@@ -78,7 +78,10 @@ _CONTEXT_SQL = (
 )
 
 
-_ENDING_MARKERS = {Message.Status.STOPPED: STOPPED_REPLY_MARKER, Message.Status.CUT_OFF: CUT_OFF_REPLY_MARKER}
+_ENDING_MARKERS: dict[str, str] = {
+    Message.Status.STOPPED.value: STOPPED_REPLY_MARKER,
+    Message.Status.CUT_OFF.value: CUT_OFF_REPLY_MARKER,
+}
 
 
 def _model_facing(row: Message) -> dict[str, Any]:

@@ -386,6 +386,7 @@ class ReplaySession:
             load_recall=recall,
             mode=self.mode,
             now=self.source.now,
+            scope_key=self.scope_key,
         )
 
         async def build() -> MemoryContext:

@@ -79,7 +79,7 @@ class ModelCallFailed(Exception):
 
 class Turn:
     """One running turn of ``session_id`` opened by ``user_message_id``; ``question`` and ``scope_key`` (the owner's)
-    are what its recall searches with."""
+    are what its recall searches with, and ``scope_key`` whose personal key facts its requests see."""
 
     def __init__(
         self,
@@ -100,6 +100,7 @@ class Turn:
         self.endpoint = chat_endpoint()
         self.engine = engine
         self.memory_key = memory_key_of(session_id)
+        self.scope_key = scope_key
         self._stop = asyncio.Event()
         self._stream_task: asyncio.Task[None] | None = None
         # Tokens of this turn's last request, 0 before the first.
@@ -119,6 +120,7 @@ class Turn:
             tools=tools,
             summarize_below=await self.summarize_below(),
             now=timezone.localtime(),
+            scope_key=self.scope_key,
         )
 
     def precompression_may_help(self, final_reply: Message) -> bool:

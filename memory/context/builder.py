@@ -25,6 +25,7 @@ from memory.context.planner import (
     steps_note_room,
 )
 from memory.context.request import CompressionJobs, ContextRequest, MemoryContext
+from memory.facts.scope import FactsScope
 from memory.facts.store import FactStore
 from memory.facts.values import KeyFact
 from memory.messages import Message
@@ -66,6 +67,7 @@ class ContextBuilder:
         store: SummaryStore,
         jobs: CompressionJobs | None = None,
         facts: FactStore | None = None,
+        facts_scope: FactsScope = "owner",
         sync_wait_seconds: float = SYNC_WAIT_SECONDS,
     ) -> None:
         self.budget = budget
@@ -74,6 +76,7 @@ class ContextBuilder:
         self.store = store
         self.jobs = jobs
         self.facts = facts
+        self.facts_scope = facts_scope
         self.sync_wait_seconds = sync_wait_seconds
         self._steps: OrderedDict[tuple[str, int | None], StepsNote] = OrderedDict()
         # The last request's recall (request, boundary, (input, selection)): see _recall.
@@ -244,11 +247,13 @@ class ContextBuilder:
         return summary_cap(self.budget.summary_reserve_tokens, self.counter)
 
     def _facts(self, request: ContextRequest) -> Awaitable[list[KeyFact]]:
-        """The request's key facts: its own loader, else the builder's fact store, else none."""
+        """The request's key facts: its own loader, else the builder's fact store (with the owner's personal facts of
+        other chats in ``owner`` scope, docs/memory.md §11 "Owner-wide"), else none."""
         if request.load_facts is not None:
             return request.load_facts()
         if self.facts is not None:
-            return self.facts.active(request.memory_key)
+            scope_key = request.scope_key if self.facts_scope == "owner" else None
+            return self.facts.active(request.memory_key, scope_key=scope_key)
         return _nothing()
 
     async def _plan(self, request: ContextRequest, summary: Summary) -> Plan:

@@ -51,7 +51,8 @@ class ContextRequest:
     """What one model call needs from memory (a new one per agent step): ``tools`` are counted (F-20), nothing from id
     ``summarize_below`` on is summarized (F-26), ``force`` folds all history before the turn; ``compression`` ``sync``
     compresses inside the call, ``background`` leaves it to the memory job (§10); ``origin`` is recorded on events;
-    ``now`` (aware: its zone names the day) puts the date on the wire (F-52), None: unknown, no dates."""
+    ``now`` (aware: its zone names the day) puts the date on the wire (F-52), None: unknown, no dates;
+    ``scope_key`` names the conversation's owner, whose personal key facts of other chats it may see (§11)."""
 
     memory_key: str
     system_prompt: str | None
@@ -65,6 +66,7 @@ class ContextRequest:
     load_facts: FactsLoader | None = None
     load_recall: RecallLoader | None = None
     now: datetime | None = None
+    scope_key: str | None = None
 
     @property
     def system(self) -> Message | None:

@@ -60,15 +60,21 @@ def fact_entry(fact: KeyFact, status: str) -> dict[str, Any]:
 
 
 def change_note(fact: KeyFact) -> str:
-    """``corrected in msg N`` or ``changed in msg N`` for a value that replaced another, else ``""``."""
-    if not fact.replaces or not fact.source_message_id:
-        return ""
-    return f"{'corrected' if fact.operation == 'correct' else 'changed'} in msg {fact.source_message_id}"
+    """``corrected in msg N`` or ``changed in msg N`` for a value that replaced another, else ``""``; a fact of another
+    of the owner's chats says so (docs/memory.md §11 "Owner-wide")."""
+    note = ""
+    if fact.replaces and fact.source_message_id:
+        note = f"{'corrected' if fact.operation == 'correct' else 'changed'} in msg {fact.source_message_id}"
+    if fact.chat:
+        note = f"{note}, from another chat" if note else "from another chat"
+    return note
 
 
 def fact_line(fact: KeyFact) -> str:
     """One annotated line, ``- slot: value (msg N)``, with ``text`` for the kinds in :data:`EXPLAINED_BY_TEXT`."""
     where = f"msg {fact.source_message_id}" if fact.source_message_id else "set by the user"
+    if fact.chat:
+        where += ", from another chat"
     if fact.provenance == "mentioned":
         where += ", mentioned, not said of the user"
     if fact.replaces and fact.operation == "correct":
@@ -87,7 +93,7 @@ def render_facts(facts: Sequence[KeyFact]) -> str:
     lines: list[str] = []
     slots: dict[str, int] = {}
     for fact in facts:
-        if fact.kind in SELF_EXPLAINING and not fact.replaces and fact.provenance != "mentioned":
+        if fact.kind in SELF_EXPLAINING and not fact.replaces and fact.provenance != "mentioned" and not fact.chat:
             if fact.key in slots:
                 lines[slots[fact.key]] += f"; {fact.value}"
             else:
@@ -125,8 +131,9 @@ def facts_block(
 ) -> FactsBlock:
     """The key-facts block for a request whose summary covers messages up to ``boundary`` (docs/memory.md §11):
     active facts folded into the summary (or a "steps so far" note: ``covered``, I5), user-pinned, edited or
-    replacing ones, taken in :func:`block_order` while the block fits ``max_tokens`` tokens, skipping what does not.
-    User-pinned facts may fill up to ``pinned_max_tokens``; ``role`` is the summary block's (F-10)."""
+    replacing ones and those of another chat (never in this request's window), taken in :func:`block_order` while
+    the block fits ``max_tokens`` tokens, skipping what does not. User-pinned facts may fill up to
+    ``pinned_max_tokens``; ``role`` is the summary block's (F-10)."""
     wanted: list[KeyFact] = []
     in_window: list[KeyFact] = []
     for fact in facts:
@@ -134,7 +141,7 @@ def facts_block(
             continue
         source = fact.source_message_id
         folded = source is not None and ((boundary is not None and source <= boundary) or source in covered)
-        if folded or fact.pinned_by_user or fact.extractor == "user" or fact.replaces:
+        if folded or fact.pinned_by_user or fact.extractor == "user" or fact.replaces or fact.chat:
             wanted.append(fact)
         else:
             in_window.append(fact)

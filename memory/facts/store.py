@@ -10,9 +10,11 @@ from memory.facts.values import FactCandidate, KeyFact
 
 
 class FactStore(Protocol):
-    """``active`` (not retired, not hidden) or ``every`` fact, oldest first; nothing is deleted; errors propagate."""
+    """``active`` (not retired, not hidden) or ``every`` fact, oldest first; nothing is deleted; errors propagate.
+    ``active`` with ``scope_key`` adds the personal facts of that owner's other chats and ends this chat's where
+    another chat changed them later (docs/memory.md §11 "Owner-wide")."""
 
-    async def active(self, memory_key: str) -> list[KeyFact]: ...
+    async def active(self, memory_key: str, *, scope_key: str | None = None) -> list[KeyFact]: ...
 
     async def every(self, memory_key: str) -> list[KeyFact]: ...
 

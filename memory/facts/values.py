@@ -93,8 +93,9 @@ class FactCandidate:
 @dataclass(frozen=True, kw_only=True)
 class KeyFact:
     """A stored fact as the engine sees it: :class:`FactCandidate`'s fields plus ``id``, its retirement
-    (``invalidated_at``, ``superseded_by``, ``changed_by_message_id``), the owner's pin and hide, and ``replaces``
-    (the value it superseded)."""
+    (``invalidated_at``, ``superseded_by``, ``changed_by_message_id``), the owner's pin and hide, ``replaces``
+    (the value it superseded) and ``chat``: the conversation of a fact loaded from another of the owner's chats,
+    empty for the requesting chat's own (docs/memory.md §11 "Owner-wide")."""
 
     id: int
     kind: str
@@ -115,6 +116,7 @@ class KeyFact:
     polarity: str = "positive"
     provenance: str = "user"
     changed_by_message_id: int | None = None
+    chat: str = ""
 
     @property
     def active(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
@@ -12,13 +13,16 @@ from asgiref.sync import sync_to_async
 from django.db import IntegrityError, connection, transaction
 from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from memory.facts import operations as fact_ops
 from memory.facts import rules as fact_rules
+from memory.facts import scope as fact_scope
 from memory.facts import values as fact_values
 from memory.models import KeyFact
 from memory.ports import ConversationAlive, RunSync
 from memory.text.provenance import own_text
+from memory.text.secrets import secret_spans
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +57,113 @@ _ACTIVE_FACTS_SQL = (
     f"ORDER BY r.id DESC LIMIT 1) AS replaces_value FROM {KeyFact._meta.db_table} f "
     "WHERE f.memory_key = %s AND f.invalidated_at IS NULL AND NOT f.hidden_by_user ORDER BY f.id"
 )
+
+
+def key_fact_list_for_owner(*, memory_key: str, scope_key: str) -> list[fact_values.KeyFact]:
+    """A request's ``load_facts`` with owner-wide facts (docs/memory.md §11 "Owner-wide"): the chat's active facts and
+    the personal-slot facts of owner ``scope_key``'s chats, current and ended, read in one query over the chat's and
+    the owner's indexes, resolved by :func:`memory.facts.scope.owner_view`. Another owner's facts are never read."""
+    with connection.cursor() as cursor:
+        cursor.execute(_OWNER_FACTS_SQL, [memory_key, scope_key, *_PERSONAL_KEYS])
+        rows = cursor.fetchall()
+    return fact_scope.owner_view(_fact_of_row(row, memory_key=memory_key) for row in rows)
+
+
+_PERSONAL_KEYS = sorted(fact_scope.PERSONAL_SLOTS)
+
+
+# Read as plain rows: an owner's personal facts of many chats would cost a model instance each.
+_OWNER_FACT_COLUMNS = (
+    "id",
+    "memory_key",
+    "kind",
+    "key",
+    "value",
+    "text",
+    "source_message_id",
+    "excerpt",
+    "extractor",
+    "valid_from",
+    "invalidated_at",
+    "superseded_by_id",
+    "pinned_by_user",
+    "hidden_by_user",
+    "last_seen_message_id",
+    "operation",
+    "polarity",
+    "provenance",
+    "changed_by_message_id",
+)
+
+
+# _ACTIVE_FACTS_SQL's chat, or a personal slot of the owner's (each term has its index: SQLite's OR optimization,
+# PostgreSQL's BitmapOr).
+_OWNER_FACTS_SQL = (
+    f"SELECT {', '.join(f'f.{column}' for column in _OWNER_FACT_COLUMNS)}, "
+    f"(SELECT r.value FROM {KeyFact._meta.db_table} r WHERE r.superseded_by_id = f.id "
+    f"ORDER BY r.id DESC LIMIT 1) AS replaces_value FROM {KeyFact._meta.db_table} f "
+    "WHERE (f.memory_key = %s AND f.invalidated_at IS NULL AND NOT f.hidden_by_user) "
+    f"OR (f.scope_key = %s AND f.key IN ({', '.join(['%s'] * len(_PERSONAL_KEYS))}) AND NOT f.hidden_by_user) "
+    "ORDER BY f.id"
+)
+
+
+def _fact_of_row(row: Sequence[Any], *, memory_key: str) -> fact_values.KeyFact:
+    """A fact from a row of ``_OWNER_FACTS_SQL``; ``chat`` set for another chat's."""
+    (
+        fact_id,
+        chat,
+        kind,
+        key,
+        value,
+        text,
+        source_message_id,
+        excerpt,
+        extractor,
+        valid_from,
+        invalidated_at,
+        superseded_by,
+        pinned_by_user,
+        hidden_by_user,
+        last_seen_message_id,
+        operation,
+        polarity,
+        provenance,
+        changed_by_message_id,
+        replaces,
+    ) = row
+    return fact_values.KeyFact(
+        id=fact_id,
+        kind=kind,
+        key=key,
+        value=value,
+        text=text,
+        source_message_id=source_message_id,
+        excerpt=excerpt,
+        extractor=extractor,
+        valid_from=_aware(valid_from),
+        invalidated_at=_aware(invalidated_at),
+        superseded_by=superseded_by,
+        pinned_by_user=bool(pinned_by_user),
+        hidden_by_user=bool(hidden_by_user),
+        last_seen_message_id=last_seen_message_id,
+        replaces=replaces or "",
+        operation=operation,
+        polarity=polarity,
+        provenance=provenance,
+        changed_by_message_id=changed_by_message_id,
+        chat="" if chat == memory_key else chat,
+    )
+
+
+def _aware(value: datetime | str | None) -> datetime | None:
+    """A datetime column as the ORM gives it: SQLite's are naive (or text without its converter), in the
+    connection's time zone."""
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    if value is None or value.tzinfo is not None:
+        return value
+    return timezone.make_aware(value, connection.timezone)
 
 
 def key_fact_list(*, memory_key: str) -> list[fact_values.KeyFact]:
@@ -124,14 +235,16 @@ def _fact_write_retried(
 
 
 def key_facts_store_rule(
-    *, memory_key: str, scope_key: str, messages: list[dict[str, Any]]
+    *, memory_key: str, scope_key: str, messages: list[dict[str, Any]], owner_wide: bool = False
 ) -> list[fact_values.KeyFact]:
     """Store the rule facts of just-stored messages (dicts with ``id``, ``role``, ``content``, ``tool_calls``,
     ``created_at``); returns those created (docs/memory.md §11 "Rule extraction"). A value an active fact of its slot
     holds only moves its ``last_seen_message_id``; a correction or update supersedes the slot's newest value, a
-    withdrawal retracts what it names (F-46, F-48). No query when no message yields a candidate or a withdrawal."""
+    withdrawal retracts what it names (F-46, F-48). With ``owner_wide``, a withdrawal of a personal fact another of the
+    owner's chats holds is recorded here as a retracted copy; that chat's row is untouched ("Owner-wide"). No query
+    when no message yields a candidate or a withdrawal."""
     found: list[tuple[fact_values.FactCandidate, datetime | None]] = []
-    withdrawals: list[tuple[str, int]] = []
+    withdrawals: list[tuple[str, int, datetime | None]] = []
     for message in messages:
         created_at = message.get("created_at")
         valid_from = created_at if isinstance(created_at, datetime) else None
@@ -141,7 +254,7 @@ def key_facts_store_rule(
         text = message.get("content") if message.get("role") == "user" else None
         text = own_text(text) if isinstance(text, str) else None  # a quoted "no longer" withdraws nothing (F-49)
         if text and isinstance(message.get("id"), int) and fact_ops.withdrawal_sentences(text):
-            withdrawals.append((text, message["id"]))
+            withdrawals.append((text, message["id"], valid_from))
     if not found and not withdrawals:
         return []
 
@@ -150,13 +263,37 @@ def key_facts_store_rule(
         rows = KeyFact.objects.filter(memory_key=memory_key, invalidated_at__isnull=True)
         if not changing:
             rows = rows.filter(value__in={candidate.value for candidate, _ in found})
-        current = [row.as_fact() for row in rows]
+        elif withdrawals and owner_wide:
+            rows = KeyFact.objects.filter(
+                Q(memory_key=memory_key) | Q(scope_key=scope_key, key__in=_PERSONAL_KEYS), invalidated_at__isnull=True
+            )
+        fetched = list(rows)
+        current = [row.as_fact() for row in fetched if row.memory_key == memory_key]
+        elsewhere = [replace(row.as_fact(), chat=row.memory_key) for row in fetched if row.memory_key != memory_key]
+        elsewhere = [fact for fact in elsewhere if fact_scope.owner_wide(fact)]
         new: dict[str, KeyFact] = {}
         restated: dict[int, set[int]] = {}
         ended: dict[int, tuple[int, KeyFact | str]] = {}  # fact id -> (message id, new row or "retract")
-        for text, message_id in withdrawals:
+        withdrawn_elsewhere: dict[tuple[str, str], KeyFact] = {}
+        now = timezone.now()
+        for text, message_id, said_at in withdrawals:
             for fact in fact_ops.withdrawn(text, current):
                 ended.setdefault(fact.id, (message_id, "retract"))
+            own_values = {(fact.key, fact.value.casefold()) for fact in current}
+            for fact in fact_ops.withdrawn(text, [*current, *elsewhere]):
+                if fact.chat and (fact.key, fact.value.casefold()) not in own_values:
+                    withdrawn_elsewhere.setdefault(
+                        (fact.key, fact.value.casefold()),
+                        _retracted_copy(
+                            fact,
+                            memory_key=memory_key,
+                            scope_key=scope_key,
+                            text=text,
+                            message_id=message_id,
+                            said_at=said_at,
+                            now=now,
+                        ),
+                    )
         for candidate, valid_from in found:
             message_id = candidate.source_message_id
             held = [fact.id for fact in current if fact.value == candidate.value and fact.id not in ended]
@@ -180,7 +317,8 @@ def key_facts_store_rule(
                 if old is not None:
                     ended[old.id] = (message_id, new[candidate.value])
         created = KeyFact.objects.bulk_create(list(new.values())) if new else []
-        now = timezone.now()
+        if withdrawn_elsewhere:
+            KeyFact.objects.bulk_create(list(withdrawn_elsewhere.values()))
         for fact_id, (message_id, by) in ended.items():
             KeyFact.objects.filter(pk=fact_id, pinned_by_user=False).update(
                 invalidated_at=now,
@@ -198,6 +336,41 @@ def key_facts_store_rule(
         return [row.as_fact(replaces=values.get(replaced.get(row.pk, 0), "")) for row in created]
 
     return _fact_write_retried(write, memory_key=memory_key)
+
+
+def _retracted_copy(
+    fact: fact_values.KeyFact,
+    *,
+    memory_key: str,
+    scope_key: str,
+    text: str,
+    message_id: int,
+    said_at: datetime | None,
+    now: datetime,
+) -> KeyFact:
+    """This chat's record that message ``message_id`` (``text``, said at ``said_at``) withdrew ``fact`` of another
+    chat: a copy of its slot and value, retracted by that message and dated by it, so the owner's other chats see
+    when the withdrawal came (§11 "Owner-wide")."""
+    at = re.search(re.escape(fact.value), text, re.IGNORECASE)
+    start, end = (at.start(), at.end()) if at else (0, 0)
+    return KeyFact(
+        memory_key=memory_key,
+        scope_key=scope_key,
+        kind=fact.kind if fact.kind in fact_values.FACT_KINDS else "other",
+        key=fact.key,
+        value=fact.value,
+        text=fact.text,
+        source_message_id=message_id,
+        excerpt=fact_rules.excerpt_around(text, start, end, secrets=secret_spans(text)),
+        extractor="rule",
+        valid_from=said_at,
+        invalidated_at=said_at or now,
+        last_seen_message_id=message_id,
+        changed_by_message_id=message_id,
+        operation="retract",
+        polarity=fact.polarity,
+        provenance=fact.provenance,
+    )
 
 
 def key_facts_apply(
@@ -371,7 +544,12 @@ class OrmFactStore:
         self.run_sync = run_sync
         self.alive = alive
 
-    async def active(self, memory_key: str) -> list[fact_values.KeyFact]:
+    async def active(self, memory_key: str, *, scope_key: str | None = None) -> list[fact_values.KeyFact]:
+        if scope_key is not None:
+            owned: list[fact_values.KeyFact] = await self.run_sync(key_fact_list_for_owner)(
+                memory_key=memory_key, scope_key=scope_key
+            )
+            return owned
         facts: list[fact_values.KeyFact] = await self.run_sync(key_fact_list_active)(memory_key=memory_key)
         return facts
 
