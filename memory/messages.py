@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 Message = dict[str, Any]
 
 
 WIRE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
+
+
+def created_at(message: Message) -> datetime | None:
+    """``message``'s ``created_at`` (a datetime or ISO 8601 text) as a datetime; None when absent or unreadable."""
+    created: Any = message.get("created_at")
+    if isinstance(created, str):
+        try:
+            created = datetime.fromisoformat(created)
+        except ValueError:
+            return None
+    return created if isinstance(created, datetime) else None
 
 
 def to_wire(message: Message) -> Message:

@@ -6,7 +6,7 @@ from datetime import date, datetime
 from typing import Any
 
 from memory.context.units import Unit
-from memory.messages import Message
+from memory.messages import Message, created_at
 from memory.tokens.counter import TokenCounter
 
 WIDEST_MARKER = "[2026-11-22 Wed]\n"
@@ -49,13 +49,8 @@ def has_other_days(units: list[Unit], now: datetime | None) -> bool:
 
 def message_day(message: Message, now: datetime) -> date | None:
     """The day of ``message``'s ``created_at`` (a datetime or ISO 8601 text) in ``now``'s zone; None when unknown."""
-    created: Any = message.get("created_at")
-    if isinstance(created, str):
-        try:
-            created = datetime.fromisoformat(created)
-        except ValueError:
-            return None
-    if not isinstance(created, datetime):
+    created = created_at(message)
+    if created is None:
         return None
     if created.tzinfo is not None and now.tzinfo is not None:
         created = created.astimezone(now.tzinfo)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from memory.facts.operations import value_operation
 from memory.facts.values import EXCERPT_CHARS, MAX_KEY_CHARS, MAX_VALUE_CHARS, FactCandidate, FactKind, Operation
-from memory.messages import Message
+from memory.messages import Message, created_at
 from memory.text.dates import ResolvedDate, resolve_relative
 from memory.text.provenance import ProvenanceSpan, repetitive_values, text_spans
 from memory.text.secrets import MARKERS, SecretSpan, redact_values, secret_spans, secret_values
@@ -424,22 +424,11 @@ def message_rule_facts(message: Message) -> list[FactCandidate]:
             content if isinstance(content, str) else _text(content),
             message_id=message_id,
             operations=True,
-            at=_created_at(message),
+            at=created_at(message),
         )
     if role == "assistant" and message.get("tool_calls"):
         return tool_call_facts(message["tool_calls"], message_id=message_id)
     return []
-
-
-def _created_at(message: Message) -> datetime | None:
-    """The message's ``created_at`` (a datetime or ISO 8601 text) when it names its zone, else None."""
-    created: Any = message.get("created_at")
-    if isinstance(created, str):
-        try:
-            created = datetime.fromisoformat(created)
-        except ValueError:
-            return None
-    return created if isinstance(created, datetime) and created.tzinfo is not None else None
 
 
 def _text(content: Any) -> str:

@@ -170,34 +170,9 @@ def _scoped_items(
     return {row[0]: _item(row, title=named.get(row[1], "")) for row in found}
 
 
-def recall_candidates(
-    *,
-    scope_key: str,
-    memory_key: str,
-    boundary: int | None,
-    scope: Literal["chat", "owner"],
-    query: str,
-    query_vector: np.ndarray | None,
-    limit: int = RECALL_POOL,
-    embedding_model: str | None = None,
-    dense_limit: int | None = None,
-    hits: LexicalHits | None = None,
-    titles: Callable[[set[str]], Mapping[str, str]] | None = None,
-) -> list[RecallCandidate]:
-    """The candidates of :func:`recall_search` without their background."""
-    return recall_search(
-        scope_key=scope_key,
-        memory_key=memory_key,
-        boundary=boundary,
-        scope=scope,
-        query=query,
-        query_vector=query_vector,
-        limit=limit,
-        embedding_model=embedding_model,
-        dense_limit=dense_limit,
-        hits=hits,
-        titles=titles,
-    )[0]
+def recall_candidates(**search: Any) -> list[RecallCandidate]:
+    """The candidates of :func:`recall_search` (same keyword arguments) without their background."""
+    return recall_search(**search)[0]
 
 
 def recall_search(

@@ -306,7 +306,7 @@ def test_this_chat_gives_only_items_up_to_the_boundary_and_other_chats_only_in_o
             scope_key=OWNER,
             memory_key="1",
             boundary=boundary,
-            scope=scope,  # type: ignore[arg-type]
+            scope=scope,
             query="Lisbon",
             query_vector=hashed("Lisbon") if vector else None,
             embedding_model="hash",
