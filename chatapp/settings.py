@@ -287,6 +287,13 @@ LLM_FAILOVER_API_KEY = env_str("FAILOVER_API_KEY", LLM_SUMMARY_API_KEY)
 LLM_FAILOVER_MODEL = env_str("FAILOVER_MODEL")
 LLM_FAILOVER_CONTEXT_WINDOW = env_int("FAILOVER_CONTEXT_WINDOW", LLM_SUMMARY_CONTEXT_WINDOW, minimum=256)
 
+# Requests one server (base URL) gets at once, chat and memory jobs together (docs/memory.md §6 "Concurrency"):
+# "auto" is 1 for a server on this machine or a private address, no limit elsewhere; 0 is no limit.
+_MAX_CONCURRENCY = env_str("LLM_MAX_CONCURRENCY", "auto").lower()
+if _MAX_CONCURRENCY != "auto" and not _MAX_CONCURRENCY.isdigit():
+    raise ImproperlyConfigured(f"LLM_MAX_CONCURRENCY must be 'auto' or an integer >= 0, got {_MAX_CONCURRENCY!r}")
+LLM_MAX_CONCURRENCY: int | None = None if _MAX_CONCURRENCY == "auto" else int(_MAX_CONCURRENCY)
+
 # Offline engine switches for demos of degradation (docs/memory.md §6) and the demo's pace (docs/demo.md).
 OFFLINE_DELAY_SECONDS = env_float("OFFLINE_DELAY", 0.0, minimum=0.0, maximum=120.0)
 OFFLINE_SUMMARY_DELAY_SECONDS = env_float("OFFLINE_SUMMARY_DELAY", 0.0, minimum=0.0, maximum=120.0)

@@ -11,6 +11,7 @@ from memory.facts.block import FACTS_HEADER
 from memory.facts.extraction import EXTRACTION_MARKER
 from memory.facts.rules import message_rule_facts, value_spans
 from memory.facts.values import FactCandidate, KeyFact
+from memory.jobs.runner import in_memory_job
 from memory.messages import Message, to_wire
 from memory.ports import (
     ConversationSource,
@@ -58,6 +59,7 @@ __all__ = [
     "TokenCounter",
     "TurnRecall",
     "get_counter",
+    "in_memory_job",
     "message_rule_facts",
     "split_sentences",
     "to_wire",

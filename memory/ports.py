@@ -39,13 +39,15 @@ class SummaryReply:
 
 @dataclass(frozen=True, kw_only=True)
 class SummaryRequest:
-    """One summarizer call (F-11); a rejected ``response_format`` falls back to ``json_object``, then to none."""
+    """One summarizer call (F-11); a rejected ``response_format`` falls back to ``json_object``, then to none.
+    ``max_tokens``: the reply's budget; ``reply_tokens``: the provider's output limit (None: ``max_tokens``)."""
 
     previous_summary: str
     messages: list[dict[str, Any]]
     prompt: list[dict[str, Any]]
     max_tokens: int
     response_format: dict[str, Any] | None = None
+    reply_tokens: int | None = None
 
 
 @runtime_checkable

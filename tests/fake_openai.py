@@ -19,7 +19,12 @@ Other switches imitate what real servers do with the requests the app sends, and
 (``stream_options`` accepted, no usage chunk), ``json_schema_error`` (HTTP 500 for a
 ``json_schema`` ``response_format``; ``json_object_error`` for ``json_object`` too) and
 ``null_content_error`` (HTTP 500 for an assistant message with ``content: null`` beside
-``tool_calls``). ``stream_options_error`` answers HTTP 500 naming ``stream_options``.
+``tool_calls``). ``stream_options_error`` answers HTTP 500 naming ``stream_options``. ``single_slot``
+is llama.cpp's ``interrupt_requests``: a request that arrives while a stream runs ends that stream
+where it is, without a finish chunk or ``[DONE]``; ``most_at_once`` counts the requests it ever saw in
+flight together. :func:`paced` spreads a stream's events over time. ``tools_stream_empty`` streams
+a request with tools as an empty reply (a role chunk, then ``finish_reason: "stop"``) and answers
+it in full only without streaming.
 :func:`dropped` is a reply whose connection is closed or reset before the first chunk.
 
 The fixtures ``fake_openai`` and ``fake_openai_failover`` (two independent servers) and
@@ -52,6 +57,7 @@ class Reply:
     events: list[str] | None = None
     delay: float = 0.0
     drop: str = ""  # "close" or "reset": the connection ends after the headers (see dropped)
+    pace: float = 0.0  # seconds between two stream events
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,11 @@ def slow(seconds: float, then: Reply) -> Reply:
     return Reply(status=then.status, body=then.body, content_type=then.content_type, events=then.events, delay=seconds)
 
 
+def paced(seconds: float, then: Reply) -> Reply:
+    """``then``, a stream, with ``seconds`` between its events: a model that is still writing."""
+    return replace(then, pace=seconds)
+
+
 def embeddings(vectors: list[list[float]], *, model: str = "fake-embed") -> Reply:
     """A ``/v1/embeddings`` reply (``encoding_format`` ``float``) holding ``vectors`` in order."""
     payload = {
@@ -174,11 +185,16 @@ class FakeOpenAI:
     json_schema_error: bool = False
     json_object_error: bool = False
     null_content_error: bool = False
+    single_slot: bool = False
+    tools_stream_empty: bool = False
+    most_at_once: int = 0
+    _in_flight: int = 0
+    _arrivals: int = 0
 
     def llama_cpp(self) -> FakeOpenAI:
         """Behave as llama.cpp's OpenAI-compatible server does (see the module docstring)."""
         self.tools_need_choice = self.stream_usage_ignored = True
-        self.json_schema_error = self.null_content_error = True
+        self.json_schema_error = self.null_content_error = self.single_slot = True
         return self
 
     @property
@@ -215,6 +231,8 @@ class FakeOpenAI:
             body = recorded.json if isinstance(recorded.json, dict) else {}
             if self.tools_need_choice and body.get("tools") and "tool_choice" not in body:
                 reply = text_stream(TOOLS_IGNORED_TEXT) if body.get("stream") else completion(TOOLS_IGNORED_TEXT)
+            if self.tools_stream_empty and body.get("tools") and body.get("stream"):
+                reply = stream(chunk({"role": "assistant", "content": ""}), chunk(finish_reason="stop"))
             if self.stream_usage_ignored and reply.events is not None:
                 reply = replace(reply, events=[event for event in reply.events if '"usage"' not in event])
         if self.usage_scale is not None and isinstance(recorded.json, dict):
@@ -279,12 +297,27 @@ def _handler_for(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             self._serve(body)
 
         def _serve(self, body: Any) -> None:
-            reply = fake._take(Recorded(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body))
-            if reply.delay and fake._released.wait(reply.delay):
-                return
-            # A client that gave up (a timeout under test) has closed the socket: nothing to tell it.
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                self._send(reply)
+            with fake._lock:
+                fake._arrivals += 1
+                fake._in_flight += 1
+                fake.most_at_once = max(fake.most_at_once, fake._in_flight)
+                self.arrival = fake._arrivals
+            try:
+                reply = fake._take(
+                    Recorded(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+                )
+                if reply.delay and fake._released.wait(reply.delay):
+                    return
+                # A client that gave up (a timeout under test) has closed the socket: nothing to tell it.
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self._send(reply)
+            finally:
+                with fake._lock:
+                    fake._in_flight -= 1
+
+        def _interrupted(self) -> bool:
+            """Whether a single-slot server took a later request since this one arrived."""
+            return fake.single_slot and fake._arrivals > self.arrival
 
         def _send(self, reply: Reply) -> None:
             self.send_response(reply.status)
@@ -305,6 +338,11 @@ def _handler_for(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                     self.connection.close()
                 return
             for event in [*reply.events, "[DONE]"]:
+                if reply.pace and fake._released.wait(reply.pace):
+                    return
+                if self._interrupted():
+                    self.close_connection = True
+                    return
                 self.wfile.write(f"data: {event}\n\n".encode())
                 self.wfile.flush()
 

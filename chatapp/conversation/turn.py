@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from chatapp.chats import selectors, services, turns
 from chatapp.chats.memory import memory_key_of
-from chatapp.llm.calibration import calibration_report, usage_missing_recorded
-from chatapp.llm.clients import LLMError, chat_endpoint, chat_stream
+from chatapp.llm.calibration import calibration_report, server_facts_recorded
+from chatapp.llm.clients import LLMError, chat_endpoint, chat_stream, refused_shapes
 from chatapp.llm.prompts import PASSAGES_TARGET_SHARE
 from chatapp.models import ChatSession, Message
 from chatapp.orm_threads import orm_async
@@ -212,7 +212,9 @@ class Turn:
                 prompt_tokens=reply.prompt_tokens,
                 completion_tokens=reply.completion_tokens,
                 finish_reason=reply.finish_reason or ("stopped" if self.stop_requested() else ""),
-                context=usage_missing_recorded(record.context, reply.usage_missing) if reply.usage_missing else None,
+                context=server_facts_recorded(
+                    record.context, missing=reply.usage_missing, adapted=refused_shapes(self.endpoint)
+                ),
             )
         await self.calibrate(estimated_tokens=ctx.tokens, prompt_tokens=reply.prompt_tokens)
         return reply

@@ -22,7 +22,15 @@ def calibration_report(endpoint: Endpoint, *, token_factor: float, window_tokens
     }
 
 
-def usage_missing_recorded(context: dict[str, Any], missing: str) -> dict[str, Any]:
-    """A model call's recorded ``context`` whose calibration also says why the call taught it
-    nothing: ``usage`` is ``missing`` (``not reported``, ``not asked``), as the stream said."""
-    return {**context, "calibration": {**(context.get("calibration") or {}), "usage": missing}}
+def server_facts_recorded(context: dict[str, Any], *, missing: str, adapted: frozenset[str]) -> dict[str, Any] | None:
+    """A model call's recorded ``context`` whose calibration also says why the call taught it nothing (``usage``:
+    ``not reported`` or ``not asked``, as the stream said) and which request shapes the server was found to refuse
+    (``adapted``, sorted shape names of :func:`chatapp.llm.clients.refused_shapes`); None when neither applies."""
+    if not missing and not adapted:
+        return None
+    calibration = {**(context.get("calibration") or {})}
+    if missing:
+        calibration["usage"] = missing
+    if adapted:
+        calibration["adapted"] = sorted(adapted)
+    return {**context, "calibration": calibration}

@@ -18,6 +18,7 @@ import httpx2
 import openai
 from django.conf import settings
 
+from chatapp.llm.limits import server_slot
 from chatapp.llm.offline.transport import OFFLINE_BASE_URL, OfflineTransport
 from memory.api import to_wire
 
@@ -223,9 +224,23 @@ async def chat_stream(
 ) -> AsyncIterator[ChatEvent]:
     """Stream one chat completion as typed events: ``delta`` pieces as they arrive, then ``tool_calls`` (whole
     calls), ``usage`` (None figures and ``missing`` when unreported) and ``finish``. A request shape the endpoint
-    refuses is changed and kept changed for it (:func:`_stream_open_adapted`). Raises :class:`LLMError` on failure,
-    also after deltas: ``empty`` for no text nor calls, ``connection`` for a stream lost before its first chunk."""
+    refuses is changed and kept changed for it (:func:`_stream_open_adapted`); the whole stream holds a slot of its
+    server (:func:`server_slot`). Raises :class:`LLMError` on failure, also after deltas: ``empty`` for no text
+    nor calls, ``connection`` for a stream lost before its first chunk."""
     endpoint = endpoint or chat_endpoint()
+    async with server_slot(endpoint.base_url):
+        async for event in _chat_events(messages, tools, endpoint, max_tokens, temperature):
+            yield event
+
+
+async def _chat_events(
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    endpoint: Endpoint,
+    max_tokens: int | None,
+    temperature: float | None,
+) -> AsyncIterator[ChatEvent]:
+    """:func:`chat_stream` once its slot is held."""
     client = get_client(endpoint)
     body: dict[str, Any] = {
         "model": endpoint.model,
@@ -245,6 +260,10 @@ async def chat_stream(
         body["tool_choice"] = "auto"
     if NULL_CONTENT in refused_shapes(endpoint):
         _call_content_emptied(body)
+    if tools and STREAMED_TOOLS in refused_shapes(endpoint):
+        async for event in _completion_events(client, body, endpoint):
+            yield event
+        return
     stream = await _stream_open_adapted(client, body, endpoint)
     assembler = _ToolCallAssembler()
     usage: UsageEvent | None = None
@@ -280,6 +299,12 @@ async def chat_stream(
         # Headers, then the connection ended: a server that stopped or crashed, not a model's reply.
         raise LLMError(f"{endpoint.label} closed the connection before the first token.", "connection")
     if not has_text and not tool_calls:
+        if tools:
+            # Some servers stream nothing for a request with tools but answer it whole: asked once more so.
+            async for event in _completion_events(client, body, endpoint):
+                yield event
+            shape_refused(endpoint, STREAMED_TOOLS)
+            return
         raise LLMError(f"{endpoint.label} returned an empty reply from model {endpoint.model}.", "empty")
     if tool_calls:
         yield {"type": "tool_calls", "tool_calls": tool_calls}
@@ -295,13 +320,14 @@ STREAM_OPTIONS = "stream_options"  # sent without ``stream_options`` (no usage a
 NULL_CONTENT = "null_content"  # assistant tool-call messages sent with ``content: ""``, not null
 JSON_SCHEMA = "json_schema"  # ``response_format`` of that type not sent
 JSON_OBJECT = "json_object"
+STREAMED_TOOLS = "streamed_tools"  # a request with tools sent without streaming: its stream came empty
 
 # What each endpoint (base URL, model) refused in this process.
 _REFUSED: dict[tuple[str, str], set[str]] = {}
 
 
 def refused_shapes(endpoint: Endpoint) -> frozenset[str]:
-    """The request shapes (``STREAM_OPTIONS``, ``NULL_CONTENT``, ``JSON_SCHEMA``, ``JSON_OBJECT``)
+    """The request shapes (``STREAM_OPTIONS``, ``NULL_CONTENT``, ``JSON_SCHEMA``, ``JSON_OBJECT``, ``STREAMED_TOOLS``)
     ``endpoint`` refused in this process, which its requests avoid from then on."""
     return frozenset(_REFUSED.get((endpoint.base_url, endpoint.model), ()))
 
@@ -383,6 +409,42 @@ async def _stream_open(
         return await client.post(
             "/chat/completions", cast_to=object, body=body, stream=True, stream_cls=openai.AsyncStream[object]
         )
+
+
+async def _completion_events(
+    client: openai.AsyncOpenAI, body: dict[str, Any], endpoint: Endpoint
+) -> AsyncIterator[ChatEvent]:
+    """``body`` sent without streaming, its reply as :func:`chat_stream`'s events (the text in one ``delta``).
+    Raises :class:`LLMError`: ``malformed`` for a body that is not a completion, ``empty`` for no text nor calls."""
+    plain = {key: value for key, value in body.items() if key not in ("stream", "stream_options")}
+    with translated_errors(endpoint):
+        reply = await client.post("/chat/completions", cast_to=object, body=plain)
+    choices = reply.get("choices") if isinstance(reply, dict) else None
+    if not isinstance(reply, dict) or not isinstance(choices, list):
+        raise LLMError(f"{endpoint.label} sent a response that is not a chat completion.", "malformed")
+    choice: dict[str, Any] = choices[0] if choices and isinstance(choices[0], dict) else {}
+    message: dict[str, Any] = choice["message"] if isinstance(choice.get("message"), dict) else {}
+    assembler = _ToolCallAssembler()
+    calls: list[Any] = message["tool_calls"] if isinstance(message.get("tool_calls"), list) else []
+    assembler.add([{**call, "index": index} for index, call in enumerate(calls) if isinstance(call, dict)])
+    tool_calls = assembler.tool_calls()
+    text = message["content"] if isinstance(message.get("content"), str) else ""
+    if not text and not tool_calls:
+        raise LLMError(f"{endpoint.label} returned an empty reply from model {endpoint.model}.", "empty")
+    if text:
+        yield {"type": "delta", "text": text}
+    if tool_calls:
+        yield {"type": "tool_calls", "tool_calls": tool_calls}
+    usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else None
+    if usage is None:
+        yield UsageEvent(type="usage", prompt_tokens=None, completion_tokens=None, missing="not reported")
+    else:
+        yield UsageEvent(
+            type="usage",
+            prompt_tokens=_token_figure(usage.get("prompt_tokens")),
+            completion_tokens=_token_figure(usage.get("completion_tokens")),
+        )
+    yield {"type": "finish", "finish_reason": choice.get("finish_reason")}
 
 
 def _token_figure(value: object) -> int | None:

@@ -14,6 +14,7 @@ import numpy as np
 from django.conf import settings
 
 from chatapp.llm.clients import Endpoint, LLMError, get_client, translated_errors
+from chatapp.llm.limits import server_slot
 from memory.api import Embedder
 
 logger = logging.getLogger(__name__)
@@ -93,8 +94,9 @@ class OpenAIEmbedder:
 
     async def _request(self, inputs: list[str]) -> np.ndarray:
         client = get_client(self.endpoint)
-        with translated_errors(self.endpoint):
-            reply = await client.embeddings.create(model=self.model, input=inputs, encoding_format="float")
+        async with server_slot(self.endpoint.base_url):
+            with translated_errors(self.endpoint):
+                reply = await client.embeddings.create(model=self.model, input=inputs, encoding_format="float")
         try:
             rows = sorted(reply.data, key=lambda row: row.index)
             vectors = np.array([row.embedding for row in rows], dtype=np.float32)

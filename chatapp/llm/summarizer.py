@@ -25,6 +25,7 @@ from chatapp.llm.clients import (
     summary_endpoint,
     translated_errors,
 )
+from chatapp.llm.limits import server_slot
 from memory.api import SummaryReply, SummaryRequest
 
 
@@ -45,8 +46,8 @@ class OpenAISummarizer:
         self.method = "extractive" if self.endpoint.offline else "llm"
 
     async def summarize(self, request: SummaryRequest) -> SummaryReply:
-        """The reply to ``request.prompt``, capped at ``request.max_tokens`` tokens, with its ``finish_reason``; the
-        chain judges empty or cut-off replies (F-36). Raises :class:`LLMError`; one request per response format."""
+        """The reply to ``request.prompt``, capped at ``request.reply_tokens`` (else ``max_tokens``) tokens, with its
+        ``finish_reason``; the chain judges empty or cut-off replies (F-36). Raises :class:`LLMError`; one request per response format."""
         if self.stream:
             return _json_only(request, await self._summarize_streamed(request))
         refused = refused_shapes(self.endpoint)
@@ -80,21 +81,25 @@ class OpenAISummarizer:
         client = get_client(self.endpoint)
         extra: dict[str, Any] = {"response_format": response_format} if response_format is not None else {}
         prompt = request.prompt if response_format is not None else _prompt_of(request)
-        with translated_errors(self.endpoint):
-            return await client.chat.completions.create(
-                model=self.endpoint.model,
-                messages=cast("list[ChatCompletionMessageParam]", prompt),
-                max_tokens=request.max_tokens,
-                temperature=self.temperature,
-                **extra,
-            )
+        async with server_slot(self.endpoint.base_url):
+            with translated_errors(self.endpoint):
+                return await client.chat.completions.create(
+                    model=self.endpoint.model,
+                    messages=cast("list[ChatCompletionMessageParam]", prompt),
+                    max_tokens=request.reply_tokens or request.max_tokens,
+                    temperature=self.temperature,
+                    **extra,
+                )
 
     async def _summarize_streamed(self, request: SummaryRequest) -> SummaryReply:
         """:meth:`summarize` over a stream: the deltas joined, and the last finish reason (None when none came)."""
         pieces: list[str] = []
         finish_reason: str | None = None
         async for event in chat_stream(
-            _prompt_of(request), endpoint=self.endpoint, max_tokens=request.max_tokens, temperature=self.temperature
+            _prompt_of(request),
+            endpoint=self.endpoint,
+            max_tokens=request.reply_tokens or request.max_tokens,
+            temperature=self.temperature,
         ):
             if event["type"] == "delta":
                 pieces.append(event["text"])

@@ -9,12 +9,21 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from memory.jobs.state import JobState, JobStep, JobStore, StepAttempt
 
 logger = logging.getLogger(__name__)
+
+_in_memory_job: ContextVar[bool] = ContextVar("in_memory_job", default=False)
+
+
+def in_memory_job() -> bool:
+    """Whether the running code is a memory job's (background work), not a user's turn: an LLM client that
+    limits requests per server serves a waiting turn first (docs/memory.md §6 "Concurrency")."""
+    return _in_memory_job.get()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,6 +153,7 @@ class MemoryJobRunner:
 
     async def _loop(self, memory_key: str, delay: float) -> JobRun | None:
         """One job after ``delay`` seconds; a schedule during it queues the next as a new task, not holding awaiters."""
+        _in_memory_job.set(True)  # this task's own context: the LLM client lets a user's turn go first
         if delay:
             await asyncio.sleep(delay)
         self._idle.discard(memory_key)

@@ -29,6 +29,13 @@ ARCHIVE_LINE_STEPS = (RAW_ARCHIVE_LINE_CHARS, 200, 80)
 SUMMARY_TRIMMED = "[… earlier summary trimmed to fit the summary cap]"
 
 
+SUMMARY_SHORTENED = "[… summary shortened to fit the summary cap]"
+
+
+# Where a sentence or line ends, in Latin and CJK punctuation.
+_SENTENCE_END_RE = re.compile(r"[.!?…。！？](?=[\s\"')\]]|$)|\n")
+
+
 def summary_header(*, summary_type: str, compressed_count: int) -> str:
     """The first line of the summary block (docs/memory.md §3 step 5)."""
     if summary_type == "raw":
@@ -55,6 +62,18 @@ def trim_summary(content: str, max_tokens: int, counter: TokenCounter) -> str:
     if room <= 0:
         return counter.truncate_text(content, max_tokens)
     return f"{counter.truncate_text(content, room).rstrip()}\n{SUMMARY_TRIMMED}"
+
+
+def shorten_at_sentence(content: str, max_tokens: int, counter: TokenCounter) -> str:
+    """A new summary over the cap cut to its whole sentences within ``max_tokens`` tokens, ending with
+    :data:`SUMMARY_SHORTENED` (docs/memory.md §4): a cut is never silent and never mid-sentence."""
+    if counter.count_text(content) <= max_tokens:
+        return content
+    room = max_tokens - counter.count_text(SUMMARY_SHORTENED) - 2
+    head = counter.truncate_text(content, max(0, room))
+    ends = [match.end() for match in _SENTENCE_END_RE.finditer(head)]
+    cut = ends[-1] if ends else head.rfind(" ")
+    return f"{head[: max(cut, 0)].rstrip()}\n{SUMMARY_SHORTENED}".lstrip("\n")
 
 
 def raw_archive_line(message: Message) -> str:

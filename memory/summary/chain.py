@@ -6,10 +6,11 @@ import asyncio
 import re
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from memory.ports import Summarizer, SummaryReply, SummaryRequest
+from memory.summary.prompts import restated_budget, stated_budget
 
 Phase = Literal["primary", "failover"]
 
@@ -42,6 +43,7 @@ _MARKER_LINE_RE = re.compile(
       | -?\s*\[\d+\ earlier\ archived\ messages\ omitted\]
       | \[Memory\ Summary\b[^\]]*\]
       | \[…\s*\d+\ tokens\ elided[^\]]*\]
+      | \[…[^\]]*\bto\ fit\ the\ summary\ cap\]
       | (?:\.\.\.|…|-|\s)+
     )$""",
     re.VERBOSE | re.IGNORECASE,
@@ -125,13 +127,15 @@ class SummarizerChain:
     backoff: float = 0.5
 
     async def run(self, request: SummaryRequest) -> ChainResult:
-        """Primary then failover; a refused reply fails its attempt. Never raises but for cancellation."""
+        """Primary then failover; a refused reply fails its attempt, and after a reply the provider cut off the
+        next attempt states a tighter budget (:func:`tightened`). Never raises but for cancellation."""
         result = ChainResult(text=None)
         layers: list[tuple[Phase, Summarizer]] = [("primary", self.primary)]
         if self.failover is not None:
             layers.append(("failover", self.failover))
         for phase, summarizer in layers:
             method = str(getattr(summarizer, "method", METHOD_LLM))
+            asked = request
             for number in range(1, self.attempts + 1):
                 wait_ms = 0
                 if number > 1 and self.backoff > 0:
@@ -140,11 +144,13 @@ class SummarizerChain:
                     wait_ms = _elapsed_ms(waiting)
                 started = time.perf_counter()
                 try:
-                    reply = await asyncio.wait_for(summarizer.summarize(request), timeout=self.timeout)
+                    reply = await asyncio.wait_for(summarizer.summarize(asked), timeout=self.timeout)
                     text = check_reply(reply)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # any summarizer failure is recorded and degrades
+                    if isinstance(exc, TruncatedSummaryError):
+                        asked = tightened(asked)
                     result.attempts.append(
                         Attempt(
                             model=summarizer.model,
@@ -172,6 +178,15 @@ class SummarizerChain:
                 result.text = text
                 return result
         return result
+
+
+def tightened(request: SummaryRequest) -> SummaryRequest:
+    """``request`` stating two thirds of its budget (at least 16 tokens), the provider's limit unchanged: a model
+    that overran its budget past that limit gets a target it can meet. Unchanged when the prompt states none."""
+    stated = stated_budget(request.prompt)
+    if stated is None:
+        return request
+    return replace(request, prompt=restated_budget(request.prompt, max(16, stated * 2 // 3)))
 
 
 def _elapsed_ms(started: float) -> int:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from memory.ports import SummaryRequest
 from memory.summary.archive import RAW_ARCHIVE_MARKER
 from memory.summary.chain import METHOD_EXTRACTIVE, is_marker_line
-from memory.summary.prompts import split_summary_prompt
+from memory.summary.prompts import split_summary_prompt, stated_budget
 from memory.text.secrets import redact_secrets
 from memory.text.sentences import split_sentences
 from memory.tokens.counter import TokenCounter, get_counter
@@ -291,10 +292,13 @@ class ExtractiveSummarizer:
         return split_summary_prompt(content) is not None
 
     @staticmethod
-    def reply(content: str, *, max_tokens: int) -> str | None:
-        """The extractive summary a summarizer prompt asks for, None for other content (the offline engine's answer)."""
+    def reply(content: str, *, max_tokens: int, prompt: list[dict[str, Any]] | None = None) -> str | None:
+        """The extractive summary a summarizer prompt's ``content`` asks for, None for other content (the offline
+        engine's answer); within ``max_tokens`` tokens and the budget the whole ``prompt`` states, as a good model."""
         parsed = split_summary_prompt(content)
-        return None if parsed is None else extractive_summary(*parsed, max_tokens=max_tokens)
+        stated = stated_budget(prompt or [])
+        budget = min(max_tokens, stated) if stated else max_tokens
+        return None if parsed is None else extractive_summary(*parsed, max_tokens=budget)
 
     async def summarize(self, request: SummaryRequest) -> str:
         parsed = split_summary_prompt(request.prompt[-1]["content"])

@@ -8,13 +8,14 @@ from dataclasses import dataclass, replace
 
 from memory.messages import Message
 from memory.ports import SummaryRequest
-from memory.summary.archive import raw_archive_merge, raw_text, summary_block, trim_summary
+from memory.summary.archive import raw_archive_merge, raw_text, shorten_at_sentence, summary_block, trim_summary
 from memory.summary.chain import Attempt, SummarizerChain
 from memory.summary.prompts import (
     build_summary_prompt,
     chunk_messages,
     fit_transcript,
     render_transcript,
+    reply_room,
     transcript_budget,
 )
 from memory.summary.store import Summary
@@ -74,7 +75,7 @@ class IncrementalSummarizer:
         )
         budget = transcript_budget(
             previous_summary_tokens=max(cap, previous_tokens),
-            max_output_tokens=max_tokens,
+            max_output_tokens=reply_room(max_tokens),
             window=self.window,
             counter=self.counter,
         )
@@ -90,6 +91,7 @@ class IncrementalSummarizer:
                     messages=chunk,
                     prompt=build_summary_prompt(previous_summary=content, transcript=transcript, max_tokens=max_tokens),
                     max_tokens=max_tokens,
+                    reply_tokens=reply_room(max_tokens),
                 )
             )
             attempts.extend(result.attempts)
@@ -98,7 +100,7 @@ class IncrementalSummarizer:
                 content = raw_archive_merge(content, rest, max_tokens=cap, counter=self.counter)
                 degraded = True
                 break
-            content = self.counter.truncate_text(redact_values(result.text, secrets), cap)
+            content = await self._fitted(redact_values(result.text, secrets), cap, attempts)
         new = Summary(
             content=content,
             summary_type="raw" if degraded else "llm",
@@ -113,11 +115,8 @@ class IncrementalSummarizer:
         without an LLM when the chain fails; boundary and count unchanged (docs/memory.md F-40)."""
         if self.counter.count_text(summary.content) <= cap:
             return Outcome(summary=summary, attempts=[], degraded=False)
-        prompt = build_summary_prompt(previous_summary=summary.content, transcript="", max_tokens=cap)
-        prompt[-1] = {**prompt[-1], "content": f"{prompt[-1]['content']}\n{SHRINK_TRANSCRIPT}"}
-        result = await self.chain.run(
-            SummaryRequest(previous_summary=summary.content, messages=[], prompt=prompt, max_tokens=cap)
-        )
+        result = await self.chain.run(self._shrink_request(summary.content, cap))
+        attempts = list(result.attempts)
         if result.text is None:
             content, summary_type, degraded = (
                 trim_summary(summary.content, cap, self.counter),
@@ -126,9 +125,31 @@ class IncrementalSummarizer:
             )
         else:
             text = redact_values(result.text, secret_values([summary.content]))
-            content, summary_type, degraded = self.counter.truncate_text(text, cap), "llm", False
+            content, summary_type, degraded = await self._fitted(text, cap, attempts), "llm", False
         return Outcome(
             summary=replace(summary, content=content, summary_type=summary_type),
-            attempts=result.attempts,
+            attempts=attempts,
             degraded=degraded,
+        )
+
+    async def _fitted(self, text: str, cap: int, attempts: list[Attempt]) -> str:
+        """``text`` within ``cap`` tokens: as it is, else rewritten shorter by the chain against two thirds of the
+        cap, else the shorter of the two cut at a sentence and marked. The second pass's attempts go to ``attempts``."""
+        if self.counter.count_text(text) <= cap:
+            return text
+        result = await self.chain.run(self._shrink_request(text, cap, stated=max(16, cap * 2 // 3)))
+        attempts.extend(result.attempts)
+        shorter = redact_values(result.text, secret_values([text])) if result.text else text
+        if self.counter.count_text(shorter) <= cap:
+            return shorter
+        best = min(text, shorter, key=self.counter.count_text)
+        return shorten_at_sentence(best, cap, self.counter)
+
+    def _shrink_request(self, content: str, cap: int, *, stated: int | None = None) -> SummaryRequest:
+        """The request rewriting ``content`` alone, stating ``stated`` (default ``cap``) tokens, with room above it."""
+        budget = stated or cap
+        prompt = build_summary_prompt(previous_summary=content, transcript="", max_tokens=budget)
+        prompt[-1] = {**prompt[-1], "content": f"{prompt[-1]['content']}\n{SHRINK_TRANSCRIPT}"}
+        return SummaryRequest(
+            previous_summary=content, messages=[], prompt=prompt, max_tokens=budget, reply_tokens=reply_room(cap)
         )

@@ -21,11 +21,12 @@ Rules:
 - Never write a password, PIN, API key, token, one-time code, card number or other credential, even when asked to: write a marker such as [password withheld] in its place. Order, booking and user ids are not credentials.
 - Write in the language of the conversation (the language the user writes in); never translate it, and keep quotes and names in their original script.
 - Plain text, short factual lines, no preamble, no closing remarks.
-- At most {max_tokens} tokens."""
+- At most {max_tokens} tokens (about {words} words): stop there, a shorter summary is better than one cut off."""
 
 TRANSCRIPT_LINE_CHARS = 4000
 # Marks an oversized transcript's cut (F-17); never a summary by itself (F-39).
 TRIM_MARKER = "[... transcript trimmed to fit the summarizer ...]"
+_BUDGET_RE = re.compile(r"At most (\d+) tokens \(about \d+ words\)")
 _PREVIOUS_RE = re.compile(r"<previous_summary>\n(.*?)\n</previous_summary>", re.DOTALL)
 _TRANSCRIPT_RE = re.compile(r"<transcript>\n(.*?)\n</transcript>", re.DOTALL)
 
@@ -44,15 +45,50 @@ def _full_line(message: Message) -> str:
     return f"{short.rstrip()} {redact_secrets(' '.join(text.split()))}".rstrip()
 
 
+def budget_words(tokens: int) -> int:
+    """About how many English words ``tokens`` tokens hold (three words per four tokens): a budget a model can keep."""
+    return max(1, tokens * 3 // 4)
+
+
+def reply_room(max_tokens: int) -> int:
+    """The provider's output limit for a summary stated at ``max_tokens`` tokens: half as much again (at least 32
+    tokens more), so a model that overruns the stated budget still finishes its last sentence."""
+    return max_tokens + max(32, max_tokens // 2)
+
+
+def stated_budget(prompt: list[dict[str, Any]]) -> int | None:
+    """The budget in tokens that ``prompt``'s system message states, or None when it states none."""
+    for message in prompt:
+        content = message.get("content")
+        if message.get("role") == "system" and isinstance(content, str) and (found := _BUDGET_RE.search(content)):
+            return int(found.group(1))
+    return None
+
+
+def restated_budget(prompt: list[dict[str, Any]], tokens: int) -> list[dict[str, Any]]:
+    """A copy of ``prompt`` whose stated budget is ``tokens`` tokens (unchanged when it states none)."""
+    line = f"At most {tokens} tokens (about {budget_words(tokens)} words)"
+    return [
+        {**message, "content": _BUDGET_RE.sub(line, message["content"])}
+        if message.get("role") == "system" and isinstance(message.get("content"), str)
+        else message
+        for message in prompt
+    ]
+
+
 def build_summary_prompt(*, previous_summary: str, transcript: str, max_tokens: int) -> list[dict[str, Any]]:
-    """The wire prompt of one call; no ``<previous_summary>`` on a first compression (F-14)."""
+    """The wire prompt of one call, stating ``max_tokens`` in tokens and words; no ``<previous_summary>`` on a first
+    compression (F-14)."""
     parts = []
     if previous_summary.strip():
         parts.append(f"<previous_summary>\n{previous_summary.strip()}\n</previous_summary>")
     parts.append(f"<transcript>\n{transcript}\n</transcript>")
     parts.append("Write the new merged summary now.")
     return [
-        {"role": "system", "content": SUMMARY_INSTRUCTIONS.format(max_tokens=max_tokens)},
+        {
+            "role": "system",
+            "content": SUMMARY_INSTRUCTIONS.format(max_tokens=max_tokens, words=budget_words(max_tokens)),
+        },
         {"role": "user", "content": "\n\n".join(parts)},
     ]
 

@@ -90,7 +90,8 @@ def offline_reply(
         return OfflineReply(text=extraction_reply(messages))
     prompt = summary_prompt(messages)
     if prompt is not None:
-        return OfflineReply(text=ExtractiveSummarizer.reply(prompt, max_tokens=summary_max_tokens) or "")
+        text = ExtractiveSummarizer.reply(prompt, max_tokens=summary_max_tokens, prompt=messages)
+        return OfflineReply(text=text or "")
     if not messages:
         return OfflineReply(text=NOTHING_TO_ANSWER)
     last = messages[-1]

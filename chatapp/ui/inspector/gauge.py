@@ -71,11 +71,22 @@ class Section:
     message_count: int = 0
 
 
+# What each request shape a server refused (chatapp.llm.clients.refused_shapes) changed, in words.
+ADAPTED_WORDS = {
+    "null_content": 'tool-call messages go with content "" (it refused null)',
+    "stream_options": "usage is not asked for (it refused stream_options)",
+    "json_schema": "key facts are asked as json_object (it refused json_schema)",
+    "json_object": "key facts are asked for JSON in words (it refused json_object)",
+    "streamed_tools": "requests with tools go whole, not streamed (it streamed them empty)",
+}
+
+
 @dataclass(frozen=True, kw_only=True)
 class EstimateCheck:
     """Our estimate of one request against the provider's ``prompt_tokens`` (None until reported) and
     the calibration it was budgeted with (docs/memory.md §5, "Calibration"); ``window_tokens`` is the
-    window in estimated tokens; ``recorded``: the call kept its calibration. Tokens."""
+    window in estimated tokens; ``recorded``: the call kept its calibration. Tokens. ``usage_missing``: why no
+    figure came (``not reported``, ``not asked``); ``adapted``: request shapes the server was found to refuse."""
 
     estimated_tokens: int
     prompt_tokens: int | None
@@ -85,6 +96,12 @@ class EstimateCheck:
     enabled: bool = False
     offline: bool = False
     recorded: bool = False
+    usage_missing: str = ""
+    adapted: tuple[str, ...] = ()
+
+    @property
+    def adapted_words(self) -> list[str]:
+        return [ADAPTED_WORDS.get(shape, shape) for shape in self.adapted]
 
     @property
     def shown(self) -> bool:
@@ -116,6 +133,8 @@ def estimate_check_build(
         enabled=bool(calibration.get("enabled")),
         offline=bool(calibration.get("offline")),
         recorded=bool(calibration),
+        usage_missing=str(calibration.get("usage") or ""),
+        adapted=tuple(str(shape) for shape in calibration.get("adapted") or ()),
     )
 
 

@@ -14,7 +14,7 @@ from chatapp.llm.summarizer import OpenAISummarizer
 from memory.ports import SummaryRequest
 from memory.summary.chain import SummarizerChain
 from memory.summary.prompts import build_summary_prompt
-from tests.fake_openai import MALFORMED_JSON, FakeOpenAI, Reply, chunk, completion, error, slow, stream
+from tests.fake_openai import MALFORMED_JSON, FakeOpenAI, Reply, chunk, completion, error, slow, stream, text_stream
 
 MESSAGES = [
     {"role": "system", "content": "You are terse.", "id": 1, "token_count": 5},
@@ -269,6 +269,20 @@ async def test_summarizer_sends_the_prompt_non_streaming(fake_openai: FakeOpenAI
     assert sent.json["max_tokens"] == 123
     assert sent.json["temperature"] == 0.3
     assert not sent.json.get("stream")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_summarizer_gives_the_provider_room_above_the_stated_budget(
+    fake_openai: FakeOpenAI, stream: bool
+) -> None:
+    fake_openai.script(text_stream("- User: code Q-42.") if stream else completion("- User: code Q-42."))
+    request = dataclasses.replace(summary_request(max_tokens=100), reply_tokens=150)
+
+    await OpenAISummarizer(endpoint=endpoint_for(fake_openai), stream=stream).summarize(request)
+
+    (sent,) = fake_openai.requests
+    assert sent.json["max_tokens"] == 150
+    assert "At most 100 tokens (about 75 words)" in sent.json["messages"][0]["content"]
 
 
 async def test_summarizer_returns_empty_text_as_is(fake_openai: FakeOpenAI) -> None:

@@ -16,6 +16,7 @@ from chatapp.llm.clients import (
     JSON_SCHEMA,
     NULL_CONTENT,
     STREAM_OPTIONS,
+    STREAMED_TOOLS,
     ChatEvent,
     Endpoint,
     LLMError,
@@ -85,6 +86,37 @@ async def test_tools_go_with_tool_choice_auto_so_a_llama_cpp_server_calls_them(f
 
     assert events[0] == {"type": "tool_calls", "tool_calls": [CALL]}
     assert sent(fake_openai, "tool_choice") == ["auto"]
+
+
+async def test_a_tool_request_streamed_empty_is_asked_again_whole_and_remembered(fake_openai: FakeOpenAI) -> None:
+    fake_openai.tools_stream_empty = True
+    fake_openai.script(completion(None, tool_calls=[CALL]))
+    endpoint = endpoint_for(fake_openai)
+
+    events = await collect(endpoint, QUESTION, tools=TOOLS)
+
+    assert events[0] == {"type": "tool_calls", "tool_calls": [CALL]}
+    assert events[1] == {"type": "usage", "prompt_tokens": 11, "completion_tokens": 7}
+    assert events[-1] == {"type": "finish", "finish_reason": "tool_calls"}
+    assert sent(fake_openai, "stream") == [True, None] and sent(fake_openai, "tools") == [TOOLS, TOOLS]
+    assert "stream_options" not in fake_openai.requests[1].json
+    assert STREAMED_TOOLS in refused_shapes(endpoint)
+
+    # From then on a request with tools goes whole at once; one without tools still streams.
+    fake_openai.script(completion("391 it is."))
+    assert [e for e in await collect(endpoint, AFTER_CALL, tools=TOOLS) if e["type"] == "delta"] == [
+        {"type": "delta", "text": "391 it is."}
+    ]
+    fake_openai.script(text_stream("Hi."))
+    await collect(endpoint, QUESTION)
+    assert sent(fake_openai, "stream")[2:] == [None, True]
+
+
+async def test_an_empty_stream_without_tools_is_still_an_empty_reply(fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(stream(chunk({"role": "assistant", "content": ""}), chunk(finish_reason="stop")))
+    with pytest.raises(LLMError) as caught:
+        await collect(endpoint_for(fake_openai), QUESTION)
+    assert caught.value.kind == "empty" and len(fake_openai.requests) == 1
 
 
 async def test_no_tool_choice_without_tools(fake_openai: FakeOpenAI) -> None:

@@ -12,7 +12,7 @@ from asgiref.sync import sync_to_async
 
 from chatapp.chats.selectors import CUT_OFF_REPLY_MARKER
 from chatapp.conversation.runner import chat_turn_run
-from chatapp.models import ChatSession, Message
+from chatapp.models import ChatSession, Message, ModelCall
 from chatapp.realtime.protocol import ErrorEvent
 from tests.chatapp.chats.test_memory_facts import GOOD, extraction, facts_of, job_with, say
 from tests.chatapp.conftest import chat_session_make, message_make
@@ -82,6 +82,14 @@ async def test_an_agent_turn_calls_the_calculator_and_sends_the_call_back(alice,
     assert tool_result["role"] == "tool" and "391" in tool_result["content"]
     # The assistant's tool-call message: null refused with HTTP 500, then sent as "".
     assert [request["messages"][-2]["content"] for request in (refused, retried)] == [None, ""]
+
+    # The call records what the server taught, and the inspector says it in words.
+    call = await ModelCall.objects.filter(session_id=reply.session_id).alatest("id")
+    assert call.context["calibration"]["usage"] == "not reported"
+    assert call.context["calibration"]["adapted"] == ["null_content"]
+    page = (await sync_to_async(alice.client.get)(f"/s/{reply.session_id}/")).content.decode()
+    assert 'data-testid="server-adapted">Learnt from this server: tool-call messages go with content' in page
+    assert "not reported by this server, so calibration cannot learn from it" in page
 
 
 @pytest.mark.parametrize("how", ["close", "reset"])

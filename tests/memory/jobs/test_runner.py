@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from asgiref.sync import async_to_sync
 
-from memory.jobs.runner import MemoryJobRunner
+from memory.jobs.runner import MemoryJobRunner, in_memory_job
 from memory.jobs.state import InMemoryJobStore, JobStore, StepAttempt
 from memory.models import MemoryJobState
 from memory.storage.job_state import OrmJobStore
@@ -67,6 +67,20 @@ async def test_schedules_in_quick_succession_make_one_job():
     assert step.calls == [("k", None)]
     state = await store.get("k")
     assert (state.status, state.watermarks, state.runs, state.lease_owner) == ("idle", {"compress": 10}, 1, "")
+
+
+async def test_a_jobs_steps_run_marked_as_memory_job_work_and_the_caller_stays_unmarked():
+    """An LLM client that limits requests per server lets a user's turn go before this work (docs/memory.md §6)."""
+    seen: list[bool] = []
+
+    class Marked(Step):
+        async def run(self, memory_key: str, watermark: int | None) -> int | None:
+            seen.append(in_memory_job())
+            return await super().run(memory_key, watermark)
+
+    jobs = runner(InMemoryJobStore(), Marked())
+    await jobs.run_now("k")
+    assert seen == [True] and in_memory_job() is False
 
 
 async def test_a_schedule_while_the_job_runs_runs_it_once_more_from_the_new_watermark():
