@@ -27,7 +27,8 @@ a request with tools as an empty reply (a role chunk, then ``finish_reason: "sto
 it in full only without streaming. :meth:`FakeOpenAI.deepseek` refuses ``json_schema`` with HTTP 400
 ("This response_format type is unavailable now") and ``json_object`` without the word "json" in the
 prompt, as DeepSeek's API does; :meth:`FakeOpenAI.ollama` sends no usage in streams, as Ollama's
-OpenAI endpoint did before it took ``stream_options``.
+OpenAI endpoint did before it took ``stream_options``. ``auto_tool_choice_off`` is vLLM started without
+``--enable-auto-tool-choice``: HTTP 400 for ``tool_choice: "auto"``.
 :func:`dropped` is a reply whose connection is closed or reset before the first chunk.
 
 The fixtures ``fake_openai`` and ``fake_openai_failover`` (two independent servers) and
@@ -191,6 +192,7 @@ class FakeOpenAI:
     single_slot: bool = False
     tools_stream_empty: bool = False
     json_schema_unavailable: bool = False
+    auto_tool_choice_off: bool = False
     json_object_needs_word: bool = False
     most_at_once: int = 0
     _in_flight: int = 0
@@ -255,7 +257,9 @@ class FakeOpenAI:
         return reply
 
     def _refusal(self, body: dict[str, Any]) -> Reply | None:
-        """The HTTP 500 a switched-on quirk answers ``body`` with, or None."""
+        """The HTTP error a switched-on quirk answers ``body`` with, or None."""
+        if self.auto_tool_choice_off and body.get("tool_choice") == "auto":
+            return error(400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set')
         if self.stream_options_error and "stream_options" in body:
             return error(500, "stream_options: unsupported parameter")
         response_format = body.get("response_format")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from chatapp.llm.clients import Endpoint, chat_stream
+from chatapp.llm.clients import Endpoint, LLMError, chat_stream
 from chatapp.llm.embeddings import OpenAIEmbedder
 from chatapp.llm.summarizer import OpenAISummarizer
 from memory.api import SummaryRequest
@@ -134,3 +134,12 @@ async def test_failover_takes_over_from_a_dead_primary(server: FakeOpenAI, refus
     result = await chain.run(SummaryRequest(previous_summary="", messages=[], prompt=prompt, max_tokens=100))
     assert result.text == "- User asked for 17 x 23." and result.phase == "failover"
     assert [attempt.error.startswith("LLMError") for attempt in result.attempts] == [True, True, True, False]
+
+
+async def test_a_vllm_server_without_a_tool_parser_names_the_flags_and_still_chats(fake_openai: FakeOpenAI) -> None:
+    fake_openai.auto_tool_choice_off = True
+    fake_openai.script(text_stream("Hello."))
+    with pytest.raises(LLMError) as refused:
+        await events_of(fake_openai, QUESTION, tools=TOOLS)
+    assert refused.value.kind == "status" and "--enable-auto-tool-choice" in refused.value.message
+    assert (await events_of(fake_openai, QUESTION))["text"] == "Hello."  # quick-answer mode sends no tools
