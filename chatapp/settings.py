@@ -290,7 +290,7 @@ LLM_FAILOVER_CONTEXT_WINDOW = env_int("FAILOVER_CONTEXT_WINDOW", LLM_SUMMARY_CON
 # Requests one server (base URL) gets at once, chat and memory jobs together (docs/memory.md §6 "Concurrency"):
 # "auto" is 1 for a server on this machine or a private address, no limit elsewhere; 0 is no limit.
 _MAX_CONCURRENCY = env_str("LLM_MAX_CONCURRENCY", "auto").lower()
-if _MAX_CONCURRENCY != "auto" and not _MAX_CONCURRENCY.isdigit():
+if _MAX_CONCURRENCY != "auto" and not re.fullmatch(r"[0-9]+", _MAX_CONCURRENCY):
     raise ImproperlyConfigured(f"LLM_MAX_CONCURRENCY must be 'auto' or an integer >= 0, got {_MAX_CONCURRENCY!r}")
 LLM_MAX_CONCURRENCY: int | None = None if _MAX_CONCURRENCY == "auto" else int(_MAX_CONCURRENCY)
 

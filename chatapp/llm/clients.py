@@ -226,7 +226,7 @@ async def chat_stream(
     calls), ``usage`` (None figures and ``missing`` when unreported) and ``finish``. A request shape the endpoint
     refuses is changed and kept changed for it (:func:`_stream_open_adapted`); the whole stream holds a slot of its
     server (:func:`server_slot`). Raises :class:`LLMError` on failure, also after deltas: ``empty`` for no text
-    nor calls, ``connection`` for a stream lost before its first chunk."""
+    nor calls, ``connection`` for a stream lost before its first chunk or ended without a finish reason."""
     endpoint = endpoint or chat_endpoint()
     async with server_slot(endpoint.base_url):
         async for event in _chat_events(messages, tools, endpoint, max_tokens, temperature):
@@ -298,6 +298,13 @@ async def _chat_events(
     if not chunks:
         # Headers, then the connection ended: a server that stopped or crashed, not a model's reply.
         raise LLMError(f"{endpoint.label} closed the connection before the first token.", "connection")
+    if finish_reason is None:
+        # llama.cpp's server ends a running stream this way when another request arrives.
+        raise LLMError(
+            f"{endpoint.label} ended the stream before the reply was finished (no finish reason); a server that "
+            "serves one request at a time does so when another request arrives.",
+            "connection",
+        )
     if not has_text and not tool_calls:
         if tools:
             # Some servers stream nothing for a request with tools but answer it whole: asked once more so.

@@ -63,6 +63,28 @@ def is_local(base_url: str) -> bool:
     return address.is_loopback or address.is_private or address.is_unspecified
 
 
+_LOOPBACK_NAMES = frozenset({"localhost", "0.0.0.0", "::"})
+
+
+def server_key(base_url: str) -> str:
+    """The server ``base_url`` reaches, as ``host:port``: one key for every spelling of this machine
+    (``localhost``, ``127.0.0.1``, ``::1``) and for any path, so the chat and summary URLs of one server
+    share its slots."""
+    parts = urlsplit(base_url)
+    host = (parts.hostname or "").lower()
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        port = 0
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback or host in _LOOPBACK_NAMES:
+        host = "loopback"
+    return f"{host}:{port}"
+
+
 def max_concurrency(base_url: str) -> int | None:
     """Requests the server at ``base_url`` gets at once, None for no limit: ``LLM_MAX_CONCURRENCY``, or by default
     1 for a local server and no limit elsewhere; the in-process offline engine (empty URL) has none."""
@@ -74,6 +96,7 @@ def max_concurrency(base_url: str) -> int | None:
     return configured or None
 
 
+# Per event loop: (server_key, slots) -> its limiter.
 _limiters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, int], SlotLimiter]] = (
     weakref.WeakKeyDictionary()
 )
@@ -88,6 +111,6 @@ async def server_slot(base_url: str) -> AsyncIterator[None]:
         yield
         return
     per_loop = _limiters.setdefault(asyncio.get_running_loop(), {})
-    limiter = per_loop.setdefault((base_url.rstrip("/"), slots), SlotLimiter(slots))
+    limiter = per_loop.setdefault((server_key(base_url), slots), SlotLimiter(slots))
     async with limiter.slot(background=in_memory_job()):
         yield

@@ -244,7 +244,8 @@
   // under the composer says why.
   function refused(form) {
     const count = document.getElementById("composer-count");
-    return form.querySelector("textarea").value.length > Number(form.dataset.maxChars) ||
+    // Characters as the server counts them: code points, so an emoji is one, not two UTF-16 units.
+    return [...form.querySelector("textarea").value].length > Number(form.dataset.maxChars) ||
       Boolean(count && count.dataset.state === "over_window");
   }
 

@@ -151,6 +151,21 @@ def test_a_text_over_the_character_limit_is_kept_whole_and_send_is_disabled(
     expect(count).to_have_attribute("data-state", "ok")
 
 
+def test_the_page_counts_characters_as_the_server_does_an_emoji_is_one(daphne_server: Server, new_context: Context):
+    page = new_context(viewport=DESKTOP).new_page()
+    chat_open(page, daphne_server)
+    limit = int(page.locator("#composer").get_attribute("data-max-chars") or 0)
+    composer = page.get_by_label("Message", exact=True)
+    send = page.locator("#send")
+    count = page.get_by_test_id("composer-count")
+    composer.fill("😀" * limit)  # twice as many UTF-16 units as the limit, and within it
+    expect(count).not_to_have_attribute("data-state", "over_chars")
+    expect(send).to_be_enabled()
+    composer.fill("😀" * (limit + 1))
+    expect(count).to_have_attribute("data-state", "over_chars")
+    expect(send).to_be_disabled()
+
+
 def test_compress_now_waits_for_history_and_the_next_turn_clears_the_announcement(
     daphne_server: Server, new_context: Context
 ):

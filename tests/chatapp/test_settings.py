@@ -14,6 +14,7 @@ SETTINGS_FILE = Path(__file__).resolve().parents[2] / "chatapp" / "settings.py"
 CONFIG_VARIABLES = (
     "REDIS_URL",
     "LLM_BASE_URL",
+    "LLM_MAX_CONCURRENCY",
     "SUMMARY_BASE_URL",
     "FAILOVER_BASE_URL",
     "LLM_CONTEXT_WINDOW",

@@ -112,6 +112,18 @@ async def test_a_tool_request_streamed_empty_is_asked_again_whole_and_remembered
     assert sent(fake_openai, "stream")[2:] == [None, True]
 
 
+async def test_a_stream_that_ends_without_a_finish_reason_is_an_error_keeping_its_text(fake_openai: FakeOpenAI) -> None:
+    # llama.cpp's server ends a running stream this way when another request arrives.
+    fake_openai.script(stream(chunk({"role": "assistant", "content": ""}), chunk({"content": "Kestrel Sync is"})))
+    texts: list[str] = []
+    with pytest.raises(LLMError) as ended:
+        async for event in chat_stream(QUESTION, endpoint=endpoint_for(fake_openai)):
+            if event["type"] == "delta":
+                texts.append(event["text"])
+    assert texts == ["Kestrel Sync is"]
+    assert ended.value.kind == "connection" and "before the reply was finished" in ended.value.message
+
+
 async def test_an_empty_stream_without_tools_is_still_an_empty_reply(fake_openai: FakeOpenAI) -> None:
     fake_openai.script(stream(chunk({"role": "assistant", "content": ""}), chunk(finish_reason="stop")))
     with pytest.raises(LLMError) as caught:
