@@ -116,10 +116,14 @@ async def test_a_stream_that_ends_without_a_finish_reason_is_an_error_keeping_it
     # llama.cpp's server ends a running stream this way when another request arrives.
     fake_openai.script(stream(chunk({"role": "assistant", "content": ""}), chunk({"content": "Kestrel Sync is"})))
     texts: list[str] = []
-    with pytest.raises(LLMError) as ended:
+
+    async def read() -> None:
         async for event in chat_stream(QUESTION, endpoint=endpoint_for(fake_openai)):
             if event["type"] == "delta":
                 texts.append(event["text"])
+
+    with pytest.raises(LLMError) as ended:
+        await read()
     assert texts == ["Kestrel Sync is"]
     assert ended.value.kind == "connection" and "before the reply was finished" in ended.value.message
 
