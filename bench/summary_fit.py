@@ -6,7 +6,8 @@ The model is either a real OpenAI-compatible server (``--base-url``, ``--model``
 weak model: it writes ``factor`` times the budget its prompt states (factors drawn from ``--factors``, seeded),
 in whole sentences taken from the conversation, and is cut at the request's output limit with
 ``finish_reason: "length"`` as a provider does. Last line:
-``usable=<k>/<n> shortened=<s> second_pass=<p> raw=<r> cut_attempts=<c>``.
+``usable=<k>/<n> shortened=<s> raw=<r> attempts=<a> cut_attempts=<c>`` (``usable``: a summary within the cap,
+not the raw archive; ``shortened``: cut at a sentence and marked; ``attempts``: summarizer requests in all).
 
     python bench/summary_fit.py [--cases 10] [--cap 200] [--factors 1.1,2.2] [--base-url URL --model NAME]
 """
@@ -95,7 +96,7 @@ def sentences_of(messages: list[dict]) -> list[str]:
 async def run(args: argparse.Namespace) -> dict[str, int]:
     low, high = (float(x) for x in args.factors.split(","))
     rng = random.Random(args.seed)
-    figures = {"usable": 0, "shortened": 0, "second_pass": 0, "raw": 0, "cut_attempts": 0, "cases": 0}
+    figures = {"usable": 0, "shortened": 0, "raw": 0, "attempts": 0, "cut_attempts": 0, "cases": 0}
     for messages in conversations(args.cases):
         summarizer: Summarizer
         if args.base_url:
@@ -117,7 +118,7 @@ async def run(args: argparse.Namespace) -> dict[str, int]:
         figures["usable"] += int(fitted)
         figures["raw"] += int(summary.summary_type == "raw")
         figures["shortened"] += int(bool(SHORTENED_RE.search(summary.content)))
-        figures["second_pass"] += int(sum(a.ok for a in outcome.attempts) > 1)
+        figures["attempts"] += len(outcome.attempts)
         cut = sum(a.error.startswith("TruncatedSummaryError") for a in outcome.attempts)
         figures["cut_attempts"] += cut
         tokens = COUNTER.count_text(summary.content)
@@ -141,8 +142,8 @@ def main() -> int:
         return 1
     f = asyncio.run(run(args))
     print(
-        f"usable={f['usable']}/{f['cases']} shortened={f['shortened']} second_pass={f['second_pass']} "
-        f"raw={f['raw']} cut_attempts={f['cut_attempts']}"
+        f"usable={f['usable']}/{f['cases']} shortened={f['shortened']} raw={f['raw']} "
+        f"attempts={f['attempts']} cut_attempts={f['cut_attempts']}"
     )
     return 0
 

@@ -21,8 +21,7 @@ STEPS_NOTE_HEADER = "[Steps so far in this turn - {count} earlier messages folde
 
 
 STEPS_NOTE_RAW_HEADER = (
-    "[Steps so far in this turn - {count} earlier messages archived to fit the context window "
-    "(LLM summarization unavailable)]"
+    "[Steps so far in this turn - {count} earlier messages archived verbatim to fit the context window]"
 )
 
 
@@ -187,14 +186,17 @@ def merge_same_role_neighbours(
     counter: TokenCounter,
 ) -> tuple[list[Message], list[dict[str, Any]]]:
     """Strict alternation (docs/memory.md F-38): every run of :func:`mergeable` messages merged into one, the
-    ``sections`` of ``owners`` corrected in place. Returns the new aligned ``(messages, sources)``."""
+    ``sections`` of ``owners`` corrected in place (each part's section counts the tokens it adds). Returns the new
+    aligned ``(messages, sources)``."""
     out: list[Message] = []
     out_sources: list[dict[str, Any]] = []
     out_owners: list[str] = []
     for message, source, owner in zip(messages, sources, owners, strict=True):
         if out and mergeable(out[-1], message):
             merged = merge_messages(out[-1], message)
-            sections[out_owners[-1]] += counter.count_message(merged) - counter.count_message(out[-1])
+            # The later part's section keeps what it adds to the merged message: a current turn merged into the
+            # key-facts block still counts as the current turn.
+            sections[owner] += counter.count_message(merged) - counter.count_message(out[-1])
             sections[owner] -= counter.count_message(message)
             later = {key: value for key, value in source.items() if key != "merged"}
             out[-1] = merged

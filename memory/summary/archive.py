@@ -37,9 +37,10 @@ _SENTENCE_END_RE = re.compile(r"[.!?…。！？](?=[\s\"')\]]|$)|\n")
 
 
 def summary_header(*, summary_type: str, compressed_count: int) -> str:
-    """The first line of the summary block (docs/memory.md §3 step 5)."""
+    """The first line of the summary block (docs/memory.md §3 step 5): a raw archive says it is verbatim, true both
+    when the summarizer failed and when the memory job has not compressed yet."""
     if summary_type == "raw":
-        return f"[Memory Summary - {compressed_count} earlier messages archived (LLM summarization unavailable)]"
+        return f"[Memory Summary - {compressed_count} earlier messages archived verbatim (not summarized)]"
     return f"[Memory Summary - {compressed_count} earlier messages consolidated]"
 
 

@@ -145,6 +145,18 @@ def test_f38_two_tabs_user_user_assistant_assistant_are_merged_in_the_copy_only(
     assert [row["content"] for row in store.rows[:2]] == ["first tab: what is my seat?", "second tab: and my meal?"]
 
 
+def test_f38_a_merged_part_still_counts_in_its_own_section():
+    store = Store()
+    store.add(user("My account is ACC-7731."))  # a message whose reply failed: two user messages in a row
+    (current,) = store.add(user("What is my account id? " + "please " * 30))
+    engine = make_engine(strict_alternation=True, store=InMemorySummaryStore())
+    context = build(engine, store, strict=True)
+    assert context.sources[1]["merged"] == [{"id": current["id"], "kind": "current"}]
+    # Merged into the history message before it, the question still counts as the current turn.
+    assert context.sections["current"] >= COUNTER.count_text(current["content"]) > 0
+    assert sum(context.sections.values()) + 3 == context.tokens == COUNTER.count_request(context.messages)
+
+
 def test_f38_strict_alternation_keeps_tool_calls_paired():
     store = Store()
     store.add(user("check my booking"), asst("Let me look."), asst(None, tc=["a", "b"]), tool("b", "B"), tool("a", "A"))
