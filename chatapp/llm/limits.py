@@ -1,6 +1,6 @@
 """How many requests each OpenAI-compatible server gets at once (docs/memory.md §6 "Concurrency"). A single-slot
 server (llama.cpp's, by default) cuts off a running stream when another request arrives: chat turns and memory
-jobs share one limiter per base URL, and a waiting turn goes before any waiting memory job."""
+jobs share one limiter per server (host and port), and a waiting turn goes before any waiting memory job."""
 
 from __future__ import annotations
 
