@@ -28,7 +28,10 @@ it in full only without streaming. :meth:`FakeOpenAI.deepseek` refuses ``json_sc
 ("This response_format type is unavailable now") and ``json_object`` without the word "json" in the
 prompt, as DeepSeek's API does; :meth:`FakeOpenAI.ollama` sends no usage in streams, as Ollama's
 OpenAI endpoint did before it took ``stream_options``. ``auto_tool_choice_off`` is vLLM started without
-``--enable-auto-tool-choice``: HTTP 400 for ``tool_choice: "auto"``.
+``--enable-auto-tool-choice``: HTTP 400 for ``tool_choice: "auto"``. ``summary_overrun`` is a weak model
+that never keeps a summary inside its budget: a summary request (its prompt states "At most N tokens") is
+answered with that many times N tokens of whole sentences, cut at the request's ``max_tokens`` with
+``finish_reason: "length"``, streamed or not.
 :func:`dropped` is a reply whose connection is closed or reset before the first chunk.
 
 The fixtures ``fake_openai`` and ``fake_openai_failover`` (two independent servers) and
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import struct
 import threading
@@ -193,6 +197,7 @@ class FakeOpenAI:
     tools_stream_empty: bool = False
     json_schema_unavailable: bool = False
     auto_tool_choice_off: bool = False
+    summary_overrun: float = 0.0
     json_object_needs_word: bool = False
     most_at_once: int = 0
     _in_flight: int = 0
@@ -248,6 +253,8 @@ class FakeOpenAI:
             body = recorded.json if isinstance(recorded.json, dict) else {}
             if self.tools_need_choice and body.get("tools") and "tool_choice" not in body:
                 reply = text_stream(TOOLS_IGNORED_TEXT) if body.get("stream") else completion(TOOLS_IGNORED_TEXT)
+            if self.summary_overrun and (overrun := self._overrun(body)) is not None:
+                reply = overrun
             if self.tools_stream_empty and body.get("tools") and body.get("stream"):
                 reply = stream(chunk({"role": "assistant", "content": ""}), chunk(finish_reason="stop"))
             if self.stream_usage_ignored and reply.events is not None:
@@ -255,6 +262,23 @@ class FakeOpenAI:
         if self.usage_scale is not None and isinstance(recorded.json, dict):
             return _usage_rescaled(reply, round(request_estimate(recorded.json) * self.usage_scale))
         return reply
+
+    def _overrun(self, body: dict[str, Any]) -> Reply | None:
+        """The reply of :attr:`summary_overrun` to a summary request, None for any other request."""
+        system = next((m.get("content") for m in body.get("messages") or () if m.get("role") == "system"), "")
+        stated = re.search(r"At most (\d+) tokens", system if isinstance(system, str) else "")
+        if stated is None:
+            return None
+        counter = get_counter(str(body.get("model") or ""))
+        wanted = int(self.summary_overrun * int(stated.group(1)))
+        text, number = "", 0
+        while counter.count_text(text) < wanted:
+            text += f"The user asked about order W{number:04d} and the agent checked its status. "
+            number += 1
+        limit = int(body.get("max_tokens") or wanted)
+        finish = "length" if counter.count_text(text) > limit else "stop"
+        text = counter.truncate_text(text, limit).strip()
+        return text_stream(text, finish_reason=finish) if body.get("stream") else completion(text, finish_reason=finish)
 
     def _refusal(self, body: dict[str, Any]) -> Reply | None:
         """The HTTP error a switched-on quirk answers ``body`` with, or None."""

@@ -16,7 +16,10 @@ from chatapp.llm.summarizer import OpenAISummarizer
 from memory.api import SummaryRequest
 from memory.facts.extraction import EXTRACTION_SCHEMA, EXTRACTION_SCHEMA_NAME
 from memory.summary.chain import SummarizerChain
+from memory.summary.incremental import IncrementalSummarizer
 from memory.summary.prompts import build_summary_prompt
+from memory.summary.store import Summary
+from memory.tokens.counter import get_counter
 from tests.fake_openai import FakeOpenAI, chunk, completion, embeddings, stream, text_stream
 
 pytestmark = pytest.mark.providers
@@ -143,3 +146,23 @@ async def test_a_vllm_server_without_a_tool_parser_names_the_flags_and_still_cha
         await events_of(fake_openai, QUESTION, tools=TOOLS)
     assert refused.value.kind == "status" and "--enable-auto-tool-choice" in refused.value.message
     assert (await events_of(fake_openai, QUESTION))["text"] == "Hello."  # quick-answer mode sends no tools
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_model_overrunning_every_budget_still_yields_a_summary_within_the_cap(
+    fake_openai: FakeOpenAI, stream: bool
+) -> None:
+    """Over HTTP, the whole chain (docs/memory.md §4 "Summaries that fit"): a model writing 1.4 times any budget it
+    is given finishes inside the room above the budget, and the second pass or the sentence cut fits it."""
+    fake_openai.summary_overrun = 1.4
+    summarizer = OpenAISummarizer(endpoint=endpoint_for(fake_openai), stream=stream)
+    folder = IncrementalSummarizer(
+        chain=SummarizerChain(primary=summarizer, backoff=0), counter=get_counter("m"), ratio=0.5, window=8192
+    )
+    messages = [{"role": "user", "content": f"Where is order W{n:04d}? " * 4, "id": n} for n in range(1, 40)]
+
+    outcome = await folder.fold(Summary(), messages, cap=150)
+
+    assert (outcome.summary.summary_type, outcome.degraded) == ("llm", False)
+    assert get_counter("m").count_text(outcome.summary.content) <= 150
+    assert all(request.json["max_tokens"] > 100 for request in fake_openai.requests)
