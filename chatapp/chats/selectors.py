@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.db.models import QuerySet
@@ -13,6 +14,15 @@ SYNC_MAX_MESSAGES = 500
 # Appended to a reply the user stopped, in the model-facing copy only (docs/memory.md F-37).
 STOPPED_REPLY_MARKER = "… [reply stopped by the user]"
 CUT_OFF_REPLY_MARKER = "… [reply cut off at the token limit]"
+# Either marker as a model may copy it into its own reply.
+_ECHOED_MARKER_RE = re.compile(r"[ \t]*(?:…|\.\.\.)?[ \t]*\[reply (?:cut off at the token limit|stopped by the user)\]")
+
+
+def echoed_markers_removed(text: str) -> str:
+    """``text`` without the ending markers sent to the model after cut-off or stopped replies: a model that copies
+    them would store a finished reply that reads as cut off. The text as it was when nothing else is left."""
+    cleaned = _ECHOED_MARKER_RE.sub("", text)
+    return cleaned if cleaned.strip() else text
 
 
 def session_list_for_owner(*, owner: Owner) -> QuerySet[ChatSession]:

@@ -287,14 +287,14 @@ class Turn:
 
     async def answered(self, reply: ModelReply, *, step: int) -> Message:
         """Store the model's final answer: ``cut_off`` when the provider ended it at its token limit, so it is never
-        shown, exported or sent back to the model as a finished answer."""
+        shown, exported or sent back to the model as a finished answer; ending markers the model copied are removed."""
         status = Message.Status.CUT_OFF if reply.finish_reason == "length" else Message.Status.COMPLETE
-        return await self.finish(content=reply.text, status=status, step=step)
+        return await self.finish(content=selectors.echoed_markers_removed(reply.text), status=status, step=step)
 
     async def stopped(self, partial_text: str, *, step: int) -> Message:
         """End a stopped turn with the streamed text, or the app's placeholder when there was none (F-37)."""
         return await self.finish(
-            content=partial_text or STOPPED_PLACEHOLDER,
+            content=selectors.echoed_markers_removed(partial_text) if partial_text else STOPPED_PLACEHOLDER,
             status=Message.Status.STOPPED,
             step=step,
             origin=Message.Origin.MODEL if partial_text else Message.Origin.APP,

@@ -127,6 +127,16 @@ async def test_a_reply_cut_off_at_the_token_limit_is_stored_cut_off_and_sent_bac
     }
 
 
+async def test_a_model_copying_the_cut_off_marker_stores_its_reply_without_it(alice, llama_cpp_chat, errors_sent):
+    # A small model repeats what it was sent: the marker after its earlier cut-off reply.
+    llama_cpp_chat.script(text_stream(f"Third: run the installer.{CUT_OFF_REPLY_MARKER}"))
+
+    reply = await turn_run(alice, ChatSession.Mode.QUICK_ANSWER, "Please continue.")
+
+    assert (reply.status, reply.content) == (Message.Status.COMPLETE, "Third: run the installer.")
+    assert errors_sent == []
+
+
 async def test_key_facts_come_from_a_server_refusing_both_response_formats(alice, settings, fake_openai):
     settings.LLM_SUMMARY_BASE_URL = fake_openai.base_url
     settings.LLM_SUMMARY_MODEL = "fake-model"
