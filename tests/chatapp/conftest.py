@@ -30,6 +30,7 @@ from chatapp.kb.documents import DEMO_KB_DIR, document_load_directory
 from chatapp.llm.offline.transport import OFFLINE_MODEL
 from chatapp.models import ChatSession, Message, TurnLease
 from chatapp.orm_threads import orm_connections_close
+from chatapp.realtime.protocol import ErrorEvent
 from memory.api import MemoryEngine
 
 ORIGIN = "http://127.0.0.1:8000"
@@ -193,3 +194,16 @@ def of_type(events: list[dict[str, Any]], event_type: str) -> list[dict[str, Any
 
 def is_done(event: dict[str, Any]) -> bool:
     return event["type"] == "chat.done"
+
+
+@pytest.fixture
+def errors_sent(monkeypatch: pytest.MonkeyPatch) -> list[ErrorEvent]:
+    """The ``error`` events turns broadcast, recorded instead of sent."""
+    sent: list[ErrorEvent] = []
+
+    async def record(session_id: int, event: Any) -> None:
+        if isinstance(event, ErrorEvent):
+            sent.append(event)
+
+    monkeypatch.setattr("chatapp.conversation.turn.event_broadcast", record)
+    return sent

@@ -63,18 +63,6 @@ def real_server(settings: Any) -> str:
     return model
 
 
-@pytest.fixture
-def errors_sent(monkeypatch) -> list[ErrorEvent]:
-    sent: list[ErrorEvent] = []
-
-    async def record(session_id: int, event: Any) -> None:
-        if isinstance(event, ErrorEvent):
-            sent.append(event)
-
-    monkeypatch.setattr("chatapp.conversation.turn.event_broadcast", record)
-    return sent
-
-
 async def turn(session: ChatSession, text: str) -> Message:
     question = await sync_to_async(message_make)(session, "user", text)
     return await chat_turn_run(session_id=session.pk, user_message_id=question.pk)

@@ -13,7 +13,6 @@ from asgiref.sync import sync_to_async
 from chatapp.chats.selectors import CUT_OFF_REPLY_MARKER
 from chatapp.conversation.runner import chat_turn_run
 from chatapp.models import ChatSession, Message, ModelCall
-from chatapp.realtime.protocol import ErrorEvent
 from tests.chatapp.chats.test_memory_facts import GOOD, extraction, facts_of, job_with, say
 from tests.chatapp.conftest import chat_session_make, message_make
 from tests.fake_openai import FakeOpenAI, chunk, completion, dropped, stream, text_stream
@@ -48,19 +47,6 @@ def llama_cpp_chat(fake_openai: FakeOpenAI, settings: Any) -> FakeOpenAI:
     settings.LLM_CHAT_MODEL = "fake-model"
     settings.LLM_CHAT_CONTEXT_WINDOW = 32_000
     return fake_openai.llama_cpp()
-
-
-@pytest.fixture
-def errors_sent(monkeypatch) -> list[ErrorEvent]:
-    """The ``error`` events turns broadcast."""
-    sent: list[ErrorEvent] = []
-
-    async def record(session_id: int, event: Any) -> None:
-        if isinstance(event, ErrorEvent):
-            sent.append(event)
-
-    monkeypatch.setattr("chatapp.conversation.turn.event_broadcast", record)
-    return sent
 
 
 async def turn_run(owner: Any, mode: str, text: str) -> Message:
