@@ -287,7 +287,7 @@ LLM_FAILOVER_API_KEY = env_str("FAILOVER_API_KEY", LLM_SUMMARY_API_KEY)
 LLM_FAILOVER_MODEL = env_str("FAILOVER_MODEL")
 LLM_FAILOVER_CONTEXT_WINDOW = env_int("FAILOVER_CONTEXT_WINDOW", LLM_SUMMARY_CONTEXT_WINDOW, minimum=256)
 
-# Requests one server (base URL) gets at once, chat and memory jobs together (docs/memory.md §6 "Concurrency"):
+# Requests one server (host and port) gets at once, chat and memory jobs together (docs/memory.md §6 "Concurrency"):
 # "auto" is 1 for a server on this machine or a private address, no limit elsewhere; 0 is no limit.
 _MAX_CONCURRENCY = env_str("LLM_MAX_CONCURRENCY", "auto").lower()
 if _MAX_CONCURRENCY != "auto" and not re.fullmatch(r"[0-9]+", _MAX_CONCURRENCY):

@@ -47,7 +47,8 @@ class OpenAISummarizer:
 
     async def summarize(self, request: SummaryRequest) -> SummaryReply:
         """The reply to ``request.prompt``, capped at ``request.reply_tokens`` (else ``max_tokens``) tokens, with its
-        ``finish_reason``; the chain judges empty or cut-off replies (F-36). Raises :class:`LLMError`; one request per response format."""
+        ``finish_reason``; the chain judges empty or cut-off replies (F-36). Raises :class:`LLMError`; one request
+        per response format."""
         if self.stream:
             return _json_only(request, await self._summarize_streamed(request))
         refused = refused_shapes(self.endpoint)
