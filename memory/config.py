@@ -51,6 +51,8 @@ class MemoryConfig:
     recall_scope: RecallScope = "owner"
     recall_deadline_seconds: float | None = 0.15
     unindexed_tools: frozenset[str] = field(default_factory=frozenset)
+    # How a tool result that found nothing begins (memory.messages.found_nothing).
+    empty_results: tuple[str, ...] = ()
 
     def budget(self, token_factor: float = 1.0) -> MemoryBudget:
         """The request budget of the chat model, with the estimate calibration ``token_factor``."""

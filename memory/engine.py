@@ -130,6 +130,7 @@ class MemoryEngine:
                 facts=self.fact_store,
                 facts_scope=self.config.facts_scope,
                 sync_wait_seconds=self.config.sync_wait_seconds,
+                empty_results=self.config.empty_results,
             )
         return self._builder
 
@@ -233,6 +234,7 @@ class MemoryEngine:
                 jobs=self.job_store,
                 counter=self.counter,
                 unindexed_tools=self.config.unindexed_tools,
+                empty_results=self.config.empty_results,
             ),
             EmbedItems(index=self.index, embedder=self.embedder, jobs=self.job_store, source=self.source),
         ]
@@ -248,6 +250,7 @@ class MemoryEngine:
             store=self.summaries,
             facts=self.fact_store,
             facts_scope=self.config.facts_scope,
+            empty_results=self.config.empty_results,
         )
 
     async def _forget(self, memory_key: str) -> None:
@@ -269,6 +272,7 @@ class MemoryEngine:
             jobs=self.job_store,
             counter=self.counter,
             unindexed_tools=self.config.unindexed_tools,
+            empty_results=self.config.empty_results,
         )
         _, counts = await indexer.index_after(
             memory_key, None, progress=lambda done, *_: progress and progress("index", done, 0)

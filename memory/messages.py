@@ -32,3 +32,15 @@ def call_ids(message: Message) -> list[str]:
     if message.get("role") != "assistant":
         return []
     return [call.get("id") for call in message.get("tool_calls") or () if call.get("id")]
+
+
+def found_nothing(message: Message, empty_results: tuple[str, ...]) -> bool:
+    """Whether ``message`` is a tool result that found nothing: empty, or starting with one of ``empty_results``
+    (case-insensitive). Such a result is no fact: memory neither summarizes nor indexes it (docs/memory.md §12)."""
+    if message.get("role") != "tool":
+        return False
+    content = message.get("content")
+    if not isinstance(content, str):
+        return not content
+    text = content.strip().lower()
+    return not text or any(text.startswith(prefix.lower()) for prefix in empty_results)

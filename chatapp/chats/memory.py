@@ -16,7 +16,14 @@ from chatapp.chats import selectors, turns
 from chatapp.llm.calibration import calibration_applies
 from chatapp.llm.clients import Endpoint, chat_endpoint
 from chatapp.llm.embeddings import embedder_configured
-from chatapp.llm.prompts import AGENT_PROMPT, NO_PASSAGES, PASSAGES_TARGET_SHARE, TOOL_SCHEMAS, UNINDEXED_TOOLS
+from chatapp.llm.prompts import (
+    AGENT_PROMPT,
+    EMPTY_RESULTS,
+    NO_PASSAGES,
+    PASSAGES_TARGET_SHARE,
+    TOOL_SCHEMAS,
+    UNINDEXED_TOOLS,
+)
 from chatapp.llm.prompts import system_prompt_with as quick_answer_prompt
 from chatapp.llm.summarizer import summarizers_get
 from chatapp.models import ChatSession, Message
@@ -235,6 +242,7 @@ def memory_config(endpoint: Endpoint | None = None) -> MemoryConfig:
         recall_scope=cast(Any, settings.MEMORY_RECALL_SCOPE),
         recall_deadline_seconds=settings.MEMORY_RECALL_DEADLINE_MS / 1000,
         unindexed_tools=UNINDEXED_TOOLS,
+        empty_results=EMPTY_RESULTS,
     )
 
 

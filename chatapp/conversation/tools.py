@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from chatapp.kb.search import kb_search, passages_fit, passages_format
+from chatapp.llm.prompts import NO_PASSAGES_FOUND
 from chatapp.orm_threads import orm_async
 from memory.api import TokenCounter
 
@@ -126,7 +127,7 @@ async def tool_call_execute(tool_call: dict[str, Any], *, passages_max_tokens: i
                 return 'error: kb_search needs {"query": "<words>"}'
             found = await orm_async(kb_search)(query, KB_SEARCH_LIMIT)
             passages = passages_fit(found, budget_tokens=passages_max_tokens, counter=counter)
-            return passages_format(passages) if passages else f"no passages found for {query!r}"
+            return passages_format(passages) if passages else f"{NO_PASSAGES_FOUND} for {query!r}"
     except CalculatorError as exc:
         return f"error: {exc}"
     except Exception as exc:  # a tool failure is a result for the model, never a crashed turn

@@ -30,6 +30,9 @@ def system_prompt_with(knowledge: str) -> str:
 # Not indexed for recall (docs/memory.md §12, "The index"): the knowledge base is searched afresh, and an empty
 # search's result only repeats its question, which the recall gate would then admit for that question.
 UNINDEXED_TOOLS = frozenset({"kb_search"})
+# How a tool result that found nothing begins: memory neither summarizes nor recalls it, nor the answer given on it.
+NO_PASSAGES_FOUND = "no passages found"
+EMPTY_RESULTS = (NO_PASSAGES_FOUND,)
 
 TOOL_SCHEMAS: list[dict[str, Any]] = [
     {

@@ -69,6 +69,7 @@ class ContextBuilder:
         facts: FactStore | None = None,
         facts_scope: FactsScope = "owner",
         sync_wait_seconds: float = SYNC_WAIT_SECONDS,
+        empty_results: tuple[str, ...] = (),
     ) -> None:
         self.budget = budget
         self.chain = chain
@@ -78,6 +79,7 @@ class ContextBuilder:
         self.facts = facts
         self.facts_scope = facts_scope
         self.sync_wait_seconds = sync_wait_seconds
+        self.empty_results = empty_results
         self._steps: OrderedDict[tuple[str, int | None], StepsNote] = OrderedDict()
         # The last request's recall (request, boundary, (input, selection)): see _recall.
         self._recalled: tuple[ContextRequest, int | None, tuple[RecallInput, RecallResult]] | None = None
@@ -238,6 +240,7 @@ class ContextBuilder:
             counter=self.counter,
             ratio=self.budget.summary_ratio,
             window=self.budget.summarizer_window,
+            empty_results=self.empty_results,
         )
         return await folder.fold(summary, messages, cap=self.summary_cap if cap is None else cap)
 

@@ -253,7 +253,7 @@ class FactExtraction:
 class IndexMessages:
     """Indexes stored messages for recall (docs/memory.md §12, "the index"): each becomes pieces
     of about 120 tokens, written without embeddings (so full-text recall never waits for an
-    embedder); results of ``unindexed_tools`` are left out. Watermark: the newest message indexed."""
+    embedder); results of ``unindexed_tools`` and results that found nothing are left out. Watermark: the newest message indexed."""
 
     name = "index"
     batch_size = 200
@@ -266,12 +266,14 @@ class IndexMessages:
         jobs: JobStore,
         counter: TokenCounter,
         unindexed_tools: frozenset[str],
+        empty_results: tuple[str, ...] = (),
     ) -> None:
         self.source = source
         self.index = index
         self.jobs = jobs
         self.counter = counter
         self.unindexed_tools = unindexed_tools
+        self.empty_results = empty_results
 
     async def due(self, memory_key: str) -> bool:
         return await _new_messages(self.jobs, self.source, memory_key, self.name)
@@ -294,7 +296,11 @@ class IndexMessages:
             if not batch.messages:
                 break
             pieces = message_pieces(
-                batch.messages, counter=self.counter, calls=batch.calls, skip_tools=self.unindexed_tools
+                batch.messages,
+                counter=self.counter,
+                calls=batch.calls,
+                skip_tools=self.unindexed_tools,
+                empty_results=self.empty_results,
             )
             inserted, deleted = await self.index.write(
                 memory_key=memory_key,

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from memory.messages import found_nothing
 from memory.summary.archive import unescaped
 from memory.text.fulltext import search_text
 from memory.text.secrets import redact_secrets
@@ -169,22 +170,32 @@ def message_pieces(
     calls: dict[str, tuple[int, dict[str, Any]]],
     max_tokens: int = INDEX_PIECE_TOKENS,
     skip_tools: frozenset[str] = frozenset(),
+    empty_results: tuple[str, ...] = (),
 ) -> list[IndexPiece]:
     """The items of ``messages`` in order (:func:`split_for_index`); ``calls``: call id → (message id, call) for calls
-    stored before the batch; a result of a tool in ``skip_tools`` gives none (docs/memory.md §12). Never raises."""
+    stored before the batch. None for a result of a tool in ``skip_tools``, a result that found nothing
+    (:func:`memory.messages.found_nothing`), or the answer after tool results that all found nothing (docs/memory.md
+    §12). Never raises."""
     known = dict(calls)
     for message in messages:
         for call in message.get("tool_calls") or ():
             if isinstance(call, dict) and call.get("id"):
                 known[str(call["id"])] = (int(message["id"]), call)
     found: list[IndexPiece] = []
+    results: list[bool] = []  # whether each tool result of the current turn found nothing
     for message in messages:
         message_id = int(message["id"])
         ids: tuple[int, ...] = (message_id,)
         call = None
-        if message.get("role") == "tool":
+        role = message.get("role")
+        if role == "user":
+            results = []
+        elif role == "assistant" and not message.get("tool_calls") and results and all(results):
+            continue
+        if role == "tool":
             call_message_id, call = known.get(str(message.get("tool_call_id") or ""), (None, None))
-            if _tool_name(call, message) in skip_tools:
+            results.append(found_nothing(message, empty_results))
+            if results[-1] or _tool_name(call, message) in skip_tools:
                 continue
             if call_message_id is not None and call_message_id < message_id:
                 ids = (call_message_id, message_id)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from memory.messages import Message
+from memory.messages import Message, found_nothing
 from memory.ports import SummaryRequest
 from memory.summary.archive import raw_archive_merge, raw_text, shorten_at_sentence, summary_block, trim_summary
 from memory.summary.chain import Attempt, SummarizerChain
@@ -18,7 +18,7 @@ from memory.summary.prompts import (
     reply_room,
     transcript_budget,
 )
-from memory.summary.store import Summary
+from memory.summary.store import Summary, SummaryType
 from memory.text.secrets import redact_values, secret_values
 from memory.tokens.counter import TokenCounter
 
@@ -35,6 +35,17 @@ class Outcome:
     summary: Summary
     attempts: list[Attempt]
     degraded: bool
+
+
+def _moved(summary: Summary, messages: list[Message], content: str, summary_type: SummaryType) -> Summary:
+    """``summary`` with ``content`` of ``summary_type``, its boundary past ``messages``."""
+    return Summary(
+        content=content,
+        summary_type=summary_type,
+        last_message_id=max(max(message.get("id") or 0 for message in messages), summary.last_message_id or 0),
+        compressed_count=summary.compressed_count + len(messages),
+        version=summary.version,
+    )
 
 
 def summary_cap(reserve_tokens: int, counter: TokenCounter) -> int:
@@ -58,15 +69,20 @@ class IncrementalSummarizer:
     counter: TokenCounter
     ratio: float
     window: int
+    empty_results: tuple[str, ...] = ()
 
     async def fold(self, summary: Summary, messages: list[Message], *, cap: int) -> Outcome:
         """``messages`` folded into ``summary`` within ``cap`` tokens, chunk by chunk (F-17); from a chunk the chain
-        fails on, the rest goes to the raw archive; credentials never reach the result (F-51). Without ``messages``,
-        :meth:`shrink`."""
+        fails on, the rest goes to the raw archive; credentials never reach the result (F-51); a tool result that found
+        nothing is left out (it is no fact). Without ``messages``, :meth:`shrink`."""
         previous_tokens = self.counter.count_text(summary.content)
         if not messages:
             return await self.shrink(summary, cap=cap)
-        transcript_tokens = self.counter.count_text(render_transcript(messages))
+        told = [message for message in messages if not found_nothing(message, self.empty_results)]
+        if not told:
+            kind = "llm" if summary.summary_type == "none" else summary.summary_type
+            return Outcome(summary=_moved(summary, messages, summary.content, kind), attempts=[], degraded=False)
+        transcript_tokens = self.counter.count_text(render_transcript(told))
         max_tokens = summary_output_tokens(
             previous_summary_tokens=previous_tokens,
             transcript_tokens=transcript_tokens,
@@ -79,7 +95,7 @@ class IncrementalSummarizer:
             window=self.window,
             counter=self.counter,
         )
-        chunks = chunk_messages(messages, budget=budget, counter=self.counter)
+        chunks = chunk_messages(told, budget=budget, counter=self.counter)
         # The summarizer may echo a credential however it was told: its reply is redacted before use (F-51).
         secrets = secret_values([summary.content, *map(raw_text, messages)])
         content, attempts, degraded = summary.content, [], False
@@ -101,13 +117,7 @@ class IncrementalSummarizer:
                 degraded = True
                 break
             content = await self._fitted(redact_values(result.text, secrets), cap, attempts)
-        new = Summary(
-            content=content,
-            summary_type="raw" if degraded else "llm",
-            last_message_id=max(max(message.get("id") or 0 for message in messages), summary.last_message_id or 0),
-            compressed_count=summary.compressed_count + len(messages),
-            version=summary.version,
-        )
+        new = _moved(summary, messages, content, "raw" if degraded else "llm")
         return Outcome(summary=new, attempts=attempts, degraded=degraded)
 
     async def shrink(self, summary: Summary, *, cap: int) -> Outcome:

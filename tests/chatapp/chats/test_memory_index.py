@@ -207,6 +207,21 @@ def test_knowledge_base_search_results_are_not_indexed_and_a_reindex_removes_old
     assert items_of(session) == expected
 
 
+def test_an_answer_given_on_a_search_that_found_nothing_is_not_indexed() -> None:
+    """Recalled for a later question, "I found nothing" would stand in front of the message that holds the
+    answer (found by a newcomer); the question itself stays recallable."""
+    session = chat_session_make(visitor_make().owner)
+    user = message_make(session, "user", "Who sold me the Bianchi bicycle?")
+    search = [{"id": "k1", "type": "function", "function": {"name": "kb_search", "arguments": '{"query": "Bianchi"}'}}]
+    message_make(session, "assistant", None, tool_calls=search, reply_to=user)
+    message_make(session, "tool", "no passages found for 'Bianchi'", tool_call_id="k1", reply_to=user)
+    message_make(session, "assistant", "I searched the knowledge base for “Bianchi” and found nothing.", reply_to=user)
+    told = message_make(session, "user", "Rossi Cicli in Milan sold me the Bianchi.")
+    run = async_to_sync(runner(HashEmbedder()).run_now)(str(session.pk))
+    assert run is not None and run.ok
+    assert [ids for ids, _, _ in items_of(session)] == [[user.pk], [told.pk]]
+
+
 def test_deleting_a_chat_deletes_its_items_only() -> None:
     session, _ = conversation()
     other = chat_session_make(visitor_make().owner)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from chatapp.chats.memory import memory_config
 from chatapp.conversation.tools import (
     CALCULATOR_MAX_CHARS,
     CalculatorError,
@@ -12,6 +13,7 @@ from chatapp.conversation.tools import (
     calculator_format,
     tool_call_execute,
 )
+from memory.messages import found_nothing
 from memory.tokens.counter import get_counter
 
 COUNTER = get_counter("gpt-4o-mini")
@@ -107,4 +109,8 @@ async def test_kb_search_tool_returns_numbered_passages_within_budget(demo_kb):
     result = await run("kb_search", '{"query": "how many failed sign-in attempts lock the account"}')
     assert result.startswith("[1] Kestrel Sync security and privacy\n")
     assert COUNTER.count_text(result) <= 200 or result.count("[") == 1
-    assert await run("kb_search", '{"query": "zzzyzzy"}') == "no passages found for 'zzzyzzy'"
+    nothing = await run("kb_search", '{"query": "zzzyzzy"}')
+    assert nothing == "no passages found for 'zzzyzzy'"
+    # Memory knows it for a result that found nothing: it neither summarizes nor recalls it.
+    assert found_nothing({"role": "tool", "content": nothing}, memory_config().empty_results)
+    assert not found_nothing({"role": "tool", "content": result}, memory_config().empty_results)

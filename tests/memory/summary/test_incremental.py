@@ -11,7 +11,7 @@ from memory.summary.chain import SummarizerChain
 from memory.summary.incremental import IncrementalSummarizer
 from memory.summary.prompts import SUMMARY_INSTRUCTIONS
 from memory.summary.store import Summary
-from tests.memory.builders import COUNTER, asst, user
+from tests.memory.builders import COUNTER, asst, tool, user
 
 SECRET_TURN = "Reservation ZFA04Y. My password is Blue-Falcon-88 and the verification code is 482913."
 
@@ -67,3 +67,40 @@ def test_f51_the_raw_archive_withholds_secrets_of_the_messages_and_of_the_previo
     assert outcome.degraded and RAW_ARCHIVE_MARKER in archive
     assert "ZFA04Y" in archive and "[password withheld]" in archive and "[PIN withheld]" in archive
     assert not any(secret in archive for secret in ("Blue-Falcon-88", "482913", "4821"))
+
+
+class RecordingSummarizer:
+    model = "recording"
+
+    def __init__(self) -> None:
+        self.prompts: list[str] = []
+
+    async def summarize(self, request: SummaryRequest) -> str:
+        self.prompts.append(request.prompt[-1]["content"])
+        return "The user asked about the Bianchi bicycle; the search found nothing."
+
+
+def test_a_tool_result_that_found_nothing_never_reaches_the_summary():
+    """An empty search result is no fact: the summarizer is never shown it, and a fold of nothing else asks no
+    model yet moves the boundary past it (docs/memory.md §12, "Results that found nothing")."""
+    recorder = RecordingSummarizer()
+    chain = SummarizerChain(primary=recorder, attempts=1, backoff=0)
+    fold = IncrementalSummarizer(chain=chain, counter=COUNTER, ratio=0.3, window=4096, empty_results=("no passages found",))
+    turn = with_ids(
+        user("Who sold me the Bianchi bicycle?"),
+        asst(tc=["k1"]),
+        tool("k1", "no passages found for 'Bianchi bicycle'"),
+        asst("I searched the knowledge base and found nothing."),
+    )
+    outcome = async_to_sync(fold.fold)(Summary(), turn, cap=300)
+    (prompt,) = recorder.prompts
+    assert "Bianchi bicycle?" in prompt and "found nothing." in prompt
+    assert "no passages found" not in prompt
+    assert outcome.summary.last_message_id == 4 and outcome.summary.compressed_count == 4
+
+    before = Summary(content="Earlier: the user owns a Bianchi.", summary_type="llm", last_message_id=4, compressed_count=4)
+    empty_only = [{**tool("k2", "  No passages found for 'x'"), "id": 5}, {**tool("k3", ""), "id": 6}]
+    outcome = async_to_sync(fold.fold)(before, empty_only, cap=300)
+    assert len(recorder.prompts) == 1 and outcome.attempts == []
+    assert outcome.summary.content == before.content and outcome.summary.summary_type == "llm"
+    assert outcome.summary.last_message_id == 6 and outcome.summary.compressed_count == 6
