@@ -269,7 +269,7 @@ _HTTP = ("http", "https")
 LLM_CHAT_BASE_URL = env_url("LLM_BASE_URL", schemes=_HTTP)
 LLM_CHAT_API_KEY = env_str("LLM_API_KEY", "offline")
 LLM_CHAT_MODEL = env_str("LLM_MODEL", "offline-engine" if not LLM_CHAT_BASE_URL else "gpt-4o-mini")
-LLM_CHAT_CONTEXT_WINDOW = env_int("LLM_CONTEXT_WINDOW", 2048 if not LLM_CHAT_BASE_URL else 128_000, minimum=256)
+LLM_CHAT_CONTEXT_WINDOW = env_int("LLM_CONTEXT_WINDOW", 4096 if not LLM_CHAT_BASE_URL else 128_000, minimum=256)
 LLM_CHAT_TIMEOUT = env_float("LLM_TIMEOUT", 120.0, minimum=1.0)
 LLM_CHAT_MAX_OUTPUT_TOKENS = env_int("LLM_MAX_OUTPUT_TOKENS", 1024, minimum=16)
 

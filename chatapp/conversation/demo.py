@@ -52,20 +52,23 @@ DEMO_SCRIPT: tuple[DemoStep, ...] = (
     DemoStep(text="Search the knowledge base for API rate limits.", shows="a knowledge-base search"),
     DemoStep(text="What does the knowledge base say about encryption at rest?", shows="a knowledge-base search"),
     DemoStep(text="Calculate 240 * 2", shows="the calculator tool"),
-    DemoStep(text="Search the knowledge base for deleted files in the trash.", shows="compression"),
-    DemoStep(text="What does the knowledge base say about the Team plan price?", shows="compression"),
-    DemoStep(text="Search the knowledge base for two-factor authentication.", shows="the summarizer outage"),
-    DemoStep(text="Search the knowledge base for the conflicting copy error.", shows="the summarizer outage"),
-    DemoStep(text="Search the knowledge base for refunds of a yearly payment.", shows="recovery"),
+    DemoStep(text="Search the knowledge base for deleted files in the trash.", shows="a knowledge-base search"),
+    DemoStep(text="What does the knowledge base say about the Team plan price?", shows="a knowledge-base search"),
+    DemoStep(text="Search the knowledge base for two-factor authentication.", shows="compression"),
+    DemoStep(text="Search the knowledge base for the conflicting copy error.", shows="recent turns kept verbatim"),
+    DemoStep(text="Search the knowledge base for refunds of a yearly payment.", shows="a knowledge-base search"),
     DemoStep(text="My new shipping address is 48 Birch Lane, York.", shows="a correction that supersedes a fact"),
-    DemoStep(text="What does the knowledge base say about the largest file size?", shows="compression"),
-    DemoStep(text="Search the knowledge base for single sign-on.", shows="compression"),
+    DemoStep(text="What does the knowledge base say about the largest file size?", shows="the summarizer outage"),
+    DemoStep(text="Search the knowledge base for single sign-on.", shows="the summarizer outage"),
+    DemoStep(text="Search the knowledge base for the status page.", shows="recovery"),
+    DemoStep(text="What does the knowledge base say about the certificate problem error?", shows="compression"),
+    DemoStep(text="Search the knowledge base for the slow first sync.", shows="a knowledge-base search"),
     DemoStep(text="What is my account id?", shows="a key fact answered after compression"),
     DemoStep(text="What is my shipping address?", shows="the corrected value"),
     DemoStep(text="Which laptop keeps the tax folder in sync?", shows="a recalled message"),
 )
 # Steps (1-based) during which every summarizer request of the demo chat fails.
-OUTAGE_STEPS = frozenset({12, 13})
+OUTAGE_STEPS = frozenset({16, 17})
 OUTAGE_TEXT = "injected summarizer outage (demo walk-through, step {step})"
 
 

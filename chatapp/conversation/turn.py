@@ -18,7 +18,7 @@ from chatapp.chats import selectors, services, turns
 from chatapp.chats.memory import memory_key_of
 from chatapp.llm.calibration import calibration_report, server_facts_recorded
 from chatapp.llm.clients import LLMError, chat_endpoint, chat_stream, refused_shapes
-from chatapp.llm.prompts import PASSAGES_TARGET_SHARE
+from chatapp.llm.prompts import AGENT_PASSAGES_TARGET_SHARE, PASSAGES_TARGET_SHARE
 from chatapp.models import ChatSession, Message
 from chatapp.orm_threads import orm_async
 from chatapp.realtime.broadcast import event_broadcast
@@ -136,7 +136,9 @@ class Turn:
 
     @property
     def passages_max_tokens(self) -> int:
-        return int(self.engine.budget.target_tokens * PASSAGES_TARGET_SHARE)
+        """Tokens of knowledge-base passages one search may return: a share of the target, smaller for the agent."""
+        share = AGENT_PASSAGES_TARGET_SHARE if self.mode == "agent" else PASSAGES_TARGET_SHARE
+        return int(self.engine.budget.target_tokens * share)
 
     def stop_requested(self) -> bool:
         return self._stop.is_set()

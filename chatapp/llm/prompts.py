@@ -19,6 +19,9 @@ QUICK_ANSWER_PROMPT = (
 )
 # Knowledge-base passages may take this share of the engine's target, so history keeps room.
 PASSAGES_TARGET_SHARE = 1 / 3
+# An agent's kb_search result stays in the history (the agent may search again): a smaller share, so that the retained
+# window holds whole turns after a compression (docs/memory.md §7).
+AGENT_PASSAGES_TARGET_SHARE = 1 / 8
 NO_PASSAGES = "(no passage matched the question)"
 
 

@@ -29,6 +29,7 @@ from chatapp.realtime.client_frames import client_event_parse, frame_decode
 from chatapp.realtime.protocol import (
     BUSY,
     CLOSE_NOT_FOUND,
+    ID_REUSED,
     ChatAckEvent,
     ChatDoneEvent,
     ChatHistoryEvent,
@@ -120,8 +121,8 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
             await self.chat_stop(session)
 
     async def chat_send(self, session: ChatSession, event: ChatSend) -> None:
-        """Store the message once and start its turn, or refuse it (``busy``); a resend replays what is
-        stored, after closing its turn if that died (docs/memory.md F-27)."""
+        """Store the message once and start its turn, or refuse it (``busy``, ``id_reused``); a resend replays what
+        is stored, after closing its turn if that died (docs/memory.md F-27)."""
         try:
             message, created = await orm_async(leases.user_message_submit)(
                 session=session,
@@ -137,6 +138,10 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
             chat_turn_start(
                 session_id=session.pk, user_message_id=message.pk, lease_fresh=True, question=message.content or ""
             )
+            return
+        if message.content != event.text:
+            text = f"client_message_id {event.client_message_id!r} was used for another message; nothing stored"
+            await self.deliver(ErrorEvent(code=ID_REUSED, message=text, client_message_id=event.client_message_id))
             return
         replies = await orm_async(selectors.turn_replies_get)(user_message=message)
         if not any(reply.is_final_reply for reply in replies):

@@ -70,6 +70,7 @@ BAD_EVENT: Final = "bad_event"
 BAD_FIELD: Final = "bad_field"
 TOO_LONG: Final = "too_long"
 BUSY: Final = "busy"
+ID_REUSED: Final = "id_reused"
 CONTEXT_OVERFLOW: Final = "context_overflow"
 AGENT_STEP_LIMIT: Final = "agent_step_limit"
 INTERNAL_ERROR: Final = "internal_error"
@@ -103,6 +104,10 @@ ERROR_CODES: Final[dict[str, str]] = {
         "a `chat.send` refused, nothing stored: the session already has `CHAT_MAX_PENDING_TURNS` "
         "turns in flight; send it again once one has ended"
     ),
+    ID_REUSED: (
+        "a `chat.send` whose `client_message_id` names a stored message with another text: nothing stored, nothing "
+        "replayed; send the new message with a new id"
+    ),
     CONTEXT_OVERFLOW: (
         "the turn ended without calling the model: even its elided current turn is over the context "
         "window (docs/memory.md I5); an `error` reply is stored"
@@ -112,7 +117,7 @@ ERROR_CODES: Final[dict[str, str]] = {
     **{llm_error_code(kind): f"the chat model failed: {meaning}" for kind, meaning in LLM_ERROR_KINDS.items()},
 }
 """Every error code an :class:`ErrorEvent` may carry, with its meaning. The first five answer an
-invalid client event; the others end a turn (with ``turn_id``) or refuse a send (``busy``)."""
+invalid client event; the others end a turn (with ``turn_id``) or refuse a send (``busy``, ``id_reused``)."""
 
 
 class ProtocolError(Exception):
@@ -144,9 +149,10 @@ class ClientEventBase:
 @dataclass(frozen=True, kw_only=True)
 class ChatSend(ClientEventBase):
     """Send a user message. It is stored once per ``client_message_id``: a resend (after a
-    reconnect, docs/memory.md F-27) stores nothing and replays what is stored. Answered with
-    ``chat.ack``, then the session's events of the new turn; ``error`` with ``busy``,
-    ``too_long`` or ``bad_field`` when refused (nothing stored)."""
+    reconnect, docs/memory.md F-27) stores nothing and replays what is stored; the same id with
+    another text is refused (``id_reused``). Answered with ``chat.ack``, then the session's events
+    of the new turn; ``error`` with ``busy``, ``id_reused``, ``too_long`` or ``bad_field`` when
+    refused (nothing stored)."""
 
     type: ClassVar[str] = "chat.send"
 

@@ -204,7 +204,13 @@ class ContextBuilder:
             imagined = {"role": "user", "content": "", "id": last_id + 1, "token_count": next_message_tokens}
             return [*messages, imagined]
 
-        planned = replace(request, load_increment=with_next_message, compression="sync", origin="job")
+        planned = replace(
+            request,
+            load_increment=with_next_message,
+            compression="sync",
+            origin="job",
+            imagined_tokens=next_message_tokens,
+        )
         before = await self.store.get(request.memory_key)
         plan = await self._plan(planned, before)
         oversized = self.counter.count_text(before.content) > self.summary_cap
@@ -281,6 +287,7 @@ class ContextBuilder:
                 facts=facts,
                 recall=selection,
                 now=request.now,
+                imagined_tokens=request.imagined_tokens,
             )
 
         if recall is None:

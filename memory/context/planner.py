@@ -74,9 +74,12 @@ def plan_request(
     facts: Sequence[KeyFact] = (),
     recall: RecallResult | None = None,
     now: datetime | None = None,
+    imagined_tokens: int = 0,
 ) -> Plan:
     """Decide what a request keeps verbatim and what is folded into the summary (docs/memory.md §3): the retained window
     gets ``target - system - facts - recall - current turn - summary reserve - tools`` tokens (none at 0 or less, F-18);
+    a memory job's imagined next message (``imagined_tokens`` of the current turn) may use the room between target and
+    trigger instead, so that what is stored sits at the target (§10);
     the cut moves to a turn start (F-38); nothing from ``summarize_below`` on is folded (F-26) unless that overflows the
     window and ``in_flight_yields`` (a memory job passes False: I2, I5). Folding pins more key facts, so the back-scan
     is redone with the larger block (§11); recalled items all precede the boundary (I4). With ``now``, history carries
@@ -119,6 +122,7 @@ def plan_request(
         + REPLY_PRIMING_TOKENS
     )
     retain_budget = budget.target_tokens - fixed - budget.summary_reserve_tokens
+    retain_budget += min(imagined_tokens, budget.trigger_tokens - budget.target_tokens)
     if has_other_days(history_units, now):
         retain_budget -= marker_reserve(counter)
     plan = Plan(

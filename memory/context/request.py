@@ -52,7 +52,8 @@ class ContextRequest:
     ``summarize_below`` on is summarized (F-26), ``force`` folds all history before the turn; ``compression`` ``sync``
     compresses inside the call, ``background`` leaves it to the memory job (§10); ``origin`` is recorded on events;
     ``now`` (aware: its zone names the day) puts the date on the wire (F-52), None: unknown, no dates;
-    ``scope_key`` names the conversation's owner, whose personal key facts of other chats it may see (§11)."""
+    ``scope_key`` names the conversation's owner, whose personal key facts of other chats it may see (§11);
+    ``imagined_tokens``: a memory job's imagined next message, which may use the room between target and trigger (§10)."""
 
     memory_key: str
     system_prompt: str | None
@@ -67,6 +68,7 @@ class ContextRequest:
     load_recall: RecallLoader | None = None
     now: datetime | None = None
     scope_key: str | None = None
+    imagined_tokens: int = 0
 
     @property
     def system(self) -> Message | None:

@@ -105,6 +105,15 @@ async def test_the_walk_through_runs_every_step_and_shows_memory_at_work(alice):
     calls = {c.reply_to_id: c async for c in ModelCall.objects.filter(session=session, step=1).order_by("id")}
     by_step = {step_of(u.content or ""): u for u in users}
 
+    # Compression keeps recent turns verbatim: the first request after each compression retains at least two
+    # whole earlier turns (docs/memory.md §7; before, every compression kept none at the offline engine's window).
+    boundaries = [e.boundary_after for e in events]
+    after_each = [next(c for c in calls.values() if c.context["summary"]["last_message_id"] == b) for b in boundaries]
+    for call in after_each:
+        sources, messages = call.context["sources"], call.context["messages"]
+        earlier = [m for m, s in zip(messages, sources, strict=True) if s["kind"] == "history" and m["role"] == "user"]
+        assert len(earlier) >= 2, (call.reply_to_id, [s["kind"] for s in sources])
+
     # "What is my account id?": its source message is folded into the summary, so the id comes
     # from the key-facts block (and the summary), not from a retained message.
     question = by_step[step_of("What is my account id?")]

@@ -37,12 +37,12 @@ def test_the_last_request_is_shown_exactly_as_recorded(alice: Visitor):
 
     assert request is not None and request.model_call_id == call.pk and request.step == 2
     assert request.gauge.used == call.context["tokens"] == call.estimated_tokens
-    assert (request.gauge.trigger_tokens, request.gauge.target_tokens) == (1024, 614)
+    assert (request.gauge.trigger_tokens, request.gauge.target_tokens) == (2048, 1228)
     sections = {s.key: s for s in request.sections}
     for key in ("system", "summary", "retained", "current", "tools"):
         assert sections[key].tokens == call.context["sections"][key]
-    assert sum(s.tokens for s in request.sections) == request.gauge.context_window == 2048
-    assert sections["overhead"].tokens == 3 and sections["free"].tokens == 2048 - call.estimated_tokens
+    assert sum(s.tokens for s in request.sections) == request.gauge.context_window == 4096
+    assert sections["overhead"].tokens == 3 and sections["free"].tokens == 4096 - call.estimated_tokens
     assert sections["current"].text == messages_text(call.context["messages"][1:])
     assert '"name": "kb_search"' in sections["tools"].text  # the schemas stored with the call
     assert call.prompt_tokens is not None and request.prompt_tokens == call.prompt_tokens

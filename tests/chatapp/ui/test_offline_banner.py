@@ -20,7 +20,7 @@ def banner_text(client: Client) -> str:
 def test_the_banner_says_what_the_offline_engine_answers_from_and_what_it_cannot_do():
     text = banner_text(Client())
 
-    assert "Offline engine in use" in text and "context window 2048 tokens" in text
+    assert "Offline engine in use" in text and "context window 4096 tokens" in text
     for can in ("key facts, summary, recalled and recent messages", "knowledge base", "calculates"):
         assert can in text
     assert "does not reason or write new text" in text and "visibly forgotten" in text

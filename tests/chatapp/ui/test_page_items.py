@@ -132,15 +132,15 @@ def test_the_gauge_labels_its_marks_in_words_and_for_screen_readers(alice: Visit
     used = ModelCall.objects.filter(session=session).latest("id").estimated_tokens
     html = page_of(alice, session)
 
-    level = "under the target" if used <= 614 else "over the target"
-    assert f'aria-valuetext="{used:,} of 2,048 tokens, {level}; target 614, trigger 1,024, window 2,048"' in html
+    level = "under the target" if used <= 1228 else "over the target"
+    assert f'aria-valuetext="{used:,} of 4,096 tokens, {level}; target 1,228, trigger 2,048, window 4,096"' in html
     assert f'data-testid="gauge-level">{level}</strong>' in html
     scale = re.search(r'<div class="gauge-scale"[^>]*>(.*?)</div>', html)
     assert scale is not None
     assert re.findall(r">(\w+)</span>", scale.group(1)) == ["target", "trigger", "window"]
-    assert "target <strong>614</strong>: compression aims below it" in html
-    assert "trigger <strong>1,024</strong>: compression starts above it" in html
-    assert "window <strong>2,048</strong>: the model's limit" in html
+    assert "target <strong>1,228</strong>: compression aims below it" in html
+    assert "trigger <strong>2,048</strong>: compression starts above it" in html
+    assert "window <strong>4,096</strong>: the model's limit" in html
 
 
 # --- 4c: the degraded state: each error once, the attempts and waits adding up -------------------
@@ -294,7 +294,7 @@ def test_the_composer_counts_with_the_model_tokenizer_against_the_room_left(alic
     counter = get_counter("offline-engine")
     empty = composer_count_get(session=session, text="")
     assert empty.state == "empty" and empty.tokens is None and empty.room == expected_room(session)
-    assert empty.context_window == 2048 and 0 < empty.room < 2048
+    assert empty.context_window == 4096 and 0 < empty.room < 4096
 
     text = "What does the Team plan cost? 团队版多少钱？"
     count = composer_count_get(session=session, text=text)

@@ -85,7 +85,9 @@ def test_a_tool_result_that_found_nothing_never_reaches_the_summary():
     model yet moves the boundary past it (docs/memory.md §12, "Results that found nothing")."""
     recorder = RecordingSummarizer()
     chain = SummarizerChain(primary=recorder, attempts=1, backoff=0)
-    fold = IncrementalSummarizer(chain=chain, counter=COUNTER, ratio=0.3, window=4096, empty_results=("no passages found",))
+    fold = IncrementalSummarizer(
+        chain=chain, counter=COUNTER, ratio=0.3, window=4096, empty_results=("no passages found",)
+    )
     turn = with_ids(
         user("Who sold me the Bianchi bicycle?"),
         asst(tc=["k1"]),
@@ -98,7 +100,9 @@ def test_a_tool_result_that_found_nothing_never_reaches_the_summary():
     assert "no passages found" not in prompt
     assert outcome.summary.last_message_id == 4 and outcome.summary.compressed_count == 4
 
-    before = Summary(content="Earlier: the user owns a Bianchi.", summary_type="llm", last_message_id=4, compressed_count=4)
+    before = Summary(
+        content="Earlier: the user owns a Bianchi.", summary_type="llm", last_message_id=4, compressed_count=4
+    )
     empty_only = [{**tool("k2", "  No passages found for 'x'"), "id": 5}, {**tool("k3", ""), "id": 6}]
     outcome = async_to_sync(fold.fold)(before, empty_only, cap=300)
     assert len(recorder.prompts) == 1 and outcome.attempts == []
