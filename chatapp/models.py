@@ -75,6 +75,8 @@ class Message(models.Model):
     reply_to = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="replies")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.COMPLETE)
     origin = models.CharField(max_length=8, choices=Origin.choices, default=Origin.MODEL)
+    # Of a reply: which version of its turn's reply it belongs to, n after n - 1 regenerations (ReplyVersion).
+    version = models.PositiveSmallIntegerField(default=1)
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -111,6 +113,7 @@ class Message(models.Model):
             "client_message_id": self.client_message_id,
             "token_count": self.token_count,
             "created": self.created.isoformat() if self.created else None,
+            "version": self.version,
         }
 
     def to_wire(self) -> dict[str, Any]:
@@ -123,6 +126,30 @@ class Message(models.Model):
         if self.name:
             wire["name"] = self.name
         return wire
+
+
+class ReplyVersion(models.Model):
+    """An earlier version of a turn's reply, kept when the user regenerated it (docs/memory.md §8, "Regenerate"):
+    ``messages`` are its rows as ``Message.as_dict()`` (tool calls, results and the final reply), which were deleted
+    from the transcript, so memory and the model see only the current version."""
+
+    turn = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="reply_versions")
+    number = models.PositiveSmallIntegerField()
+    messages = models.JSONField()
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering: ClassVar[list[str]] = ["turn", "number"]
+        constraints = (models.UniqueConstraint(fields=["turn", "number"], name="reply_version_unique_per_turn"),)
+
+    def __str__(self) -> str:
+        return f"version {self.number} of the reply to #{self.turn_id}"
+
+    @property
+    def final_reply(self) -> dict[str, Any] | None:
+        """The version's final reply (its last assistant message without tool calls), or None."""
+        finals = [m for m in self.messages if m.get("role") == "assistant" and not m.get("tool_calls")]
+        return finals[-1] if finals else None
 
 
 class TurnLease(models.Model):

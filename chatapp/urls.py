@@ -24,6 +24,11 @@ urlpatterns = [
     path("s/<int:session_id>/facts/", views.session_key_facts, name="session-key-facts"),
     path("s/<int:session_id>/recall/", views.session_recall, name="session-recall"),
     path("s/<int:session_id>/export.<slug:fmt>", views.session_export, name="session-export"),
+    path(
+        "s/<int:session_id>/turns/<int:turn_id>/versions/<int:number>/",
+        views.session_reply_version,
+        name="session-reply-version",
+    ),
     path("s/<int:session_id>/facts/<int:fact_id>/pin/", views.session_fact_pin, name="session-fact-pin"),
     path("s/<int:session_id>/facts/<int:fact_id>/hide/", views.session_fact_hide, name="session-fact-hide"),
     path("s/<int:session_id>/facts/<int:fact_id>/edit/", views.session_fact_edit, name="session-fact-edit"),

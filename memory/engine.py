@@ -365,6 +365,15 @@ class MemoryEngine:
         """The owner's correction of a fact. Raises ``KeyFactNotFound`` and ``ValueError``."""
         return stored_facts.key_fact_edit(memory_key=memory_key, fact_id=fact_id, value=value)
 
+    def forget_after(self, memory_key: str, message_id: int) -> None:
+        """Forget what memory derived from the messages after ``message_id``, which the app deleted (a regenerated
+        reply): recall items go, key facts are retired as ``forget``. Raises ``ValueError`` when the summary already
+        holds a message after ``message_id`` (folded text cannot be taken back out)."""
+        boundary = self.summary(memory_key).last_message_id
+        if boundary is not None and boundary > message_id:
+            raise ValueError(f"the summary holds messages up to #{boundary}, after #{message_id}")
+        stored_summaries.session_memory_forget_after(memory_key=memory_key, message_id=message_id)
+
     def forget(self, memory_key: str) -> None:
         """Delete every memory record of the conversation (its stored messages are the app's)."""
         stored_summaries.session_memory_delete(memory_key=memory_key)

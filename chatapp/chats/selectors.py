@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Max, QuerySet
+from django.http import Http404
 
 from chatapp.chats.access import Owner, session_queryset_for_owner
-from chatapp.models import ChatSession, Message
+from chatapp.models import ChatSession, Message, ReplyVersion
 
 SYNC_MAX_MESSAGES = 500
 # Appended to a reply the user stopped, in the model-facing copy only (docs/memory.md F-37).
@@ -109,6 +110,17 @@ def message_last_user_id(*, session_id: int) -> int | None:
         .values_list("id", flat=True)
         .first()
     )
+
+
+def reply_version_get(*, session_id: int, turn_id: int, number: int) -> tuple[ReplyVersion, int]:
+    """Earlier version ``number`` of the reply to turn ``turn_id`` of the session and how many versions the reply has
+    (the current one included). Raises ``Http404`` when there is no such version."""
+    version = ReplyVersion.objects.filter(turn__session_id=session_id, turn_id=turn_id, number=number).first()
+    if version is None:
+        raise Http404("No such version of this reply.")
+    current = Message.objects.filter(reply_to_id=turn_id).aggregate(latest=Max("version"))["latest"]
+    earlier = ReplyVersion.objects.filter(turn_id=turn_id).aggregate(latest=Max("number"))["latest"] or 0
+    return version, max(current or 0, earlier + 1)
 
 
 def turn_replies_get(*, user_message: Message) -> list[Message]:

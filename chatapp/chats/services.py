@@ -138,10 +138,11 @@ def reply_message_store(
     origin: str = Message.Origin.MODEL,
     step: int = 1,
     usage: ModelCallUsage | None = None,
+    version: int = 1,
 ) -> Message:
     """Store one assistant or tool message of the turn ``reply_to_id`` with its token count, tool-call facts and
     ``usage``, in one transaction; a final reply also deletes the turn's lease. ``origin`` ``app``: never sent to
-    the model (F-37). Raises ``ValueError`` for another role."""
+    the model (F-37); ``version``: of the turn's reply (ReplyVersion). Raises ``ValueError`` for another role."""
     if role not in (Message.Role.ASSISTANT, Message.Role.TOOL):
         raise ValueError(f"a reply is an assistant or tool message, not {role!r}")
     wire: dict[str, Any] = {"role": role, "content": content}
@@ -162,6 +163,7 @@ def reply_message_store(
             name=name,
             status=status,
             origin=origin,
+            version=version,
             token_count=message_token_count(wire),
         )
         ChatSession.objects.filter(pk=session_id).update(updated=timezone.now())

@@ -40,11 +40,16 @@ class _SessionQueue:
 
 
 async def chat_turn_run(
-    *, session_id: int, user_message_id: int, stopped: Callable[[], bool] | None = None, question: str | None = None
+    *,
+    session_id: int,
+    user_message_id: int,
+    stopped: Callable[[], bool] | None = None,
+    question: str | None = None,
+    version: int = 1,
 ) -> Message:
-    """Answer the stored user message in the session's mode; returns the final reply (complete, stopped or error).
-    ``stopped()`` true ends it before any model call. Raises :class:`ChatSessionDeleted` (F-41), or when even the
-    error reply cannot be stored."""
+    """Answer the stored user message in the session's mode; returns the final reply (complete, stopped or error),
+    stored as ``version`` of the turn's reply. ``stopped()`` true ends it before any model call. Raises
+    :class:`ChatSessionDeleted` (F-41), or when even the error reply cannot be stored."""
     async with (
         turn_lease_kept(user_message_id=user_message_id),
         stopping.turn_stop_listening(session_id=session_id, on_stop=_stop_here),
@@ -70,6 +75,7 @@ async def chat_turn_run(
             in_flight_first_id=in_flight_first_id,
             question=question or "",
             scope_key=chat_session_scope_key(owner_id=session.owner_id, owner_session_key=session.owner_session_key),
+            version=version,
         )
         _running[user_message_id] = turn
         if stopped is not None and stopped():
@@ -136,14 +142,23 @@ def _deleted(session_id: int, user_message_id: int) -> ChatSessionDeleted:
 
 
 def chat_turn_start(
-    *, session_id: int, user_message_id: int, lease_fresh: bool = False, question: str | None = None
+    *,
+    session_id: int,
+    user_message_id: int,
+    lease_fresh: bool = False,
+    question: str | None = None,
+    version: int = 1,
 ) -> asyncio.Task[Message]:
     """:func:`chat_turn_run` as a task queued behind the session's earlier turns here, keeping its lease meanwhile
     (``lease_fresh``: just stored); counts as this process's from the call on."""
     leases.turn_lease_claim(user_message_id=user_message_id)
     task = asyncio.create_task(
         _chat_turn_queued(
-            session_id=session_id, user_message_id=user_message_id, lease_fresh=lease_fresh, question=question
+            session_id=session_id,
+            user_message_id=user_message_id,
+            lease_fresh=lease_fresh,
+            question=question,
+            version=version,
         )
     )
     _tasks.add(task)
@@ -154,7 +169,7 @@ def chat_turn_start(
 
 
 async def _chat_turn_queued(
-    *, session_id: int, user_message_id: int, lease_fresh: bool = False, question: str | None = None
+    *, session_id: int, user_message_id: int, lease_fresh: bool = False, question: str | None = None, version: int = 1
 ) -> Message:
     queue = _session_queues.setdefault(session_id, _SessionQueue())
     queue.waiting += 1
@@ -166,6 +181,7 @@ async def _chat_turn_queued(
                 user_message_id=user_message_id,
                 stopped=lambda: queue.stops != stops,
                 question=question,
+                version=version,
             )
     finally:
         queue.waiting -= 1

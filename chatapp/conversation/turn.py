@@ -79,7 +79,8 @@ class ModelCallFailed(Exception):
 
 class Turn:
     """One running turn of ``session_id`` opened by ``user_message_id``; ``question`` and ``scope_key`` (the owner's)
-    are what its recall searches with, and ``scope_key`` whose personal key facts its requests see."""
+    are what its recall searches with, and ``scope_key`` whose personal key facts its requests see; its replies are
+    stored as ``version`` of the turn's reply (above 1 once regenerated)."""
 
     def __init__(
         self,
@@ -91,8 +92,10 @@ class Turn:
         question: str,
         scope_key: str,
         in_flight_first_id: int | None = None,
+        version: int = 1,
     ) -> None:
         self.session_id = session_id
+        self.version = version
         self.user_message_id = user_message_id
         self.mode = mode
         self.question = question
@@ -169,7 +172,7 @@ class Turn:
         """Store a reply of this turn, with its model call's usage when that is not stored yet."""
         usage = self._usage
         message = await orm_async(services.reply_message_store)(
-            session_id=self.session_id, reply_to_id=self.user_message_id, usage=usage, **fields
+            session_id=self.session_id, reply_to_id=self.user_message_id, usage=usage, version=self.version, **fields
         )
         if self._usage is usage:
             self._usage = None

@@ -15,6 +15,7 @@ from chatapp.realtime.protocol import (
     BAD_FRAME,
     BAD_JSON,
     TOO_LONG,
+    ChatRegenerate,
     ChatSend,
     ChatStop,
     ChatSync,
@@ -61,9 +62,16 @@ def client_event_parse(content: Any) -> ClientEvent:
         return ChatSync(after_message_id=after)
     if kind == ChatStop.type:
         return ChatStop()
+    if kind == ChatRegenerate.type:
+        turn_id = content.get("turn_id")
+        if type(turn_id) is not int or not 1 <= turn_id <= MESSAGE_ID_MAX:
+            raise ProtocolError(BAD_FIELD, f"'turn_id' must be a message id, an integer from 1 to {MESSAGE_ID_MAX}.")
+        return ChatRegenerate(turn_id=turn_id)
     if not isinstance(kind, str):
         raise ProtocolError(BAD_EVENT, "An event must have a string 'type'.")
-    raise ProtocolError(BAD_EVENT, f"Unknown event type {kind[:40]!r}; expected chat.send, chat.sync or chat.stop.")
+    raise ProtocolError(
+        BAD_EVENT, f"Unknown event type {kind[:40]!r}; expected chat.send, chat.sync, chat.stop or chat.regenerate."
+    )
 
 
 def _chat_send(content: dict[str, Any]) -> ChatSend:

@@ -21,19 +21,23 @@ from django.utils import timezone
 from chatapp.chats import selectors, turns
 from chatapp.chats.access import asession_get_for_owner
 from chatapp.conversation import leases
+from chatapp.conversation.regenerate import RegenerateRefused, reply_regenerate_prepare
 from chatapp.conversation.runner import chat_turn_start, chat_turn_stop, chat_turn_stop_everywhere
 from chatapp.models import ChatSession, Message
 from chatapp.orm_threads import orm_async
-from chatapp.realtime.broadcast import session_group_name
+from chatapp.realtime.broadcast import event_broadcast, session_group_name
 from chatapp.realtime.client_frames import client_event_parse, frame_decode
 from chatapp.realtime.protocol import (
     BUSY,
+    CANNOT_REGENERATE,
     CLOSE_NOT_FOUND,
     ID_REUSED,
     ChatAckEvent,
     ChatDoneEvent,
     ChatHistoryEvent,
     ChatMessageEvent,
+    ChatRegenerate,
+    ChatRegeneratedEvent,
     ChatSend,
     ChatSync,
     ChatTurnEvent,
@@ -117,6 +121,8 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
             await self.chat_send(session, event)
         elif isinstance(event, ChatSync):
             await self.chat_sync(session, event)
+        elif isinstance(event, ChatRegenerate):
+            await self.chat_regenerate(session, event)
         else:
             await self.chat_stop(session)
 
@@ -153,6 +159,22 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
             await self.deliver(ChatMessageEvent(message=stored.as_dict()))
         if final is not None:
             await self.deliver(ChatDoneEvent(turn_id=message.pk, status=final.status, message_id=final.pk))
+
+    async def chat_regenerate(self, session: ChatSession, event: ChatRegenerate) -> None:
+        """Keep the last turn's reply as an earlier version and run the turn again, or refuse (``cannot_regenerate``)."""
+        try:
+            turn, version, removed = await orm_async(reply_regenerate_prepare)(session=session, turn_id=event.turn_id)
+        except RegenerateRefused as exc:
+            await self.deliver(ErrorEvent(code=CANNOT_REGENERATE, message=str(exc)))
+            return
+        await event_broadcast(session.pk, ChatRegeneratedEvent(turn_id=turn.pk, version=version, removed=removed))
+        chat_turn_start(
+            session_id=session.pk,
+            user_message_id=turn.pk,
+            lease_fresh=True,
+            question=turn.content or "",
+            version=version,
+        )
 
     async def chat_sync(self, session: ChatSession, event: ChatSync) -> None:
         await self.leases_check(session.pk)

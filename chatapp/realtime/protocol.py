@@ -71,6 +71,7 @@ BAD_FIELD: Final = "bad_field"
 TOO_LONG: Final = "too_long"
 BUSY: Final = "busy"
 ID_REUSED: Final = "id_reused"
+CANNOT_REGENERATE: Final = "cannot_regenerate"
 CONTEXT_OVERFLOW: Final = "context_overflow"
 AGENT_STEP_LIMIT: Final = "agent_step_limit"
 INTERNAL_ERROR: Final = "internal_error"
@@ -108,6 +109,10 @@ ERROR_CODES: Final[dict[str, str]] = {
         "a `chat.send` whose `client_message_id` names a stored message with another text: nothing stored, nothing "
         "replayed; send the new message with a new id"
     ),
+    CANNOT_REGENERATE: (
+        "a `chat.regenerate` refused, nothing changed: the turn is not this chat's last, has no final reply yet, "
+        "a turn is in flight, or its reply is already folded into the summary (the message says which)"
+    ),
     CONTEXT_OVERFLOW: (
         "the turn ended without calling the model: even its elided current turn is over the context "
         "window (docs/memory.md I5); an `error` reply is stored"
@@ -117,7 +122,8 @@ ERROR_CODES: Final[dict[str, str]] = {
     **{llm_error_code(kind): f"the chat model failed: {meaning}" for kind, meaning in LLM_ERROR_KINDS.items()},
 }
 """Every error code an :class:`ErrorEvent` may carry, with its meaning. The first five answer an
-invalid client event; the others end a turn (with ``turn_id``) or refuse a send (``busy``, ``id_reused``)."""
+invalid client event; the others end a turn (with ``turn_id``) or refuse a client event (``busy``, ``id_reused``,
+``cannot_regenerate``)."""
 
 
 class ProtocolError(Exception):
@@ -184,8 +190,21 @@ class ChatStop(ClientEventBase):
     type: ClassVar[str] = "chat.stop"
 
 
-ClientEvent = ChatSend | ChatSync | ChatStop
-CLIENT_EVENTS: Final[tuple[type[ClientEventBase], ...]] = (ChatSend, ChatSync, ChatStop)
+@dataclass(frozen=True, kw_only=True)
+class ChatRegenerate(ClientEventBase):
+    """Regenerate the reply of the chat's last turn: the current reply is kept as an earlier version (shown, never
+    sent to the model), memory forgets it, and the turn runs again. Answered with ``chat.regenerated`` to every
+    socket of the session, then the turn's events as for a new message; ``error`` with ``cannot_regenerate`` when
+    refused (nothing changed)."""
+
+    type: ClassVar[str] = "chat.regenerate"
+
+    turn_id: int
+    """The turn whose reply is regenerated: the id of its user message, the chat's last."""
+
+
+ClientEvent = ChatSend | ChatSync | ChatStop | ChatRegenerate
+CLIENT_EVENTS: Final[tuple[type[ClientEventBase], ...]] = (ChatSend, ChatSync, ChatStop, ChatRegenerate)
 
 
 # --- server events --------------------------------------------------------------------------
@@ -249,6 +268,21 @@ class ChatHistoryEvent(ServerEvent):
     pending: list[int]
     """The turn ids (user message ids) of the turns in flight, ascending: no final reply yet and a
     fresh lease, so running or queued on some worker now."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatRegeneratedEvent(ServerEvent):
+    """To every socket of the session: the reply of turn ``turn_id`` was kept as version ``version - 1`` and removed
+    from the transcript (its messages' ids are gone); the turn runs again, and its new messages carry ``version``."""
+
+    type: ClassVar[str] = "chat.regenerated"
+
+    turn_id: int
+    """The regenerated turn (its user message id)."""
+    version: int
+    """The version number of the reply being written now (2 after the first regeneration)."""
+    removed: list[int]
+    """The ids of the messages that left the transcript (the earlier version's tool calls, results and reply)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -512,6 +546,7 @@ class MemoryFactsEvent(ServerEvent):
 SERVER_EVENTS: Final[tuple[type[ServerEvent], ...]] = (
     ChatAckEvent,
     ChatHistoryEvent,
+    ChatRegeneratedEvent,
     ChatMessageEvent,
     ChatTurnEvent,
     ChatRetrievalEvent,

@@ -22,6 +22,7 @@ from chatapp.realtime.protocol import (
     ChatDeltaEvent,
     ChatDoneEvent,
     ChatMessageEvent,
+    ChatRegeneratedEvent,
     ChatRetrievalEvent,
     ChatTurnEvent,
     ErrorEvent,
@@ -226,6 +227,9 @@ class PageFeed:
                 + self._composer_refresh()
                 + self._demo_end(event)
             )
+        if isinstance(event, ChatRegeneratedEvent):
+            gone = "".join(format_html('<div id="message-{}" hx-swap-oob="delete"></div>', pk) for pk in event.removed)
+            return gone + announce(f"Regenerating the reply to message #{event.turn_id} (version {event.version}).")
         if isinstance(event, ErrorEvent):
             return self._error(event)
         return ""
@@ -268,7 +272,7 @@ class PageFeed:
                 parts.append('<div hx-swap-oob="delete:#messages .empty-chat"></div>')
             mark = self.basis.mark_of(message_id, message.get("origin", Message.Origin.MODEL))
             self.marks[message_id] = mark
-            rendered = partial_render("message", {"message": message, "mark": mark})
+            rendered = partial_render("message", {"message": message, "mark": mark, "session_id": self.session_id})
             parts.append(f'<div hx-swap-oob="beforeend:#messages">{rendered}</div>')
         role, turn_id = message.get("role"), message.get("reply_to")
         if role == Message.Role.USER:

@@ -35,7 +35,7 @@ from chatapp.chats.access import (
 from chatapp.chats.export import EXPORT_FORMATS, chat_export_filename, chat_export_stream
 from chatapp.chats.memory import memory_engine, memory_key_of
 from chatapp.chats.search import SEARCH_MAX_CHARS, message_search_for_owner
-from chatapp.chats.selectors import session_list_for_owner
+from chatapp.chats.selectors import reply_version_get, session_list_for_owner
 from chatapp.chats.services import (
     chat_session_create,
     chat_session_delete,
@@ -323,6 +323,16 @@ def session_recall(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
     if request.htmx:
         return render(request, f"{SESSION_PAGE}#recall", {"recall": recall_section_get(session_id=session.pk)})
     return render(request, SESSION_PAGE, _session_page_context(request, session))
+
+
+@require_safe
+def session_reply_version(request: HtmxHttpRequest, session_id: int, turn_id: int, number: int) -> HttpResponse:
+    """Earlier version ``number`` of the reply to turn ``turn_id`` (docs/memory.md §8, "Regenerate"); 404 for a version,
+    turn or chat that is not the caller's."""
+    session = session_get_for_owner(request, session_id)
+    version, total = reply_version_get(session_id=session.pk, turn_id=turn_id, number=number)
+    context = {"version": version, "total": total, "final": version.final_reply, "sid": session.pk}
+    return render(request, f"{SESSION_PAGE}#reply-version", context)
 
 
 @require_GET

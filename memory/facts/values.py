@@ -50,8 +50,9 @@ SELF_EXPLAINING: frozenset[str] = frozenset({"id", "money", "date", "email", "ph
 EXPLAINED_BY_TEXT: frozenset[str] = frozenset({"commitment", "other"})
 
 
-# How a fact came or went (docs/memory.md F-46 to F-48); ``correct`` is a supersede said as a self-correction.
-Operation = Literal["add", "supersede", "correct", "retract"]
+# How a fact came or went (docs/memory.md F-46 to F-48); ``correct`` is a supersede said as a self-correction;
+# ``forget``: the message it came from was deleted by the app (a regenerated reply).
+Operation = Literal["add", "supersede", "correct", "retract", "forget"]
 Polarity = Literal["positive", "negative"]
 # Where a value came from (F-49): the user's own words, a tool call's arguments, or merely mentioned.
 PROVENANCES: tuple[str, ...] = ("user", "tool_args", "mentioned", "tool_result")

@@ -118,6 +118,17 @@ def session_memory_delete(*, memory_key: str) -> None:
     MemoryItem.objects.filter(memory_key=memory_key).delete()
 
 
+def session_memory_forget_after(*, memory_key: str, message_id: int) -> tuple[int, int]:
+    """Forget what memory derived from the conversation's messages after ``message_id``, deleted by the app (a
+    regenerated reply): their recall items are deleted, their active key facts invalidated (facts are never deleted).
+    Returns ``(items deleted, facts invalidated)``. The summary must not reach past ``message_id`` (the caller's check)."""
+    items, _ = MemoryItem.objects.filter(memory_key=memory_key, last_message_id__gt=message_id).delete()
+    facts = KeyFact.objects.filter(
+        memory_key=memory_key, source_message_id__gt=message_id, invalidated_at__isnull=True
+    ).update(invalidated_at=timezone.now(), operation="forget")
+    return items, facts
+
+
 def summarizer_health_get(*, memory_key: str) -> dict[str, Any]:
     """The summarizer's health at the last compression: ``status`` ``idle``, ``ok``, ``retrying``, ``failover`` or
     ``raw_archive`` (docs/memory.md §4), ``last_error`` (the newest failed attempt's), ``attempts``, ``at``."""

@@ -10,7 +10,8 @@
 //     they are kept in sessionStorage until then, so a reload loses none: one the server refused
 //     ("Not sent", the cap of waiting messages) stays with Retry and Dismiss buttons;
 //   - Retry on a failed reply sends its turn's question again, as a new message; Continue on a reply
-//     cut off at the token limit asks the model to go on;
+//     cut off at the token limit asks the model to go on; Regenerate on the last reply sends
+//     chat.regenerate (earlier versions are fetched by htmx, "Back to the current version" empties them);
 //   - reflects the socket state in data-ws on #chat-page (browser tests wait on it); a chat
 //     deleted elsewhere (close code 4404) disables the composer;
 //   - keeps focus, open <details>, text typed into the inspector's forms (a key fact's new value)
@@ -371,6 +372,21 @@
       } else bubble.remove();
       outboxSave();
       document.getElementById("composer-text").focus();
+      return;
+    }
+    // Regenerate the last reply: the server keeps the current one as an earlier version and runs the turn again.
+    const regenerate = event.target.closest("[data-regenerate]");
+    if (regenerate) {
+      if (socket) {
+        regenerate.disabled = true;
+        socket.send(JSON.stringify({ type: "chat.regenerate", turn_id: Number(regenerate.dataset.regenerate) }));
+      }
+      return;
+    }
+    const versionsClose = event.target.closest("[data-versions-close]");
+    if (versionsClose) {
+      const view = document.getElementById(versionsClose.dataset.versionsClose);
+      if (view) view.replaceChildren();
       return;
     }
     // A reply cut off at the token limit: ask the model to go on (it sees the reply marked as cut off).

@@ -45,8 +45,10 @@ class FactRow:
     @property
     def change_label(self) -> str:
         """How a retired fact ended: ``withdrawn in message N``, ``corrected in message N`` or ``replaced in message
-        N`` (F-46 to F-48); ``""`` for a current one or when no message changed it (an edit)."""
+        N`` (F-46 to F-48), or forgotten with its regenerated reply; ``""`` for a current one or an edit."""
         fact, by = self.fact, self.fact.changed_by_message_id
+        if fact.status != "current" and fact.operation == "forget":
+            return "forgotten: the reply it came from was regenerated"
         if fact.status == "current" or by is None:
             return ""
         if fact.status == "retracted":
