@@ -25,6 +25,10 @@ class ChatSession(models.Model):
     )
     title = models.CharField(max_length=200, blank=True, default="")
     mode = models.CharField(max_length=16, choices=Mode.choices, default=Mode.AGENT)
+    # An edited copy (docs/memory.md §8, "Edit into a new chat"): the chat it was forked from, and the user message
+    # there whose edited text this chat's history continues with (the two diverge at that message).
+    forked_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks")
+    forked_at_message_id = models.BigIntegerField(null=True, blank=True)
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
 

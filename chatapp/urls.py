@@ -24,6 +24,7 @@ urlpatterns = [
     path("s/<int:session_id>/facts/", views.session_key_facts, name="session-key-facts"),
     path("s/<int:session_id>/recall/", views.session_recall, name="session-recall"),
     path("s/<int:session_id>/export.<slug:fmt>", views.session_export, name="session-export"),
+    path("s/<int:session_id>/messages/<int:message_id>/fork/", views.session_message_fork, name="session-message-fork"),
     path(
         "s/<int:session_id>/turns/<int:turn_id>/versions/<int:number>/",
         views.session_reply_version,

@@ -8,7 +8,7 @@ import os
 import secrets
 import socket
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -373,6 +373,22 @@ class MemoryEngine:
         if boundary is not None and boundary > message_id:
             raise ValueError(f"the summary holds messages up to #{boundary}, after #{message_id}")
         stored_summaries.session_memory_forget_after(memory_key=memory_key, message_id=message_id)
+
+    def summary_adopt(self, memory_key: str, *, source_key: str, id_map: Mapping[int, int], fork_point: int) -> bool:
+        """Start conversation ``memory_key`` (a copy of ``source_key``'s messages before ``fork_point``, their ids
+        mapped by ``id_map``) with the source's summary when all it folded precedes the fork point: its boundary
+        becomes the copy's id of the newest folded message. Returns whether it did; otherwise the memory job builds
+        the copy's summary from its own messages. Writes only into an empty ``memory_key``."""
+        summary = self.summary(source_key)
+        if summary.last_message_id is None or summary.last_message_id >= fork_point:
+            return False
+        folded = [new for old, new in id_map.items() if old <= summary.last_message_id]
+        if not folded:
+            return False
+        copy = replace(summary, last_message_id=max(folded), version=0)
+        return stored_summaries.session_summary_save(
+            memory_key=memory_key, expected_version=0, new=copy, token_count=self.counter.count_text(copy.content)
+        )
 
     def forget(self, memory_key: str) -> None:
         """Delete every memory record of the conversation (its stored messages are the app's)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import Max, QuerySet
@@ -110,6 +111,37 @@ def message_last_user_id(*, session_id: int) -> int | None:
         .values_list("id", flat=True)
         .first()
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lineage:
+    """Where a chat and its edited copies diverge (docs/memory.md §8, "Edit into a new chat"): ``parent``, the chat
+    this one copies (None when it is no copy, or its original was deleted), ``edited_id`` the copy's edited message,
+    ``forks`` the copies made from this chat."""
+
+    parent: ChatSession | None = None
+    edited_id: int | None = None
+    forks: tuple[ChatSession, ...] = ()
+
+    @property
+    def fork_points(self) -> frozenset[int]:
+        """This chat's messages that were edited into a copy."""
+        return frozenset(fork.forked_at_message_id for fork in self.forks if fork.forked_at_message_id is not None)
+
+
+def chat_lineage_get(*, session: ChatSession) -> Lineage:
+    """The chat's :class:`Lineage`: two queries, one more for a copy."""
+    parent = ChatSession.objects.filter(pk=session.forked_from_id).first() if session.forked_from_id else None
+    edited = None
+    if session.forked_from_id or session.forked_at_message_id:
+        edited = (
+            Message.objects.filter(session=session, role=Message.Role.USER, client_message_id__startswith="edit-")
+            .order_by("id")
+            .values_list("id", flat=True)
+            .first()
+        )
+    forks = tuple(ChatSession.objects.filter(forked_from=session).order_by("id"))
+    return Lineage(parent=parent, edited_id=edited, forks=forks)
 
 
 def reply_version_get(*, session_id: int, turn_id: int, number: int) -> tuple[ReplyVersion, int]:

@@ -40,6 +40,24 @@ class SessionRenameForm(forms.Form):
     title = forms.CharField(max_length=200, required=False, strip=True)
 
 
+class MessageEditForm(forms.Form):
+    """The edited text of a sent user message, as ``chat.send`` takes it (docs/protocol.md)."""
+
+    text = forms.CharField(strip=False, error_messages={"required": "Write the edited message first."})
+
+    def clean_text(self) -> str:
+        text: str = self.cleaned_data["text"]
+        if not text.strip():
+            raise forms.ValidationError("Write the edited message first.")
+        if len(text) > settings.CHAT_MAX_MESSAGE_CHARS:
+            raise forms.ValidationError(
+                f"The message is {len(text)} characters long; the limit is {settings.CHAT_MAX_MESSAGE_CHARS}."
+            )
+        if "\x00" in text:
+            raise forms.ValidationError("The message must not contain NUL characters.")
+        return text
+
+
 class DocumentUploadForm(forms.Form):
     """A UTF-8 text or Markdown file (at most ``KB_MAX_UPLOAD_BYTES``) for the knowledge base, with an optional title;
     ``cleaned_data["text"]`` is the decoded body."""

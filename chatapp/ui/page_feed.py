@@ -47,12 +47,14 @@ CHAT_DELETED_TEXT = "This chat was deleted in another tab or window: nothing mor
 
 @dataclass(frozen=True, kw_only=True)
 class ChatPageState:
-    """``transcript`` as ``(message, mark)`` pairs in id order, ``running`` the turns still answering."""
+    """``transcript`` as ``(message, mark)`` pairs in id order, ``running`` the turns still answering, ``lineage``
+    where the chat and its edited copies diverge."""
 
     session: ChatSession
     transcript: list[tuple[Message, str]]
     running: list[int]
     inspector: InspectorState
+    lineage: selectors.Lineage
 
 
 def chat_page_state_get(*, session: ChatSession) -> ChatPageState:
@@ -67,6 +69,7 @@ def chat_page_state_get(*, session: ChatSession) -> ChatPageState:
         ],
         running=turns_running(session.pk),
         inspector=inspector,
+        lineage=selectors.chat_lineage_get(session=session),
     )
 
 

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
+from uuid import uuid4
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -43,6 +44,8 @@ from chatapp.chats.services import (
     chat_session_rename,
 )
 from chatapp.conversation.compress import session_memory_compress
+from chatapp.conversation.fork import ForkRefused, chat_session_fork
+from chatapp.conversation.runner import chat_turn_start
 from chatapp.kb.documents import document_delete, document_list, document_upload
 from chatapp.llm.clients import chat_endpoint
 from chatapp.models import ChatSession
@@ -52,6 +55,7 @@ from chatapp.ui.forms import (
     KeyFactEditForm,
     KeyFactHideForm,
     KeyFactPinForm,
+    MessageEditForm,
     SessionCreateForm,
     SessionModeForm,
     SessionRenameForm,
@@ -323,6 +327,29 @@ def session_recall(request: HtmxHttpRequest, session_id: int) -> HttpResponse:
     if request.htmx:
         return render(request, f"{SESSION_PAGE}#recall", {"recall": recall_section_get(session_id=session.pk)})
     return render(request, SESSION_PAGE, _session_page_context(request, session))
+
+
+@require_POST
+async def session_message_fork(request: HtmxHttpRequest, session_id: int, message_id: int) -> HttpResponse:
+    """Edit user message ``message_id`` into a new chat (docs/memory.md §8, "Edit into a new chat") and go there, its
+    turn running; 404 for a chat or message that is not the caller's, 422 with the reason for an unusable text."""
+    session = await sync_to_async(session_get_for_owner)(request, session_id)
+    form = MessageEditForm(request.POST)
+    if not form.is_valid():
+        return HttpResponse(
+            " ".join(str(error) for error in form.errors["text"]), status=422, content_type="text/plain; charset=utf-8"
+        )
+    try:
+        message = await sync_to_async(chat_session_fork)(
+            session=session, message_id=message_id, text=form.cleaned_data["text"], client_message_id=f"edit-{uuid4()}"
+        )
+    except ForkRefused as exc:
+        raise Http404(str(exc)) from None
+    chat_turn_start(
+        session_id=message.session_id, user_message_id=message.pk, lease_fresh=True, question=message.content or ""
+    )
+    url = reverse("session-detail", args=[message.session_id])
+    return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
 
 
 @require_safe
