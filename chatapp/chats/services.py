@@ -42,9 +42,19 @@ def chat_session_create(*, owner: Owner, mode: str, title: str = "") -> ChatSess
     )
 
 
+def title_plain(text: str) -> str:
+    """``text`` on one line without bidirectional controls, which would reorder the chat list around a title."""
+    return " ".join(text.translate(_BIDI_CONTROLS).split())
+
+
+# Embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069) and the direction marks.
+_BIDI_CONTROLS = dict.fromkeys([*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C])
+
+
 def chat_session_title_from_text(*, text: str, session_id: int) -> str:
-    """The chat's title from its first message, on one line, cut at a word; pure. Values are left out before the cut,
-    so half a value cannot slip through."""
+    """The chat's title from its first message, on one line without bidirectional controls, cut at a word; pure.
+    Values are left out before the cut, so half a value cannot slip through."""
+    text = text.translate(_BIDI_CONTROLS)
     kept: list[str] = []
     position = 0
     for start, end, kind in value_spans(text):
@@ -70,7 +80,7 @@ def chat_session_title_from_text(*, text: str, session_id: int) -> str:
 
 def chat_session_rename(*, session: ChatSession, title: str) -> ChatSession:
     """Rename without moving the chat in the list; at most 200 characters, empty shows "Chat <id>"."""
-    session.title = " ".join(title.split())[:200]
+    session.title = title_plain(title)[:200]
     ChatSession.objects.filter(pk=session.pk).update(title=session.title)
     return session
 

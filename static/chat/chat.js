@@ -3,8 +3,8 @@
 // chatapp/ui/page_feed.py and docs/protocol.md) or by HTTP. This file:
 //   - composer: Enter sends (not the Enter that confirms an IME composition), Shift+Enter adds a
 //     line; the token count under it is the server's (htmx posts the text, debounced); Send is
-//     disabled while the text is over the character limit or the count says the message would be
-//     refused; a sent message shows as a "pending" bubble in #outbox until the server's rendered
+//     disabled while the text is blank, over the character limit or the count says the message would
+//     be refused; a sent message shows as a "pending" bubble in #outbox until the server's rendered
 //     copy arrives in #messages;
 //   - after every (re)connect, pending bubbles are sent again (the server ignores duplicates);
 //     they are kept in sessionStorage until then, so a reload loses none: one the server refused
@@ -253,7 +253,8 @@
   function sendUpdate() {
     const form = document.getElementById("composer");
     const send = form && form.querySelector("#send");
-    if (send && !form.hasAttribute("data-gone")) send.disabled = refused(form);
+    // A blank message is never sent: Send says so by being disabled, as for one that would be refused.
+    if (send && !form.hasAttribute("data-gone")) send.disabled = refused(form) || !form.querySelector("textarea").value.trim();
   }
   document.addEventListener("input", (event) => { if (event.target.id === "composer-text") sendUpdate(); });
   document.addEventListener("htmx:afterSettle", sendUpdate);
@@ -377,10 +378,7 @@
     // Regenerate the last reply: the server keeps the current one as an earlier version and runs the turn again.
     const regenerate = event.target.closest("[data-regenerate]");
     if (regenerate) {
-      if (socket) {
-        regenerate.disabled = true;
-        socket.send(JSON.stringify({ type: "chat.regenerate", turn_id: Number(regenerate.dataset.regenerate) }));
-      }
+      if (socket) socket.send(JSON.stringify({ type: "chat.regenerate", turn_id: Number(regenerate.dataset.regenerate) }));
       return;
     }
     const versionsClose = event.target.closest("[data-versions-close]");

@@ -100,6 +100,16 @@ def daphne_server(start_server: Callable[..., Server]) -> Server:
     return start_server()
 
 
+# Tests of compression itself run at half the offline engine's window, so that a few questions cross the trigger.
+SMALL_WINDOW = {"LLM_CONTEXT_WINDOW": "2048"}
+
+
+@pytest.fixture(scope="session")
+def small_window_server(start_server: Callable[..., Server]) -> Server:
+    """The embedded default with a 2,048-token window (:data:`SMALL_WINDOW`)."""
+    return start_server(**SMALL_WINDOW)
+
+
 @pytest.fixture(scope="module")
 def browser(chromium_executable: Path) -> Iterator[Browser]:
     """Chromium, for one test module: Playwright's sync API marks an asyncio loop as running in

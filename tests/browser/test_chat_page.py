@@ -74,9 +74,9 @@ def summarized_count(page: Page) -> int:
     return page.locator("#messages .mark[data-mark='summarized']").count()
 
 
-def test_a_compression_shows_live_in_the_inspector(daphne_server: Server, new_context: Context):
+def test_a_compression_shows_live_in_the_inspector(small_window_server: Server, new_context: Context):
     page = new_context(viewport={"width": 1440, "height": 900}, reduced_motion="reduce").new_page()
-    chat_open(page, daphne_server)
+    chat_open(page, small_window_server)
     expect(page.get_by_test_id("offline-banner")).to_be_visible()
     page.evaluate("window.__sameDocument = true")  # gone if the page were ever reloaded
     job = page.get_by_test_id("memory-job")

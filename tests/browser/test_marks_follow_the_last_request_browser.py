@@ -46,9 +46,11 @@ def badges_agree_with_the_inspector(page: Page) -> tuple[int, int]:
     return sent, stored
 
 
-def test_badges_follow_the_last_request_and_mark_what_the_job_folded_since(daphne_server: Server, new_context: Context):
+def test_badges_follow_the_last_request_and_mark_what_the_job_folded_since(
+    small_window_server: Server, new_context: Context
+):
     page = new_context(viewport={"width": 1440, "height": 900}).new_page()
-    chat_open(page, daphne_server)
+    chat_open(page, small_window_server)
     folded_seen = False
     for question in QUESTIONS:
         ask(page, question)

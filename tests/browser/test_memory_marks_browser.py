@@ -78,7 +78,7 @@ def test_the_gauge_says_its_level_and_marks_in_words_and_its_colours_are_its_own
     expect(level).to_have_text(re.compile("^(under the target|over the target|over the trigger)$"))
     expect(gauge).to_have_attribute(
         "aria-valuetext",
-        re.compile(r"^[\d,]+ of 2,048 tokens, (under|over) the \w+; target 614, trigger 1,024, window 2,048$"),
+        re.compile(r"^[\d,]+ of 4,096 tokens, (under|over) the \w+; target 1,228, trigger 2,048, window 4,096$"),
     )
     # The marks are labelled in words under the bar, each where its mark is, and in the legend.
     scale = page.get_by_test_id("gauge-scale")
@@ -91,9 +91,9 @@ def test_the_gauge_says_its_level_and_marks_in_words_and_its_colours_are_its_own
         label = scale.get_by_text(mark, exact=True).bounding_box()
         assert bar and label and abs(label["x"] + label["width"] / 2 - bar["x"]) < 4
     legend = page.get_by_test_id("gauge-marks")
-    expect(legend).to_contain_text("target 614: compression aims below it")
-    expect(legend).to_contain_text("trigger 1,024: compression starts above it")
-    expect(legend).to_contain_text("window 2,048: the model's limit")
+    expect(legend).to_contain_text("target 1,228: compression aims below it")
+    expect(legend).to_contain_text("trigger 2,048: compression starts above it")
+    expect(legend).to_contain_text("window 4,096: the model's limit")
 
     colours = page.evaluate(GAUGE_AND_SECTION_COLOURS)
     levels, sections = colours["levels"], colours["sections"]
@@ -176,7 +176,7 @@ def test_the_composer_shows_the_servers_token_count_against_the_room(daphne_serv
     expect(count).to_have_attribute("data-state", "empty")
     expect(count).to_contain_text("Room for one message: up to")
     room = int(count.get_by_test_id("composer-room").inner_text().replace(",", ""))
-    assert 0 < room < 2048
+    assert 0 < room < 4096
     composer = page.get_by_label("Message", exact=True)
 
     with page.expect_response(re.compile(r"/composer/count/$")) as answered:

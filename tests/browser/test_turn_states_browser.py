@@ -105,8 +105,11 @@ def test_send_is_disabled_while_the_count_predicts_a_refusal(daphne_server: Serv
     chat_open(page, daphne_server)
     composer, send = page.get_by_label("Message", exact=True), page.locator("#send")
     count = page.get_by_test_id("composer-count")
-    # Under the character limit (8,000) but far more tokens than the 2,048-token window leaves.
-    composer.fill(" ".join(f"x{n}q{n * 7}" for n in range(600)))
+    # Nothing to send: a blank message.
+    composer.fill("   \n  ")
+    expect(send).to_be_disabled()
+    # Under the character limit (8,000) but more tokens than the 4,096-token window leaves (3,857).
+    composer.fill(" ".join(f"x{n}q{n * 7}" for n in range(800)))
     expect(count).to_have_attribute("data-state", "over_window")
     expect(send).to_be_disabled()
     composer.press("Enter")
@@ -240,6 +243,8 @@ def test_a_reply_cut_off_at_the_token_limit_is_marked_and_continue_asks_for_more
     expect(page.locator("#messages article.user").last).to_contain_text(
         "Please continue from where your reply was cut off."
     )
-    # The continuation is answered.
+    # The continuation is answered, and the first reply no longer offers Continue (only the last one may).
     expect(page.locator("#messages article").last).to_have_class(re.compile(r"\bassistant\b"))
     expect(page.locator("#messages article.user")).to_have_count(2)
+    first = page.locator("#messages article.assistant", has=page.get_by_test_id("cut-off")).first
+    expect(first.get_by_role("button", name=re.compile("^Continue"))).to_be_hidden()

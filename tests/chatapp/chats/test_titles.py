@@ -9,7 +9,7 @@ import itertools
 
 import pytest
 
-from chatapp.chats.services import TITLE_MAX_CHARS, chat_session_title_from_text
+from chatapp.chats.services import TITLE_MAX_CHARS, chat_session_title_from_text, title_plain
 from memory.api import value_spans
 
 
@@ -82,3 +82,10 @@ def test_value_spans_uses_the_key_fact_rules_and_marks_secrets():
 def test_value_spans_covers_a_secret_without_digits_to_the_end_of_its_clause():
     text = "my password is swordfish, and the rest stays"
     assert [(text[start:end], kind) for start, end, kind in value_spans(text)] == [("is swordfish", "secret")]
+
+
+def test_bidirectional_controls_never_reach_a_title():
+    """An override in a message or a rename would reorder the chat list's text around the title (found by a
+    newcomer): the controls are dropped, the letters kept."""
+    assert title("Invoice \u202egnp.exe\u202c for \u2067March\u2069") == "Invoice gnp.exe for March"
+    assert title_plain(" Re\u200fnamed \u202d chat \n") == "Renamed chat"
