@@ -386,8 +386,12 @@ class MemoryEngine:
         if not folded:
             return False
         copy = replace(summary, last_message_id=max(folded), version=0)
-        return stored_summaries.session_summary_save(
-            memory_key=memory_key, expected_version=0, new=copy, token_count=self.counter.count_text(copy.content)
+        return stored_summaries.session_summary_adopt(
+            memory_key=memory_key,
+            source_key=source_key,
+            summary=copy,
+            token_count=self.counter.count_text(copy.content),
+            note=f"adopted from conversation {source_key}: it folded only messages before the edited one",
         )
 
     def forget(self, memory_key: str) -> None:

@@ -62,10 +62,21 @@ def session_of(memory_key: str) -> int:
     return int(memory_key)
 
 
-def chat_session_scope_key(*, owner_id: int | None, owner_session_key: str) -> str:
+def chat_session_scope_key(*, owner_id: int | None, owner_session_key: str, copy_id: int | None = None) -> str:
     """The memory scope key of a chat's owner (docs/memory.md §11, "scope"): ``user:<id>`` for a
-    user, ``anon:<Django session key>`` for an anonymous browser."""
-    return f"user:{owner_id}" if owner_id is not None else f"anon:{owner_session_key}"
+    user, ``anon:<Django session key>`` for an anonymous browser. An edited copy (``copy_id``, §8) is a
+    scope of its own, ``<owner>/copy:<chat id>``: its memory comes from its own messages, and no other
+    chat sees its facts or recalls its messages, nor it theirs."""
+    owner = f"user:{owner_id}" if owner_id is not None else f"anon:{owner_session_key}"
+    return owner if copy_id is None else f"{owner}/copy:{copy_id}"
+
+
+def session_scope_key(session: ChatSession) -> str:
+    """:func:`chat_session_scope_key` of ``session``."""
+    copy_id = session.pk if session.forked_at_message_id is not None else None
+    return chat_session_scope_key(
+        owner_id=session.owner_id, owner_session_key=session.owner_session_key, copy_id=copy_id
+    )
 
 
 def chat_session_lock(session_id: int) -> bool:
@@ -163,7 +174,11 @@ def _messages_after_exist(*, session_id: int, after: int | None) -> bool:
 def _messages_after(*, session_id: int, after: int | None, limit: int) -> StoredMessages | None:
     """The session's messages after ``after`` that the app did not write, with the owner's scope
     key and the earlier calls their tool results answer; None when the session is gone."""
-    owner = ChatSession.objects.filter(pk=session_id).values_list("owner_id", "owner_session_key").first()
+    owner = (
+        ChatSession.objects.filter(pk=session_id)
+        .values_list("owner_id", "owner_session_key", "forked_at_message_id")
+        .first()
+    )
     if owner is None:
         return None
     rows = Message.objects.filter(session_id=session_id).exclude(origin=Message.Origin.APP)
@@ -188,21 +203,27 @@ def _messages_after(*, session_id: int, after: int | None, limit: int) -> Stored
             for call in tool_calls or ():
                 if isinstance(call, dict) and str(call.get("id")) in wanted:
                     calls.setdefault(str(call["id"]), (message_id, call))
-    scope_key = chat_session_scope_key(owner_id=owner[0], owner_session_key=owner[1])
+    copy_id = session_id if owner[2] is not None else None
+    scope_key = chat_session_scope_key(owner_id=owner[0], owner_session_key=owner[1], copy_id=copy_id)
     return StoredMessages(scope_key=scope_key, messages=messages, calls=calls)
 
 
 def _next_request_subject(*, session_id: int) -> tuple[str, int, int | None, str] | None:
     """The session's mode, newest message id, first turn in flight and owner's scope key; None
     when it is gone or has no message."""
-    session = ChatSession.objects.filter(pk=session_id).values_list("mode", "owner_id", "owner_session_key").first()
+    session = (
+        ChatSession.objects.filter(pk=session_id)
+        .values_list("mode", "owner_id", "owner_session_key", "forked_at_message_id")
+        .first()
+    )
     if session is None:
         return None
-    mode, owner_id, owner_session_key = session
+    mode, owner_id, owner_session_key, forked_at = session
     last_id = Message.objects.filter(session_id=session_id).order_by("-id").values_list("id", flat=True).first()
     if last_id is None:
         return None
-    scope_key = chat_session_scope_key(owner_id=owner_id, owner_session_key=owner_session_key)
+    copy_id = session_id if forked_at is not None else None
+    scope_key = chat_session_scope_key(owner_id=owner_id, owner_session_key=owner_session_key, copy_id=copy_id)
     return mode, last_id, turns.turn_in_flight_first_id(session_id=session_id), scope_key
 
 

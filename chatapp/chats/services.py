@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from chatapp.chats.access import Owner
-from chatapp.chats.memory import chat_session_lock, chat_session_scope_key, memory_engine, memory_key_of
+from chatapp.chats.memory import chat_session_lock, memory_engine, memory_key_of, session_scope_key
 from chatapp.llm.clients import chat_endpoint
 from chatapp.models import ChatSession, Message, ModelCall, TurnLease
 from chatapp.realtime.broadcast import event_broadcast_on_commit, session_sockets_close_on_commit
@@ -123,10 +123,10 @@ def message_facts_store(*, message: Message, scope_key: str | None = None) -> li
     if scope_key is None:
         if not engine.has_rule_facts(stored):
             return []
-        owner = ChatSession.objects.filter(pk=message.session_id).values_list("owner_id", "owner_session_key").first()
-        if owner is None:
+        session = ChatSession.objects.filter(pk=message.session_id).first()
+        if session is None:
             return []
-        scope_key = chat_session_scope_key(owner_id=owner[0], owner_session_key=owner[1])
+        scope_key = session_scope_key(session)
     return engine.facts_on_store(memory_key_of(message.session_id), scope_key=scope_key, messages=[stored])
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from asgiref.sync import sync_to_async
 
 from chatapp.chats import selectors, turns
-from chatapp.chats.memory import chat_session_scope_key, memory_engine, memory_key_of
+from chatapp.chats.memory import memory_engine, memory_key_of, session_scope_key
 from chatapp.conversation import leases
 from chatapp.llm.prompts import AGENT_PROMPT, QUICK_ANSWER_PROMPT, TOOL_SCHEMAS
 from chatapp.models import ChatSession
@@ -38,7 +38,7 @@ async def session_memory_compress(*, session_id: int) -> list[CompressionRecord]
         tools=TOOL_SCHEMAS if agent else None,
         summarize_below=await sync_to_async(turns.turn_in_flight_first_id)(session_id=session_id),
         force=True,
-        scope_key=chat_session_scope_key(owner_id=session.owner_id, owner_session_key=session.owner_session_key),
+        scope_key=session_scope_key(session),
     )
     # An HTTP view's work: on the request's own connection, like the reads above.
     engine = memory_engine(run_sync=sync_to_async)

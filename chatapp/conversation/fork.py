@@ -8,12 +8,12 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from chatapp.chats.memory import chat_session_scope_key, memory_engine, memory_key_of
+from chatapp.chats.memory import memory_engine, memory_key_of, session_scope_key
 from chatapp.chats.services import message_facts_store
 from chatapp.conversation.leases import user_message_submit
-from chatapp.models import ChatSession, Message
+from chatapp.models import ChatSession, Message, ReplyVersion
 
-FORK_TITLE_SUFFIX = " (edited)"
+FORK_TITLE_SUFFIX = " (edited at #{message_id})"
 # A copied message keeps these columns; its session, id and reply_to are the fork's.
 COPIED = ("role", "content", "tool_calls", "tool_call_id", "name", "token_count", "status", "origin", "version")
 
@@ -31,16 +31,16 @@ def chat_session_fork(*, session: ChatSession, message_id: int, text: str, clien
     edited = Message.objects.filter(session=session, pk=message_id, role=Message.Role.USER).first()
     if edited is None:
         raise ForkRefused(f"Message #{message_id} is not one of your messages in this chat.")
-    scope_key = chat_session_scope_key(owner_id=session.owner_id, owner_session_key=session.owner_session_key)
     with transaction.atomic():
         fork = ChatSession.objects.create(
             owner_id=session.owner_id,
             owner_session_key=session.owner_session_key,
             mode=session.mode,
-            title=(session.title or "Chat")[: 200 - len(FORK_TITLE_SUFFIX)] + FORK_TITLE_SUFFIX,
+            title=_title(session.title or f"Chat {session.pk}", message_id),
             forked_from=session,
             forked_at_message_id=message_id,
         )
+        scope_key = session_scope_key(fork)  # a scope of its own: no other chat's facts or recall
         id_map: dict[int, int] = {}
         # The turns before the edited one, whole: a reply of such a turn may have been stored after the edited message.
         before = Q(pk__lt=message_id, reply_to__isnull=True) | Q(reply_to_id__lt=message_id)
@@ -55,9 +55,19 @@ def chat_session_fork(*, session: ChatSession, message_id: int, text: str, clien
             copy.created = old.created
             id_map[old.pk] = copy.pk
             message_facts_store(message=copy, scope_key=scope_key)
+        for version in ReplyVersion.objects.filter(turn_id__in=id_map).order_by("id"):
+            ReplyVersion.objects.create(
+                turn_id=id_map[version.turn_id], number=version.number, messages=version.messages
+            )
         memory_engine().summary_adopt(
             memory_key_of(fork.pk), source_key=memory_key_of(session.pk), id_map=id_map, fork_point=message_id
         )
         ChatSession.objects.filter(pk=fork.pk).update(updated=timezone.now())
     message, _ = user_message_submit(session=fork, client_message_id=client_message_id, text=text)
     return message
+
+
+def _title(title: str, message_id: int) -> str:
+    """The copy's title: the original's, saying which message was edited, within the 200-character column."""
+    suffix = FORK_TITLE_SUFFIX.format(message_id=message_id)
+    return title[: 200 - len(suffix)] + suffix

@@ -15,7 +15,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
-from chatapp.chats.memory import chat_session_scope_key
+from chatapp.chats.memory import session_scope_key
 from chatapp.chats.services import (
     chat_session_title_from_text,
     message_facts_store,
@@ -90,9 +90,7 @@ def user_message_submit(
                     session.title = title
             message_facts_store(
                 message=message,
-                scope_key=chat_session_scope_key(
-                    owner_id=session.owner_id, owner_session_key=session.owner_session_key
-                ),
+                scope_key=session_scope_key(session),
             )
             event_broadcast_on_commit(session.pk, ChatMessageEvent(message=message.as_dict()))
     except TurnLimitReached:

@@ -16,7 +16,7 @@ from django.utils import timezone as django_timezone
 
 from chatapp.chats import selectors, services
 from chatapp.chats.access import Owner
-from chatapp.chats.memory import ChatConversations, chat_session_scope_key, memory_config, memory_engine, memory_key_of
+from chatapp.chats.memory import ChatConversations, memory_config, memory_engine, memory_key_of, session_scope_key
 from chatapp.conversation import leases
 from chatapp.llm.clients import chat_endpoint
 from chatapp.models import Message, TurnLease
@@ -258,7 +258,7 @@ class ReplaySession:
         session = services.chat_session_create(owner=owner, mode=mode, title=conversation.name[:200])
         self.session_id: int = session.pk
         self.memory_key = memory_key_of(session.pk)
-        self.scope_key = chat_session_scope_key(owner_id=session.owner_id, owner_session_key=session.owner_session_key)
+        self.scope_key = session_scope_key(session)
         self.source = ReplayConversations(conversation.system_prompt)
         self.jobs = ReplayJobs()
         self.engine = memory_engine(

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 
 from chatapp.chats import selectors
-from chatapp.chats.memory import chat_session_scope_key, memory_engine
+from chatapp.chats.memory import memory_engine, session_scope_key
 from chatapp.conversation import leases, stopping
 from chatapp.conversation.agent import agent_turn_run
 from chatapp.conversation.leases import turn_lease_kept
@@ -74,7 +74,7 @@ async def chat_turn_run(
             engine=engine,
             in_flight_first_id=in_flight_first_id,
             question=question or "",
-            scope_key=chat_session_scope_key(owner_id=session.owner_id, owner_session_key=session.owner_session_key),
+            scope_key=session_scope_key(session),
             version=version,
         )
         _running[user_message_id] = turn

@@ -231,6 +231,8 @@ class PageFeed:
                 + self._demo_end(event)
             )
         if isinstance(event, ChatRegeneratedEvent):
+            for message_id in event.removed:
+                self.marks.pop(message_id, None)
             gone = "".join(format_html('<div id="message-{}" hx-swap-oob="delete"></div>', pk) for pk in event.removed)
             return gone + announce(f"Regenerating the reply to message #{event.turn_id} (version {event.version}).")
         if isinstance(event, ErrorEvent):

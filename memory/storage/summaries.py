@@ -109,6 +109,32 @@ def compression_event_list_after(
     return list(rows.order_by("id")[:limit])
 
 
+def session_summary_adopt(*, memory_key: str, source_key: str, summary: Summary, token_count: int, note: str) -> bool:
+    """Write ``summary`` (the source's, its boundary already moved) as the first of the empty ``memory_key``, with a
+    copy of the source's event that wrote it (so its kind and history read the same), ``note`` added. Returns
+    whether it wrote (False when ``memory_key`` already has a summary)."""
+    source_version = session_summary_get(memory_key=source_key).version
+    with transaction.atomic():
+        if not session_summary_save(memory_key=memory_key, expected_version=0, new=summary, token_count=token_count):
+            return False
+        event = (
+            CompressionEvent.objects.filter(
+                memory_key=source_key, kind=CompressionEvent.Kind.COMPRESSION, summary_version=source_version
+            )
+            .order_by("-id")
+            .first()
+        )
+        if event is not None:
+            event.pk = None
+            event.memory_key = memory_key
+            event.summary_version = 1
+            event.boundary_before = None
+            event.boundary_after = summary.last_message_id
+            event.notes = [*(event.notes or []), note]
+            event.save(force_insert=True)
+    return True
+
+
 def session_memory_delete(*, memory_key: str) -> None:
     """Forget a conversation's memory state (summary, events, job, facts, recall items); messages are not ours."""
     SessionSummary.objects.filter(memory_key=memory_key).delete()

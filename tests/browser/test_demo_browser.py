@@ -80,6 +80,9 @@ def test_the_walk_through_shows_compression_degradation_key_facts_and_recall(
     )
     expect(page.locator("#messages details.tool-call").first).to_contain_text("kb_search")
     expect(page.locator("#messages .mark[data-mark='summarized']").first).to_be_attached()
+    # Recent turns stay verbatim after the compressions: the last request retained earlier questions of the user.
+    retained = page.locator("#messages article.user:has(.mark[data-mark='retained'])")
+    assert retained.count() >= 2, retained.count()
 
     # Compressions: several; one degraded by the injected outage, every attempt failed; recovered.
     inspector = page.locator("#inspector")

@@ -55,7 +55,7 @@ def test_editing_a_message_forks_the_chat_and_leaves_the_original_as_it_was(
     expect(page.locator(FINAL_REPLIES).last).not_to_contain_text("encryption")
     if directory := os.environ.get("SCREENSHOT_DIR"):
         page.screenshot(path=str(Path(directory) / "screenshot-fork.png"))
-    expect(page.locator(".session-item.current")).to_contain_text("(edited)")
+    expect(page.locator(".session-item.current")).to_contain_text(f"(edited at #{second_id})")
 
     # The original: as it was, with its edited message marked and a link to the copy.
     note.get_by_role("link").click()

@@ -10,6 +10,7 @@ from functools import lru_cache
 from typing import Any, Literal
 
 from chatapp.llm.offline.blocks import message_blocks, recall_items
+from chatapp.llm.prompts import NO_PASSAGES_FOUND
 from memory.api import split_sentences
 
 Message = dict[str, Any]
@@ -246,7 +247,8 @@ class Evidence:
 
 def context_evidence(context: list[Message]) -> list[Evidence]:
     """What the engine may quote, oldest first: the system prompt's passages (never its instructions), summary and
-    recall sentences (not the assistant's), tool results and user messages; never its own replies or questions."""
+    recall sentences (not the assistant's), tool results (not a search that found nothing) and user messages; never
+    its own replies or questions."""
     evidence: list[Evidence] = []
     for index, message in enumerate(context):
         role = message.get("role")
@@ -257,7 +259,9 @@ def context_evidence(context: list[Message]) -> list[Evidence]:
             evidence += _passages(text)
             continue
         if role == "tool":
-            evidence += _passages(text) or _sentences("conversation", text)
+            # A search that found nothing is no evidence of anything, as a model would read it.
+            if not text.strip().lower().startswith(NO_PASSAGES_FOUND):
+                evidence += _passages(text) or _sentences("conversation", text)
             continue
         for block in message_blocks(text):
             if block.kind == "summary":

@@ -10,14 +10,16 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.utils import timezone
 
-from chatapp.chats.memory import memory_engine, memory_key_of
+from chatapp.chats.memory import memory_engine, memory_key_of, session_scope_key
+from chatapp.chats.selectors import reply_version_get
 from chatapp.chats.services import message_facts_store
 from chatapp.conversation.fork import ForkRefused, chat_session_fork
-from chatapp.models import ChatSession, Message
+from chatapp.conversation.runner import chat_turn_run
+from chatapp.models import ChatSession, Message, ReplyVersion
 from memory.models import KeyFact, MemoryItem, SessionSummary
 from tests.chatapp.conftest import Visitor, chat_session_make, message_make
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("offline_engine", "demo_kb")]
 
 
 def conversation(owner: Visitor) -> tuple[ChatSession, list[Message]]:
@@ -62,7 +64,7 @@ def test_the_copy_continues_with_the_edit_and_reuses_a_summary_that_ends_before_
     fork = ChatSession.objects.get(pk=edited.session_id)
     assert fork.pk != session.pk and fork.owner_id == session.owner_id and fork.mode == session.mode
     assert fork.forked_from_id == session.pk and fork.forked_at_message_id == rows[2].pk
-    assert fork.title == "Moving house (edited)"
+    assert fork.title == f"Moving house (edited at #{rows[2].pk})"
     copied = list(Message.objects.filter(session=fork).order_by("id"))
     assert [m.content for m in copied] == [rows[0].content, rows[1].content, "Please ship it to my home."]
     assert [m.created for m in copied[:2]] == [rows[0].created, rows[1].created]  # times kept
@@ -79,6 +81,40 @@ def test_the_copy_continues_with_the_edit_and_reuses_a_summary_that_ends_before_
     assert snapshot(session) == before
     assert list(KeyFact.objects.filter(memory_key=key).values_list("id", "value")) == facts_before
     assert SessionSummary.objects.get(memory_key=key).last_message_id == rows[1].pk
+
+
+def test_the_copy_and_the_original_never_see_each_others_facts_or_messages(alice: Visitor):
+    """Found by a newcomer: an edit that changed the address was the owner's newest statement, so the original chat
+    pinned the edited address, and the copy the original's later correction. A copy is a memory scope of its own."""
+    session, rows = conversation(alice)
+    edited = chat_session_fork(
+        session=session, message_id=rows[4].pk, text="Actually my address is 9 Oak Street, Bath.", client_message_id="e"
+    )
+    fork = ChatSession.objects.get(pk=edited.session_id)
+    assert session_scope_key(fork) != session_scope_key(session)
+    answers: dict[int, str] = {}
+    for chat in (session, fork):
+        async_to_sync(memory_engine().run_jobs)(memory_key_of(chat.pk))
+        question = message_make(chat, "user", "What is my address?")
+        answers[chat.pk] = async_to_sync(chat_turn_run)(session_id=chat.pk, user_message_id=question.pk).content or ""
+    assert "48 Birch Lane" in answers[session.pk] and "Oak" not in answers[session.pk]
+    assert "9 Oak Street" in answers[fork.pk] and "Birch" not in answers[fork.pk]
+    # Recall: the original never finds the copy's messages, nor the copy the original's later ones.
+    original_items = MemoryItem.objects.filter(scope_key=session_scope_key(session)).values_list("text", flat=True)
+    copy_items = MemoryItem.objects.filter(scope_key=session_scope_key(fork)).values_list("text", flat=True)
+    assert not any("Oak" in text for text in original_items)
+    assert not any("Birch" in text for text in copy_items) and any("Oak" in text for text in copy_items)
+
+
+def test_a_regenerated_reply_keeps_its_earlier_versions_in_the_copy(alice: Visitor):
+    session, rows = conversation(alice)
+    ReplyVersion.objects.create(turn=rows[0], number=1, messages=[{"id": 1, "role": "assistant", "content": "Old."}])
+    Message.objects.filter(pk=rows[1].pk).update(version=2)
+    edited = chat_session_fork(session=session, message_id=rows[2].pk, text="Ship it home.", client_message_id="e5")
+    copied_turn = Message.objects.filter(session_id=edited.session_id).order_by("id").first()
+    assert copied_turn is not None
+    version, total = reply_version_get(session_id=edited.session_id, turn_id=copied_turn.pk, number=1)
+    assert total == 2 and version.final_reply == {"id": 1, "role": "assistant", "content": "Old."}
 
 
 def test_a_summary_that_folded_the_edited_message_or_later_is_not_reused(alice: Visitor):

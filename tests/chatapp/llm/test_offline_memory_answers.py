@@ -511,3 +511,19 @@ def test_quick_answer_says_it_has_no_calculator_and_points_to_agent_mode(text: s
 )
 def test_statements_are_acknowledged_sensibly(text: str, expected: str) -> None:
     assert answer([SYSTEM, user(text)], tools=TOOL_SCHEMAS) == expected
+
+
+def test_an_earlier_search_that_found_nothing_is_never_quoted_as_what_the_conversation_said() -> None:
+    """A newcomer saw "From our conversation: “no passages found for 'zebra migration'”" recalled later as if it
+    were something said: an empty result is no evidence."""
+    messages = [
+        AGENT_SYSTEM,
+        user("Search the knowledge base for zebra migration"),
+        *tool_turn("zebra migration", "no passages found for 'zebra migration'"),
+        assistant("I searched the knowledge base for “zebra migration” and found nothing."),
+        user("What is known about zebra migration?"),
+    ]
+
+    text = answer(messages)
+    assert "no passages found" not in text
+    assert text == "From our conversation: “Search the knowledge base for zebra migration”"
