@@ -26,6 +26,11 @@ urlpatterns = [
     path("s/<int:session_id>/export.<slug:fmt>", views.session_export, name="session-export"),
     path("s/<int:session_id>/messages/<int:message_id>/fork/", views.session_message_fork, name="session-message-fork"),
     path(
+        "s/<int:session_id>/turns/<int:turn_id>/versions/<int:number>/use/",
+        views.session_reply_version_use,
+        name="session-reply-version-use",
+    ),
+    path(
         "s/<int:session_id>/turns/<int:turn_id>/versions/<int:number>/",
         views.session_reply_version,
         name="session-reply-version",

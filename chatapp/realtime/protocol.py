@@ -272,15 +272,17 @@ class ChatHistoryEvent(ServerEvent):
 
 @dataclass(frozen=True, kw_only=True)
 class ChatRegeneratedEvent(ServerEvent):
-    """To every socket of the session: the reply of turn ``turn_id`` was kept as version ``version - 1`` and removed
-    from the transcript (its messages' ids are gone); the turn runs again, and its new messages carry ``version``."""
+    """To every socket of the session: the reply of turn ``turn_id`` was kept as an earlier version and removed from
+    the transcript (its messages' ids are gone); then either the turn runs again (``chat.regenerate``), or an earlier
+    version chosen on the chat page is stored anew (its messages follow as ``chat.message``). Either way the new
+    messages carry ``version``."""
 
     type: ClassVar[str] = "chat.regenerated"
 
     turn_id: int
     """The regenerated turn (its user message id)."""
     version: int
-    """The version number of the reply being written now (2 after the first regeneration)."""
+    """The version number of the reply that replaces it (2 after the first regeneration)."""
     removed: list[int]
     """The ids of the messages that left the transcript (the earlier version's tool calls, results and reply)."""
 

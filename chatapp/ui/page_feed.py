@@ -234,7 +234,9 @@ class PageFeed:
             for message_id in event.removed:
                 self.marks.pop(message_id, None)
             gone = "".join(format_html('<div id="message-{}" hx-swap-oob="delete"></div>', pk) for pk in event.removed)
-            return gone + announce(f"Regenerating the reply to message #{event.turn_id} (version {event.version}).")
+            return gone + announce(
+                f"The reply to message #{event.turn_id} is being replaced (version {event.version})."
+            )
         if isinstance(event, ErrorEvent):
             return self._error(event)
         return ""

@@ -45,6 +45,7 @@ from chatapp.chats.services import (
 )
 from chatapp.conversation.compress import session_memory_compress
 from chatapp.conversation.fork import ForkRefused, chat_session_fork
+from chatapp.conversation.regenerate import RegenerateRefused, reply_version_restore
 from chatapp.conversation.runner import chat_turn_start
 from chatapp.kb.documents import document_delete, document_list, document_upload
 from chatapp.llm.clients import chat_endpoint
@@ -350,6 +351,23 @@ async def session_message_fork(request: HtmxHttpRequest, session_id: int, messag
     )
     url = reverse("session-detail", args=[message.session_id])
     return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
+
+
+@require_POST
+async def session_reply_version_use(
+    request: HtmxHttpRequest, session_id: int, turn_id: int, number: int
+) -> HttpResponse:
+    """Make earlier version ``number`` the reply to turn ``turn_id`` again, and schedule the memory job that indexes
+    it; every open page of the chat learns it over its socket. 404 for a chat that is not the caller's, 422 with the
+    reason when it cannot be done."""
+    session = await sync_to_async(session_get_for_owner)(request, session_id)
+    try:
+        await sync_to_async(reply_version_restore)(session=session, turn_id=turn_id, number=number)
+    except RegenerateRefused as exc:
+        return HttpResponse(str(exc), status=422, content_type="text/plain; charset=utf-8")
+    memory_engine().schedule(memory_key_of(session.pk))
+    url = reverse("session-detail", args=[session.pk])
+    return HttpResponse(status=204) if request.htmx else redirect(url)
 
 
 @require_safe

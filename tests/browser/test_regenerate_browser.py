@@ -68,8 +68,18 @@ def test_regenerate_replaces_the_last_reply_and_keeps_the_old_one_as_a_version(
     earlier.get_by_role("button", name="Back to the current version").click()
     expect(latest.get_by_test_id("earlier-version")).to_have_count(0)
 
-    # A reload shows the same: one reply, version 2 of 2.
+    # Bring the first version back: it becomes the newest (3 of 3), the second is kept as a version.
+    latest.get_by_role("button", name="Show the earlier version 1").click()
+    latest.get_by_test_id("earlier-version").get_by_role("button", name="Use this version").click()
+    current = page.locator(FINAL_REPLIES).last
+    expect(current.get_by_test_id("version-label")).to_have_text("Version 3 of 3")
+    expect(current).to_contain_text("found nothing")
+    expect(page.locator("#messages article", has_text="USB drive")).to_have_count(0)
+    current.get_by_role("button", name="Show the earlier version 2").click()
+    expect(current.get_by_test_id("earlier-version")).to_contain_text("USB drive")
+
+    # A reload shows the same: one reply, version 3 of 3.
     page.reload()
     page.wait_for_selector("#chat-page[data-ws='open']")
     expect(page.locator(FINAL_REPLIES)).to_have_count(2)
-    expect(page.locator(FINAL_REPLIES).last.get_by_test_id("version-label")).to_have_text("Version 2 of 2")
+    expect(page.locator(FINAL_REPLIES).last.get_by_test_id("version-label")).to_have_text("Version 3 of 3")

@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 
+from chatapp.chats import selectors
 from chatapp.chats.memory import memory_engine, memory_key_of
-from chatapp.conversation.regenerate import RegenerateRefused, reply_regenerate_prepare
+from chatapp.conversation.regenerate import RegenerateRefused, reply_regenerate_prepare, reply_version_restore
 from chatapp.kb.documents import document_upload
-from chatapp.models import ChatSession, Message, ModelCall, ReplyVersion
+from chatapp.models import ChatSession, Message, ModelCall, ReplyVersion, TurnLease
 from memory.models import KeyFact, MemoryItem, SessionSummary
 from tests.chatapp.conftest import (
     TIMEOUT,
@@ -134,3 +135,23 @@ async def test_a_refused_regenerate_gets_an_error_and_changes_nothing(ws, alice:
     )
     assert malformed["code"] == "bad_field"
     assert await Message.objects.filter(session=session).acount() == 4 and not await ReplyVersion.objects.aexists()
+
+
+def test_an_earlier_version_brought_back_becomes_the_newest_and_the_only_one_memory_sees(alice: Visitor):
+    session = chat_session_make(alice.owner)
+    turn = message_make(session, "user", "Which plan fits a team of five?")
+    first = message_make(session, "assistant", "The Team plan.", reply_to=turn)
+    reply_regenerate_prepare(session=session, turn_id=turn.pk)
+    second = message_make(session, "assistant", "The Enterprise plan.", reply_to=turn, version=2)
+    TurnLease.objects.filter(user_message=turn).delete()  # the regenerated turn ended with its reply
+
+    restored = reply_version_restore(session=session, turn_id=turn.pk, number=1)
+
+    assert restored.content == "The Team plan." and restored.version == 3 and restored.pk not in (first.pk, second.pk)
+    assert list(Message.objects.filter(reply_to=turn).values_list("content", flat=True)) == ["The Team plan."]
+    versions = dict(ReplyVersion.objects.filter(turn=turn).values_list("number", "messages"))
+    assert sorted(versions) == [1, 2] and versions[2][0]["content"] == "The Enterprise plan."
+    context = selectors.message_list_for_context(session_id=session.pk, boundary=None, turn_message_id=turn.pk)
+    assert [m["content"] for m in context] == [turn.content, "The Team plan."]
+    with pytest.raises(RegenerateRefused, match="has no version 7"):
+        reply_version_restore(session=session, turn_id=turn.pk, number=7)
