@@ -21,6 +21,8 @@ from chatapp.realtime.protocol import (
     ChatDoneEvent,
     ChatHistoryEvent,
     ChatMessageEvent,
+    ChatRegenerate,
+    ChatRegeneratedEvent,
     ChatRetrievalEvent,
     ChatSend,
     ChatStop,
@@ -190,6 +192,10 @@ WIRE: list[tuple[ServerEvent, dict[str, Any]]] = [
         MemoryFactsEvent(turn_id=None, step=0, facts=[FACT]),
         {"type": "memory.facts", "turn_id": None, "step": 0, "facts": [FACT]},
     ),
+    (
+        ChatRegeneratedEvent(turn_id=11, version=2, removed=[12, 13, 14]),
+        {"type": "chat.regenerated", "turn_id": 11, "version": 2, "removed": [12, 13, 14]},
+    ),
 ]
 
 
@@ -206,7 +212,7 @@ def test_every_server_event_type_is_covered_and_defined_once():
     types = [cls.type for cls in protocol.SERVER_EVENTS]
     assert len(types) == len(set(types))
     assert {event.type for event, _ in WIRE} == set(types)
-    assert {cls.type for cls in protocol.CLIENT_EVENTS} == {"chat.send", "chat.sync", "chat.stop"}
+    assert {cls.type for cls in protocol.CLIENT_EVENTS} == {"chat.send", "chat.sync", "chat.stop", "chat.regenerate"}
 
 
 def test_events_are_frozen():
@@ -232,6 +238,8 @@ def test_error_codes_are_the_strings_clients_know():
         protocol.BAD_FIELD,
         protocol.TOO_LONG,
         protocol.BUSY,
+        protocol.ID_REUSED,
+        protocol.CANNOT_REGENERATE,
         protocol.CONTEXT_OVERFLOW,
         protocol.AGENT_STEP_LIMIT,
         protocol.INTERNAL_ERROR,
@@ -242,6 +250,8 @@ def test_error_codes_are_the_strings_clients_know():
         "bad_field",
         "too_long",
         "busy",
+        "id_reused",
+        "cannot_regenerate",
         "context_overflow",
         "agent_step_limit",
         "internal_error",
@@ -261,6 +271,7 @@ def test_error_codes_are_the_strings_clients_know():
         ({"type": "chat.send", "client_message_id": "c-1", "text": "hi"}, ChatSend(client_message_id="c-1", text="hi")),
         ({"type": "chat.sync", "after_message_id": 0}, ChatSync(after_message_id=0)),
         ({"type": "chat.stop", "HEADERS": {"HX-Request": "true"}}, ChatStop()),
+        ({"type": "chat.regenerate", "turn_id": 7}, ChatRegenerate(turn_id=7)),
     ],
 )
 def test_client_events_parse_and_give_their_json_back(content: dict[str, Any], expected: Any):
@@ -277,6 +288,8 @@ def test_client_events_parse_and_give_their_json_back(content: dict[str, Any], e
         ({"type": "chat.send", "client_message_id": "c 1", "text": "hi"}, "bad_field", None),
         ({"type": "chat.send", "client_message_id": "c-1", "text": " "}, "bad_field", "c-1"),
         ({"type": "chat.sync", "after_message_id": True}, "bad_field", None),
+        ({"type": "chat.regenerate", "turn_id": 0}, "bad_field", None),
+        ({"type": "chat.regenerate", "turn_id": "7"}, "bad_field", None),
     ],
 )
 def test_invalid_client_events_become_one_error_event(content: Any, code: str, client_message_id: str | None):
