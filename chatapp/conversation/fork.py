@@ -50,7 +50,7 @@ def chat_session_fork(*, session: ChatSession, message_id: int, text: str, clien
                 reply_to_id=id_map.get(old.reply_to_id) if old.reply_to_id is not None else None,
                 **{column: getattr(old, column) for column in COPIED},
             )
-            # auto_now_add set the copy's time: the message's own time matters (day markers, owner-wide facts).
+            # auto_now_add set the copy's time: the message's own time matters (day markers, a fact's valid-from).
             Message.objects.filter(pk=copy.pk).update(created=old.created)
             copy.created = old.created
             id_map[old.pk] = copy.pk

@@ -36,7 +36,8 @@ def reply_version_restore(*, session: ChatSession, turn_id: int, number: int) ->
     """Make earlier version ``number`` the reply of turn ``turn_id`` again: the current reply is kept as a version and
     removed, the chosen version's messages are stored anew as the newest version (memory sees only them), and every
     socket of the session is told (``chat.regenerated``, then ``chat.message`` each); the memory job indexes them when
-    next scheduled. Returns the restored final reply. Raises :class:`RegenerateRefused` as :func:`reply_regenerate_prepare` does, or for an unknown version."""
+    next scheduled. Returns the restored final reply. Raises :class:`RegenerateRefused` as
+    :func:`reply_regenerate_prepare` does, or for an unknown version."""
     with transaction.atomic():
         chosen = ReplyVersion.objects.filter(turn__session_id=session.pk, turn_id=turn_id, number=number).first()
         if chosen is None:
