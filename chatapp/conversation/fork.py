@@ -4,12 +4,14 @@ messages. The original chat is not touched."""
 
 from __future__ import annotations
 
+import re
+
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from chatapp.chats.memory import memory_engine, memory_key_of, session_scope_key
-from chatapp.chats.services import message_facts_store
+from chatapp.chats.services import chat_session_title_from_text, message_facts_store
 from chatapp.conversation.leases import user_message_submit
 from chatapp.models import ChatSession, Message, ReplyVersion
 
@@ -36,7 +38,7 @@ def chat_session_fork(*, session: ChatSession, message_id: int, text: str, clien
             owner_id=session.owner_id,
             owner_session_key=session.owner_session_key,
             mode=session.mode,
-            title=_title(session.title or f"Chat {session.pk}", message_id),
+            title=_title(session, message_id, text),
             forked_from=session,
             forked_at_message_id=message_id,
         )
@@ -67,7 +69,16 @@ def chat_session_fork(*, session: ChatSession, message_id: int, text: str, clien
     return message
 
 
-def _title(title: str, message_id: int) -> str:
-    """The copy's title: the original's, saying which message was edited, within the 200-character column."""
+def _title(session: ChatSession, message_id: int, text: str) -> str:
+    """The copy's title within the 200-character column, saying which message was edited: the original's without
+    the suffixes of earlier edits, or, when the first message is the edited one, made from the edited text."""
+    first = not Message.objects.filter(session=session, role=Message.Role.USER, pk__lt=message_id).exists()
+    if first:
+        title = chat_session_title_from_text(text=text, session_id=session.pk)
+    else:
+        title = _EDITED_SUFFIXES.sub("", session.title) or f"Chat {session.pk}"
     suffix = FORK_TITLE_SUFFIX.format(message_id=message_id)
     return title[: 200 - len(suffix)] + suffix
+
+
+_EDITED_SUFFIXES = re.compile(r"(?: \(edited at #\d+\))+$")

@@ -151,3 +151,22 @@ def test_only_the_owners_own_user_messages_can_be_edited(alice: Visitor, bob: Vi
     refused = owner.post(url, {"text": "   "})
     assert refused.status_code == 422 and "Write the edited message" in refused.content.decode()
     assert ChatSession.objects.filter(forked_from=session).count() == 0
+
+
+def test_a_copys_title_names_the_edit_once_and_follows_an_edited_first_message(alice: Visitor):
+    """A newcomer saw "… (edited at #71) (edited at #79) (edited at #87)" for copies of copies, and a copy of an
+    edited first message titled with the text it no longer holds."""
+    session, rows = conversation(alice)
+    copy = chat_session_fork(session=session, message_id=rows[2].pk, text="Ship it home.", client_message_id="t1")
+    copied_user = Message.objects.filter(session_id=copy.session_id, role="user").order_by("id")[1]
+    again = chat_session_fork(
+        session=ChatSession.objects.get(pk=copy.session_id),
+        message_id=copied_user.pk,
+        text="Ship it to Leeds.",
+        client_message_id="t2",
+    )
+    assert ChatSession.objects.get(pk=again.session_id).title == f"Moving house (edited at #{copied_user.pk})"
+    first = chat_session_fork(
+        session=session, message_id=rows[0].pk, text="I need help with invoices.", client_message_id="t3"
+    )
+    assert ChatSession.objects.get(pk=first.session_id).title == f"I need help with invoices. (edited at #{rows[0].pk})"
