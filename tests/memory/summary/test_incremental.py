@@ -17,16 +17,18 @@ SECRET_TURN = "Reservation ZFA04Y. My password is Blue-Falcon-88 and the verific
 
 
 class EchoSummarizer:
-    """A summarizer that ignores its instructions: it repeats every credential of the raw messages bare."""
+    """A summarizer that records its prompts and replies ``reply``; by default it ignores its instructions and repeats
+    every credential of the raw messages bare."""
 
     model = "echo"
 
-    def __init__(self) -> None:
+    def __init__(self, reply: str = "User booked ZFA04Y. Remember: Blue-Falcon-88 then 482913.") -> None:
         self.prompts: list[str] = []
+        self.reply = reply
 
     async def summarize(self, request: SummaryRequest) -> str:
         self.prompts.append(request.prompt[-1]["content"])
-        return "User booked ZFA04Y. Remember: Blue-Falcon-88 then 482913."
+        return self.reply
 
 
 def folder(summarizer) -> IncrementalSummarizer:
@@ -69,21 +71,10 @@ def test_f51_the_raw_archive_withholds_secrets_of_the_messages_and_of_the_previo
     assert not any(secret in archive for secret in ("Blue-Falcon-88", "482913", "4821"))
 
 
-class RecordingSummarizer:
-    model = "recording"
-
-    def __init__(self) -> None:
-        self.prompts: list[str] = []
-
-    async def summarize(self, request: SummaryRequest) -> str:
-        self.prompts.append(request.prompt[-1]["content"])
-        return "The user asked about the Bianchi bicycle; the search found nothing."
-
-
 def test_a_tool_result_that_found_nothing_never_reaches_the_summary():
     """An empty search result is no fact: the summarizer is never shown it, and a fold of nothing else asks no
     model yet moves the boundary past it (docs/memory.md §12, "Results that found nothing")."""
-    recorder = RecordingSummarizer()
+    recorder = EchoSummarizer(reply="The user asked about the Bianchi bicycle; the search found nothing.")
     chain = SummarizerChain(primary=recorder, attempts=1, backoff=0)
     fold = IncrementalSummarizer(
         chain=chain, counter=COUNTER, ratio=0.3, window=4096, empty_results=("no passages found",)
