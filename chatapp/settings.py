@@ -69,8 +69,15 @@ def _check_range(name: str, value: float, minimum: float | None, maximum: float 
 def env_url(name: str, default: str = "", *, schemes: tuple[str, ...]) -> str:
     """A URL of one of ``schemes`` naming a host (``unix``: a path); the error never repeats a password."""
     raw = env_str(name)
-    if not raw:
-        return default
+    return _url_checked(name, raw, schemes) if raw else default
+
+
+def env_urls(name: str, *, schemes: tuple[str, ...]) -> list[str]:
+    """Comma-separated URLs, each as :func:`env_url` checks it; none when unset."""
+    return [_url_checked(name, part.strip(), schemes) for part in env_str(name).split(",") if part.strip()]
+
+
+def _url_checked(name: str, raw: str, schemes: tuple[str, ...]) -> str:
     try:
         parts = urlsplit(raw)
         parts.port  # noqa: B018  (raises ValueError for a bad port)
@@ -102,9 +109,23 @@ ALLOWED_HOSTS = [
     h.strip() for h in env_str("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h.strip()
 ]
 CSRF_TRUSTED_ORIGINS = [o.strip() for o in env_str("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
+# Behind a proxy that ends TLS and sets X-Forwarded-Proto (docs/deploy.md): secure cookies, HTTPS only, HSTS.
+HTTPS = env_bool("DJANGO_HTTPS", False)
+if HTTPS:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 3600, minimum=1, maximum=63_072_000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("DJANGO_HSTS_PRELOAD", False)
+    if not SECURE_HSTS_PRELOAD:
+        # Joining the browsers' preload list is the site owner's decision, hard to undo: only when asked.
+        SILENCED_SYSTEM_CHECKS = ["security.W021"]
 
 INSTALLED_APPS = [
     "daphne",
+    # Staff sign in here to edit the knowledge base (KB_EDITORS=staff): Django's own accounts, no home-made ones.
+    "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -199,7 +220,9 @@ else:
 # per socket (100 dropped a busy socket's stream) and per worker's "specific.*" Redis key (docs/benchmarks.md).
 CHANNEL_CAPACITY = 1000
 CHANNEL_WORKER_CAPACITY = 100_000
-_redis_url = env_url("REDIS_URL", schemes=("redis", "rediss", "unix"))
+# Several comma-separated URLs shard the layer: channels_redis spreads channels and groups over them by hash.
+_redis_urls = env_urls("REDIS_URL", schemes=("redis", "rediss", "unix"))
+_redis_url = _redis_urls[0] if _redis_urls else None
 # Longer than channels_redis's 5-second blocking receive (redis-py 8's default 5 s closed idle sockets).
 REDIS_SOCKET_TIMEOUT = env_float("REDIS_SOCKET_TIMEOUT", 30.0, minimum=10.0, maximum=3600.0)
 REDIS_MAX_CONNECTIONS = env_int("REDIS_MAX_CONNECTIONS", 1000, minimum=10, maximum=100_000)
@@ -208,20 +231,26 @@ if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", CHANNEL_LAYER_PREFIX):
     raise ImproperlyConfigured(
         f"CHANNEL_LAYER_PREFIX must be 1-64 letters, digits or _ . : -, got {CHANNEL_LAYER_PREFIX!r}"
     )
+# Seconds a socket stays in its chat's group without renewing; a live socket renews every third of it, so a worker
+# that died without leaving drops out this late instead of after Channels' default day (docs/configuration.md).
+CHANNEL_GROUP_EXPIRY = env_int("CHANNEL_GROUP_EXPIRY", 1800, minimum=30, maximum=86400)
 REDIS_CHANNEL_LAYER = env_choice("REDIS_CHANNEL_LAYER", "lists", ("lists", "pubsub"))
-if _redis_url:
-    _redis_host = {
-        "address": _redis_url,
-        "socket_timeout": REDIS_SOCKET_TIMEOUT,
-        "socket_connect_timeout": 10.0,
-        "socket_keepalive": True,
-        "max_connections": REDIS_MAX_CONNECTIONS,
-    }
+if _redis_urls:
+    _redis_hosts = [
+        {
+            "address": url,
+            "socket_timeout": REDIS_SOCKET_TIMEOUT,
+            "socket_connect_timeout": 10.0,
+            "socket_keepalive": True,
+            "max_connections": REDIS_MAX_CONNECTIONS,
+        }
+        for url in _redis_urls
+    ]
     if REDIS_CHANNEL_LAYER == "pubsub":
         CHANNEL_LAYERS = {
             "default": {
                 "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-                "CONFIG": {"hosts": [_redis_host], "prefix": CHANNEL_LAYER_PREFIX},
+                "CONFIG": {"hosts": _redis_hosts, "prefix": CHANNEL_LAYER_PREFIX},
             }
         }
     else:
@@ -229,9 +258,10 @@ if _redis_url:
             "default": {
                 "BACKEND": "channels_redis.core.RedisChannelLayer",
                 "CONFIG": {
-                    "hosts": [_redis_host],
+                    "hosts": _redis_hosts,
                     "capacity": CHANNEL_CAPACITY,
                     "channel_capacity": {"specific.*": CHANNEL_WORKER_CAPACITY},
+                    "group_expiry": CHANNEL_GROUP_EXPIRY,
                     "prefix": CHANNEL_LAYER_PREFIX,
                 },
             }
@@ -240,7 +270,7 @@ else:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "chatapp.realtime.layers.SweepingInMemoryChannelLayer",
-            "CONFIG": {"capacity": CHANNEL_CAPACITY},
+            "CONFIG": {"capacity": CHANNEL_CAPACITY, "group_expiry": CHANNEL_GROUP_EXPIRY},
         }
     }
 
@@ -333,6 +363,9 @@ EMBEDDING_MODEL = env_str("EMBEDDING_MODEL")
 EMBEDDING_TIMEOUT = env_float("EMBEDDING_TIMEOUT", 10.0, minimum=0.1, maximum=600.0)
 EMBEDDING_QUERY_PREFIX = os.environ.get("EMBEDDING_QUERY_PREFIX", "")
 EMBEDDING_PASSAGE_PREFIX = os.environ.get("EMBEDDING_PASSAGE_PREFIX", "")
+EMBEDDING_LOCAL_MODEL = env_choice(
+    "EMBEDDING_LOCAL_MODEL", "multilingual-e5-small", ("multilingual-e5-small", "use-multilingual-3")
+)
 EMBEDDING_THREADS = env_int("EMBEDDING_THREADS", 1, minimum=1, maximum=64)
 
 # --- Input bounds (characters).
@@ -340,10 +373,41 @@ CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 8000, minimum=1)
 AGENT_MAX_STEPS = env_int("AGENT_MAX_STEPS", 6, minimum=1, maximum=50)
 
 # --- Chat features: knowledge base, quick answers, turn leases and limits (docs/configuration.md).
-KB_EDITORS = env_choice("KB_EDITORS", "anyone", ("anyone", "staff"))
+# Open on the embedded default (a single-user local install), staff only in the production shape.
+KB_EDITORS = env_choice("KB_EDITORS", "staff" if _database_url else "anyone", ("anyone", "staff"))
 KB_MAX_UPLOAD_BYTES = env_int("KB_MAX_UPLOAD_BYTES", 256 * 1024, minimum=1024, maximum=10 * 1024 * 1024)
 QUICK_ANSWER_PASSAGES = env_int("QUICK_ANSWER_PASSAGES", 4, minimum=1, maximum=20)
 SERVE_STATIC = env_bool("SERVE_STATIC", True)
 CHAT_TURN_LEASE_SECONDS = env_int("CHAT_TURN_LEASE_SECONDS", 90, minimum=10, maximum=3600)
 CHAT_TURN_LEASES_ONE_PROCESS = env_bool("CHAT_TURN_LEASES_ONE_PROCESS", _redis_url is None)
 CHAT_MAX_PENDING_TURNS = env_int("CHAT_MAX_PENDING_TURNS", 3, minimum=1, maximum=50)
+
+
+def env_rate(name: str, default: str) -> dict[str, int] | None:
+    """``COUNT/SECONDS`` (e.g. ``30/60``) as ``{"count": …, "seconds": …}``, or None for ``off``."""
+    raw = env_str(name, default).strip().lower()
+    if raw == "off":
+        return None
+    match = re.fullmatch(r"(\d{1,9})\s*/\s*(\d{1,9})", raw)
+    if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
+        raise ImproperlyConfigured(f"{name} must be COUNT/SECONDS such as 30/60, or off; got {raw!r}")
+    return {"count": int(match.group(1)), "seconds": int(match.group(2))}
+
+
+# --- Rate limits (chatapp/chats/limits.py): per chat owner and per client address, counted in the cache.
+RATE_LIMITS = {
+    action: {
+        "owner": env_rate(f"RATE_LIMIT_{action.upper()}_OWNER", defaults[0]),
+        "address": env_rate(f"RATE_LIMIT_{action.upper()}_ADDRESS", defaults[1]),
+    }
+    for action, defaults in (("send", ("30/60", "120/60")), ("upload", ("30/3600", "60/3600")))
+}
+if _redis_url:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": _redis_url,
+            "KEY_PREFIX": CHANNEL_LAYER_PREFIX,
+            "OPTIONS": {"socket_timeout": 5.0, "socket_connect_timeout": 5.0},
+        }
+    }

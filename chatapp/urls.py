@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.contrib import admin
 from django.urls import path
 
 from chatapp.ui import demo, views
@@ -38,6 +39,7 @@ urlpatterns = [
     path("s/<int:session_id>/facts/<int:fact_id>/pin/", views.session_fact_pin, name="session-fact-pin"),
     path("s/<int:session_id>/facts/<int:fact_id>/hide/", views.session_fact_hide, name="session-fact-hide"),
     path("s/<int:session_id>/facts/<int:fact_id>/edit/", views.session_fact_edit, name="session-fact-edit"),
+    path("admin/", admin.site.urls),
     path("kb/", views.kb_index, name="kb-index"),
     path("kb/upload/", views.kb_upload, name="kb-upload"),
     path("kb/<int:document_id>/delete/", views.kb_delete, name="kb-delete"),

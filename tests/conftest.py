@@ -84,3 +84,32 @@ def endpoint_refusals_forgotten() -> Iterator[None]:
     refused_shapes_forget()
     yield
     refused_shapes_forget()
+
+
+RATE_LIMITS_OFF: dict[str, dict[str, dict[str, int] | None]] = {
+    action: {"owner": None, "address": None} for action in ("send", "upload")
+}
+
+
+@pytest.fixture(autouse=True)
+def rate_limits_only_when_asked(settings: Any) -> None:
+    """No rate limits (chatapp/chats/limits.py) unless a test sets them (the ``rate_limits`` fixture): owners and
+    addresses repeat across tests within a limit's window, and the counts live in a cache every test shares."""
+    settings.RATE_LIMITS = RATE_LIMITS_OFF
+
+
+@pytest.fixture
+def rate_limits(settings: Any) -> Any:
+    """``rate_limits(send_owner="2/60", ...)``: set limits (others off) on a cleared cache (Redis with REDIS_URL)."""
+    from django.core.cache import cache
+
+    def set_limits(**limits: str) -> None:
+        cache.clear()
+        configured = {action: dict(subjects) for action, subjects in RATE_LIMITS_OFF.items()}
+        for name, rate in limits.items():
+            action, subject = name.split("_")
+            count, seconds = rate.split("/")
+            configured[action][subject] = {"count": int(count), "seconds": int(seconds)}
+        settings.RATE_LIMITS = configured
+
+    return set_limits

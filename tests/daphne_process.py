@@ -57,6 +57,12 @@ def server_environment(settings: dict[str, str], *, keep: Iterable[str] = ()) ->
         DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost",
         DJANGO_DEBUG="false",
         PYTHONUNBUFFERED="1",
+        # Every test shares one address and reuses owners: limits only where a test sets them.
+        RATE_LIMIT_SEND_OWNER="off",
+        RATE_LIMIT_SEND_ADDRESS="off",
+        RATE_LIMIT_UPLOAD_OWNER="off",
+        RATE_LIMIT_UPLOAD_ADDRESS="off",
+        KB_EDITORS="anyone",
     )
     env.update(settings)
     return env

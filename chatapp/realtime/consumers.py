@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from chatapp.chats import selectors, turns
 from chatapp.chats.access import asession_get_for_owner
+from chatapp.chats.limits import RateLimited, arate_limit_take, owner_label
 from chatapp.conversation import leases
 from chatapp.conversation.regenerate import RegenerateRefused, reply_regenerate_prepare
 from chatapp.conversation.runner import chat_turn_start, chat_turn_stop, chat_turn_stop_everywhere
@@ -32,6 +33,7 @@ from chatapp.realtime.protocol import (
     CANNOT_REGENERATE,
     CLOSE_NOT_FOUND,
     ID_REUSED,
+    RATE_LIMITED,
     ChatAckEvent,
     ChatDoneEvent,
     ChatHistoryEvent,
@@ -60,6 +62,7 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
 
     chat_session: ChatSession | None = None
     lease_watch: asyncio.Task[None] | None = None
+    group_renewal: asyncio.Task[None] | None = None
 
     async def deliver(self, event: ServerEvent) -> None:
         raise NotImplementedError
@@ -99,12 +102,28 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
         # Before joining the group (the snapshot or chat.sync shows it); never this process's own turns.
         await orm_async(leases.turns_interrupted_close)(session_id=session.pk, exclude=leases.turns_leased_here())
         await self.channel_layer.group_add(session_group_name(session.pk), self.channel_name)
+        self.group_renewal = asyncio.create_task(self.group_renew(session_group_name(session.pk)))
         await self.accept()
         await self.opened(session)
         self.lease_watch_ensure()
 
+    async def group_renew(self, group: str) -> None:
+        """Join ``group`` again every third of ``CHANNEL_GROUP_EXPIRY`` while the socket lives, so that only the
+        sockets of a dead worker expire from it."""
+        while True:
+            await asyncio.sleep(settings.CHANNEL_GROUP_EXPIRY / 3)
+            await self.channel_layer.group_add(group, self.channel_name)
+
+    async def group_renewal_cancel(self) -> None:
+        task, self.group_renewal = self.group_renewal, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
     async def disconnect(self, code: int) -> None:
         await self.lease_watch_cancel()
+        await self.group_renewal_cancel()
         if self.chat_session is not None:
             await self.channel_layer.group_discard(session_group_name(self.chat_session.pk), self.channel_name)
 
@@ -127,8 +146,28 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
             await self.chat_stop(session)
 
     async def chat_send(self, session: ChatSession, event: ChatSend) -> None:
-        """Store the message once and start its turn, or refuse it (``busy``, ``id_reused``); a resend replays what
-        is stored, after closing its turn if that died (docs/memory.md F-27)."""
+        """Store the message once and start its turn, or refuse it (``busy``, ``id_reused``, ``rate_limited``); a
+        resend replays what is stored, after closing its turn if that died (docs/memory.md F-27)."""
+        client = self.scope.get("client")
+        try:
+            await arate_limit_take(
+                "send",
+                owner=owner_label(user_id=session.owner_id, session_key=session.owner_session_key),
+                address=client[0] if client else None,
+            )
+        except RateLimited as exc:
+            # A resend of a stored message is answered all the same (one query, on this rare path only).
+            resend = Message.objects.filter(session=session, client_message_id=event.client_message_id)
+            if not await orm_async(resend.exists)():
+                await self.deliver(
+                    ErrorEvent(
+                        code=RATE_LIMITED,
+                        message=str(exc),
+                        client_message_id=event.client_message_id,
+                        retry_after=exc.retry_after,
+                    )
+                )
+                return
         try:
             message, created = await orm_async(leases.user_message_submit)(
                 session=session,
@@ -215,6 +254,7 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
 
     async def session_deleted(self, message: dict[str, Any]) -> None:
         await self.lease_watch_cancel()
+        await self.group_renewal_cancel()
         if self.chat_session is not None:
             chat_turn_stop(session_id=self.chat_session.pk)
             await self.channel_layer.group_discard(session_group_name(self.chat_session.pk), self.channel_name)

@@ -71,6 +71,7 @@ BAD_FIELD: Final = "bad_field"
 TOO_LONG: Final = "too_long"
 BUSY: Final = "busy"
 ID_REUSED: Final = "id_reused"
+RATE_LIMITED: Final = "rate_limited"
 CANNOT_REGENERATE: Final = "cannot_regenerate"
 CONTEXT_OVERFLOW: Final = "context_overflow"
 AGENT_STEP_LIMIT: Final = "agent_step_limit"
@@ -109,6 +110,10 @@ ERROR_CODES: Final[dict[str, str]] = {
         "a `chat.send` whose `client_message_id` names a stored message with another text: nothing stored, nothing "
         "replayed; send the new message with a new id"
     ),
+    RATE_LIMITED: (
+        "a `chat.send` refused, nothing stored: this chat's owner or this address sent more than the rate limits "
+        "allow (`RATE_LIMIT_SEND_OWNER`, `RATE_LIMIT_SEND_ADDRESS`); send it again after `retry_after` seconds"
+    ),
     CANNOT_REGENERATE: (
         "a `chat.regenerate` refused, nothing changed: the turn is not this chat's last, has no final reply yet, "
         "a turn is in flight, or its reply is already folded into the summary (the message says which)"
@@ -123,7 +128,7 @@ ERROR_CODES: Final[dict[str, str]] = {
 }
 """Every error code an :class:`ErrorEvent` may carry, with its meaning. The first five answer an
 invalid client event; the others end a turn (with ``turn_id``) or refuse a client event (``busy``, ``id_reused``,
-``cannot_regenerate``)."""
+``rate_limited``, ``cannot_regenerate``)."""
 
 
 class ProtocolError(Exception):
@@ -376,7 +381,7 @@ class ErrorEvent(ServerEvent):
     and ``chat.done`` follows."""
 
     type: ClassVar[str] = "error"
-    omit_when_none: ClassVar[frozenset[str]] = frozenset({"turn_id", "client_message_id"})
+    omit_when_none: ClassVar[frozenset[str]] = frozenset({"turn_id", "client_message_id", "retry_after"})
 
     turn_id: int | None = None
     """The turn that failed; null for an invalid or refused client event."""
@@ -386,6 +391,8 @@ class ErrorEvent(ServerEvent):
     """What happened, a sentence for people."""
     client_message_id: str | None = None
     """The ``client_message_id`` of the refused ``chat.send``, when it could be read."""
+    retry_after: int | None = None
+    """With ``rate_limited``: seconds until the limit lets a message through again."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -34,6 +34,7 @@ from chatapp.chats.access import (
     session_queryset_for_owner,
 )
 from chatapp.chats.export import EXPORT_FORMATS, chat_export_filename, chat_export_stream
+from chatapp.chats.limits import RateLimited, owner_label, rate_limit_take
 from chatapp.chats.memory import memory_engine, memory_key_of
 from chatapp.chats.search import SEARCH_MAX_CHARS, message_search_for_owner
 from chatapp.chats.selectors import reply_version_get, session_list_for_owner
@@ -522,11 +523,22 @@ def kb_upload(request: HtmxHttpRequest) -> HttpResponse:
     the caller may edit the knowledge base (``KB_EDITORS``)."""
     kb_editor_check(request)
     form = DocumentUploadForm(request.POST, request.FILES)
+    status, retry_after = (422 if request.htmx else 400), 0
+    try:
+        rate_limit_take("upload", owner=_request_owner(request), address=request.META.get("REMOTE_ADDR"))
+    except RateLimited as exc:
+        form.is_valid()
+        form.add_error(None, str(exc))
+        status, retry_after = 429, exc.retry_after
     if not form.is_valid():
         if request.htmx:
             context = {"upload_form": form, "kb_can_edit": True, "max_upload_kib": settings.KB_MAX_UPLOAD_BYTES // 1024}
-            return render(request, f"{KB_PAGE}#upload-form", context, status=422)
-        return render(request, KB_PAGE, _kb_context(request, upload_form=form), status=400)
+            response = render(request, f"{KB_PAGE}#upload-form", context, status=status)
+        else:
+            response = render(request, KB_PAGE, _kb_context(request, upload_form=form), status=status)
+        if retry_after:
+            response["Retry-After"] = str(retry_after)
+        return response
     document, changed = document_upload(
         filename=form.cleaned_data["file"].name, body=form.cleaned_data["text"], title=form.cleaned_data["title"]
     )
@@ -541,6 +553,11 @@ def kb_upload(request: HtmxHttpRequest) -> HttpResponse:
         "uploaded_passages": document.chunks.count(),
     }
     return trigger_client_event(render(request, f"{KB_PAGE}#upload-form", context), KB_CHANGED_EVENT)
+
+
+def _request_owner(request: HtmxHttpRequest) -> str:
+    user_id = request.user.pk if request.user.is_authenticated else None
+    return owner_label(user_id=user_id, session_key=request.session.session_key)
 
 
 @require_POST

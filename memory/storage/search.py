@@ -17,8 +17,8 @@ from memory.recall.values import CosineBackground, LexicalHits, RecallCandidate,
 from memory.recall.vectors import VectorCache, VectorRow
 from memory.text.fulltext import fts5_match, query_terms
 
-# The expression migration 0005 indexes: PostgreSQL uses the GIN index only when a query repeats it exactly.
-_PG_BODY = "to_tsvector('english', CASE WHEN i.search_text = '' THEN i.text ELSE i.search_text END)"
+# The stored, GIN-indexed full-text vector of an item on PostgreSQL (memory migration 0008).
+_PG_BODY = "i.search_vector"
 
 
 # Candidates per side of one search: a wide pool, since the gate decides (docs/memory.md §12 "Candidates").

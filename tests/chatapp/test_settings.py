@@ -3,7 +3,10 @@ with ``ImproperlyConfigured`` naming the variable, and messages state the bounds
 
 from __future__ import annotations
 
+import os
 import runpy
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,12 @@ CONFIG_VARIABLES = (
     "REDIS_SOCKET_TIMEOUT",
     "REDIS_MAX_CONNECTIONS",
     "CHANNEL_LAYER_PREFIX",
+    "CHANNEL_GROUP_EXPIRY",
+    "KB_EDITORS",
+    "RATE_LIMIT_SEND_OWNER",
+    "RATE_LIMIT_SEND_ADDRESS",
+    "RATE_LIMIT_UPLOAD_OWNER",
+    "RATE_LIMIT_UPLOAD_ADDRESS",
     "REDIS_CHANNEL_LAYER",
     "SQLITE_JOURNAL_MODE",
 )
@@ -105,6 +114,8 @@ def test_valid_urls_configure_the_channel_layer_and_endpoints(monkeypatch):
         "capacity": 1000,
         # Every socket of a worker shares one Redis key: its capacity is the worker's backlog.
         "channel_capacity": {"specific.*": 100_000},
+        # A dead worker's sockets leave their groups within half an hour, not Channels' default day.
+        "group_expiry": 1800,
         "prefix": "asgi",
     }
     assert loaded["LLM_CHAT_BASE_URL"] == loaded["LLM_SUMMARY_BASE_URL"] == "http://127.0.0.1:11434/v1"
@@ -118,9 +129,23 @@ def test_the_embedded_default_needs_no_variables_and_has_a_roomy_channel_layer(m
     loaded = settings_load(monkeypatch)
 
     assert loaded["CHANNEL_LAYERS"] == {
-        "default": {"BACKEND": "chatapp.realtime.layers.SweepingInMemoryChannelLayer", "CONFIG": {"capacity": 1000}}
+        "default": {
+            "BACKEND": "chatapp.realtime.layers.SweepingInMemoryChannelLayer",
+            "CONFIG": {"capacity": 1000, "group_expiry": 1800},
+        }
     }
     assert loaded["LLM_CHAT_BASE_URL"] == ""
+
+
+def test_several_redis_urls_shard_the_channel_layer_and_each_is_checked(monkeypatch):
+    layer = settings_load(monkeypatch, REDIS_URL="redis://10.0.0.1:6379/0, redis://10.0.0.2:6379/0")["CHANNEL_LAYERS"]
+    hosts = layer["default"]["CONFIG"]["hosts"]
+
+    assert [host["address"] for host in hosts] == ["redis://10.0.0.1:6379/0", "redis://10.0.0.2:6379/0"]
+    assert all(host["max_connections"] == 1000 for host in hosts)
+    with pytest.raises(ImproperlyConfigured) as caught:
+        settings_load(monkeypatch, REDIS_URL="redis://10.0.0.1:6379/0,http://10.0.0.2")
+    assert "'http://10.0.0.2'" in str(caught.value)
 
 
 def test_redis_publish_subscribe_is_a_choice_with_the_same_connection_settings(monkeypatch):
@@ -169,3 +194,45 @@ def test_connection_settings_are_parsed_strictly(monkeypatch, env, message):
         settings_load(monkeypatch, **env)
 
     assert str(caught.value) == message
+
+
+def test_the_knowledge_base_is_open_on_the_embedded_default_and_staff_only_in_the_production_shape(monkeypatch):
+    assert settings_load(monkeypatch)["KB_EDITORS"] == "anyone"
+    assert settings_load(monkeypatch, DATABASE_URL="postgres://u@db.example:5432/chat")["KB_EDITORS"] == "staff"
+    production = settings_load(monkeypatch, DATABASE_URL="postgres://u@db.example:5432/chat", KB_EDITORS="anyone")
+    assert production["KB_EDITORS"] == "anyone"  # a single-user install may keep it open
+
+
+@pytest.mark.parametrize("value", ["30", "30/0", "many/60", "-1/60"])
+def test_a_rate_limit_is_count_per_seconds_or_off(monkeypatch, value):
+    loaded = settings_load(monkeypatch, RATE_LIMIT_SEND_OWNER="5/10", RATE_LIMIT_UPLOAD_ADDRESS="off")
+    assert loaded["RATE_LIMITS"]["send"]["owner"] == {"count": 5, "seconds": 10}
+    assert loaded["RATE_LIMITS"]["upload"]["address"] is None
+    assert settings_load(monkeypatch)["RATE_LIMITS"]["send"] == {
+        "owner": {"count": 30, "seconds": 60},
+        "address": {"count": 120, "seconds": 60},
+    }
+    with pytest.raises(ImproperlyConfigured) as caught:
+        settings_load(monkeypatch, RATE_LIMIT_SEND_ADDRESS=value)
+    assert str(caught.value).startswith("RATE_LIMIT_SEND_ADDRESS must be COUNT/SECONDS such as 30/60, or off")
+
+
+def test_check_deploy_is_clean_under_the_production_settings():
+    """The production shape of docs/deploy.md (PostgreSQL, Redis, HTTPS behind a proxy, a real secret): Django's
+    deployment checks find nothing (no connection is made)."""
+    env = {name: value for name, value in os.environ.items() if name not in CONFIG_VARIABLES}
+    env.update(
+        DJANGO_SETTINGS_MODULE="chatapp.settings",
+        DATABASE_URL="postgres://chat@127.0.0.1:9/chat",
+        REDIS_URL="redis://127.0.0.1:9/0",
+        DJANGO_HTTPS="true",
+        DJANGO_SECRET_KEY="k7#Qz" * 12,
+        DJANGO_ALLOWED_HOSTS="chat.example.com",
+    )
+    root = SETTINGS_FILE.parents[1]
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "System check identified no issues" in done.stdout

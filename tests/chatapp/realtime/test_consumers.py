@@ -686,3 +686,75 @@ async def test_stop_closes_a_turn_no_worker_runs_any_more(ws, alice, settings):
 
     closed = await Message.objects.aget(reply_to=turn)
     assert events[-1] == {"type": "chat.done", "turn_id": turn.pk, "status": "error", "message_id": closed.pk}
+
+
+async def test_a_live_socket_renews_its_group_and_a_channel_that_stopped_renewing_expires(ws, alice, settings):
+    """Group membership expires after ``CHANNEL_GROUP_EXPIRY`` (a worker that died stays in no group for long); a
+    connected socket joins again every third of it, so it keeps receiving its chat's events."""
+    from channels.layers import get_channel_layer
+
+    from chatapp.realtime.broadcast import RELAY_TYPE, session_group_name
+
+    layer = get_channel_layer()
+    settings.CHANNEL_GROUP_EXPIRY = 0.6
+    default_expiry, layer.group_expiry = layer.group_expiry, 1
+    try:
+        session = await make_session(alice)
+        group = session_group_name(session.pk)
+        dead = await layer.new_channel()
+        await layer.group_add(group, dead)  # a socket of a worker that died: it never joins again
+        async with ws(f"/ws/chat/{session.pk}/", cookie=alice.cookie) as communicator:
+            connected, _ = await communicator.connect(timeout=TIMEOUT)
+            assert connected
+            await asyncio.sleep(2.5)  # past the expiry, with renewals every 0.2 s
+            await layer.group_send(group, {"type": RELAY_TYPE, "event": {"type": "probe.event"}})
+            assert await communicator.receive_json_from(timeout=TIMEOUT) == {"type": "probe.event"}
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(layer.receive(dead), timeout=0.5)
+    finally:
+        layer.group_expiry = default_expiry
+
+
+# --- rate limits ------------------------------------------------------------------------------------------------
+
+
+async def test_sends_over_the_owners_rate_limit_are_refused_and_a_resend_is_still_answered(ws, alice, rate_limits):
+    rate_limits(send_owner="2/60")
+    session = await make_session(alice)
+    async with ws(f"/ws/chat/{session.pk}/", cookie=alice.cookie) as communicator:
+        await communicator.connect(timeout=TIMEOUT)
+        for number in (1, 2):
+            await communicator.send_json_to(send(f"m{number}", f"Question number {number}?"))
+            await receive_until(communicator, is_done)
+        await communicator.send_json_to(send("m3", "One question too many?"))
+        refused = await communicator.receive_json_from(timeout=TIMEOUT)
+        await communicator.send_json_to(send("m1", "Question number 1?"))  # a resend: answered from the store
+        replay = await receive_until(communicator, is_done)
+
+    assert refused["type"] == "error" and refused["code"] == "rate_limited" and refused["client_message_id"] == "m3"
+    assert 0 < refused["retry_after"] <= 60 and "at most 2 per 60 s" in refused["message"]
+    assert replay[0]["type"] == "chat.ack" and replay[0]["duplicate"] is True
+    assert [content_of(m) for m in await rows(session) if m.role == "user"] == [
+        "Question number 1?",
+        "Question number 2?",
+    ]
+
+
+async def test_sends_over_the_address_rate_limit_are_refused_for_every_owner_at_that_address(
+    ws, alice, bob, rate_limits
+):
+    rate_limits(send_address="1/60")
+    sessions = [await make_session(alice), await make_session(bob)]
+    answers = []
+    for owner, session, address in ((alice, sessions[0], "203.0.113.7"), (bob, sessions[1], "203.0.113.7")):
+        async with ws(f"/ws/chat/{session.pk}/", cookie=owner.cookie) as communicator:
+            communicator.scope["client"] = (address, 50000)  # before the application reads its scope
+            await communicator.connect(timeout=TIMEOUT)
+            await communicator.send_json_to(send("a1", "Hello from the office?"))
+            answers.append(await communicator.receive_json_from(timeout=TIMEOUT))
+            if answers[-1]["type"] == "chat.ack":
+                await receive_until(communicator, is_done)
+
+    assert answers[0]["type"] == "chat.ack"
+    assert answers[1]["code"] == "rate_limited" and "from this address" in answers[1]["message"]
+    assert [await Message.objects.filter(session=s).acount() for s in sessions][1] == 0

@@ -19,6 +19,12 @@ HTMX = {"HX-Request": "true"}
 GUIDE = "# Glacier mode\n\nGlacier mode keeps cold files in archive storage for 0.5 euros per TB.\n"
 
 
+@pytest.fixture(autouse=True)
+def anyone_may_edit(settings) -> None:
+    """The embedded default's rule (the production shape's default is staff only, tested below)."""
+    settings.KB_EDITORS = "anyone"
+
+
 def upload(client: Client, name: str, body: bytes, *, title: str = "", htmx: bool = True):
     headers = HTMX if htmx else {}
     return client.post("/kb/upload/", {"file": SimpleUploadedFile(name, body), "title": title}, headers=headers)
@@ -111,3 +117,47 @@ def test_with_staff_only_editing_staff_can_upload_and_delete(settings):
     assert b'id="kb-upload"' in staff.get("/kb/").content
     assert staff.post(f"/kb/{document.pk}/delete/", headers=HTMX).status_code == 200
     assert not Document.objects.exists()
+
+
+def test_staff_sign_in_through_the_admin_login_then_may_edit(settings):
+    settings.KB_EDITORS = "staff"
+    get_user_model().objects.create_user(username="editor", password="correct horse", is_staff=True)
+    visitor = Client()
+    page = visitor.get("/kb/").content.decode()
+    assert 'href="/admin/login/?next=/kb/"' in page and "Staff sign in" in page
+    signed_in = visitor.post(
+        "/admin/login/?next=/kb/", {"username": "editor", "password": "correct horse", "next": "/kb/"}
+    )
+    assert signed_in.status_code == 302 and signed_in["Location"] == "/kb/"
+    assert upload(visitor, "glacier.md", GUIDE.encode()).status_code == 200
+    assert Document.objects.filter(slug="upload-glacier").exists()
+
+
+def test_a_signed_in_user_who_is_not_staff_is_told_so(settings):
+    settings.KB_EDITORS = "staff"
+    member = Client()
+    member.force_login(get_user_model().objects.create_user(username="member", password="pw-not-used"))
+    page = member.get("/kb/").content.decode()
+    assert "signed in as member, who is not staff" in page and 'id="kb-upload"' not in page
+    assert upload(member, "glacier.md", GUIDE.encode()).status_code == 403
+
+
+@pytest.mark.parametrize("htmx", [True, False])
+def test_uploads_over_the_owners_rate_limit_are_refused_with_429_and_store_nothing(anon: Visitor, rate_limits, htmx):
+    rate_limits(upload_owner="2/3600")
+    for number in range(2):
+        assert upload(anon.client, f"notes-{number}.md", b"notes about zebras", htmx=htmx).status_code in (200, 302)
+    refused = upload(anon.client, "notes-2.md", b"notes about giraffes", htmx=htmx)
+    assert refused.status_code == 429 and 0 < int(refused["Retry-After"]) <= 3600
+    assert b"Too many uploads from this chat&#x27;s owner: at most 2 per 3600 s." in refused.content
+    assert Document.objects.count() == 2 and kb_search("giraffes") == []
+    other = Client()  # another visitor from the same address is not this owner
+    assert upload(other, "notes-3.md", b"notes about lemurs").status_code == 200
+
+
+def test_uploads_over_the_address_rate_limit_are_refused_for_every_owner_there(rate_limits):
+    rate_limits(upload_address="1/60")
+    assert upload(Client(REMOTE_ADDR="203.0.113.7"), "a.md", b"alpha").status_code == 200
+    refused = upload(Client(REMOTE_ADDR="203.0.113.7"), "b.md", b"beta")
+    assert refused.status_code == 429 and b"from this address" in refused.content
+    assert upload(Client(REMOTE_ADDR="203.0.113.8"), "c.md", b"gamma").status_code == 200
