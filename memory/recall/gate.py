@@ -79,6 +79,17 @@ RECALL_THRESHOLDS: dict[str, RecallThresholds] = {
         lexical_terms=2,
         margin=0.11,
     ),
+    # USE spreads its cosines wider: unrelated turns near 0.2, a paraphrase of the question near 0.4-0.6; the same
+    # rule chose these (the most evidence within 1.25 times the lexical floor's foreign admissions).
+    "use-multilingual-3": RecallThresholds(
+        model="use-multilingual-3",
+        high=0.48,
+        moderate=0.24,
+        moderate_share=0.34,
+        lexical_share=0.4,
+        lexical_terms=2,
+        margin=0.404,
+    ),
 }
 
 

