@@ -4,6 +4,7 @@
 #   make demo  - the same, then open the printed /demo/ address and press Run the demo: a scripted chat shows memory at work
 #   make test  - the same environment plus test requirements, then the whole suite
 #   make lint  - ruff (lint and format check), mypy and the import-linter contracts (pyproject.toml)
+#   make run-workers - the production shape (PostgreSQL + Redis, web and job workers under honcho; docs/deploy.md)
 #   make real-model - optional: a short scripted chat against llama.cpp's server with SmolLM2-135M (builds it once)
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,7 +12,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run demo test lint install install-dev migrate bench replay clean real-model
+.PHONY: run run-workers demo test lint install install-dev migrate bench replay clean real-model
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +44,17 @@ demo: migrate
 	$(BIN)/python manage.py load_demo_kb
 	@echo "Demo walk-through: open the address printed last and press Run the demo."
 	$(BIN)/python -m chatapp.serve --open-path /demo/ -b $(HOST) -p $(PORT) chatapp.asgi:application
+
+# The production shape on this machine (docs/deploy.md): PostgreSQL and Redis from DATABASE_URL and REDIS_URL, memory
+# jobs on the durable queue, one web worker on WEB_PORT (8000) and JOB_WORKERS job workers under honcho.
+JOB_WORKERS ?= 2
+run-workers: install
+	@case "$$DATABASE_URL" in postgres*) ;; *) echo "run-workers needs DATABASE_URL=postgres://... and REDIS_URL=redis://... (docs/deploy.md)" >&2; exit 1;; esac
+	@test -n "$$REDIS_URL" || { echo "run-workers needs REDIS_URL=redis://... (docs/deploy.md)" >&2; exit 1; }
+	MEMORY_JOB_QUEUE=procrastinate $(BIN)/python manage.py migrate --noinput
+	$(BIN)/python manage.py collectstatic --noinput
+	MEMORY_JOB_QUEUE=procrastinate $(BIN)/python manage.py load_demo_kb
+	MEMORY_JOB_QUEUE=procrastinate STATIC_COLLECTED=true $(BIN)/honcho start -c jobs=$(JOB_WORKERS)
 
 test: install-dev
 	$(BIN)/python -m pytest

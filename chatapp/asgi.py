@@ -1,4 +1,5 @@
-"""The ASGI application: HTTP through Django (static files too with ``SERVE_STATIC``), WebSockets through Channels
+"""The ASGI application: HTTP through Django (static files too with ``SERVE_STATIC``, ServeStatic's middleware),
+WebSockets through Channels
 behind the origin checks (:mod:`chatapp.realtime.origin`) and the session and auth middleware."""
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set u
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from chatapp.realtime.origin import SameOriginValidator  # noqa: E402
 from chatapp.routing import websocket_urlpatterns  # noqa: E402
@@ -25,7 +25,7 @@ get_counter(settings.LLM_CHAT_MODEL)
 
 application = ProtocolTypeRouter(
     {
-        "http": ASGIStaticFilesHandler(django_asgi_app) if settings.SERVE_STATIC else django_asgi_app,
+        "http": django_asgi_app,
         "websocket": AllowedHostsOriginValidator(
             SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))
         ),

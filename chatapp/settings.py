@@ -216,6 +216,17 @@ else:
         }
     }
 
+# --- Memory jobs (docs/memory.md §10 "Where jobs run"): in the web worker's process, or on Procrastinate's durable
+# queue in PostgreSQL, run by `manage.py memory_worker` processes (docs/deploy.md). Its tables exist on PostgreSQL.
+MEMORY_JOB_QUEUE = env_choice("MEMORY_JOB_QUEUE", "process", ("process", "procrastinate"))
+_postgres = DATABASES["default"]["ENGINE"].endswith("postgresql")
+if MEMORY_JOB_QUEUE == "procrastinate" and not _postgres:
+    raise ImproperlyConfigured("MEMORY_JOB_QUEUE=procrastinate needs PostgreSQL: set DATABASE_URL=postgres://…")
+if _postgres:
+    INSTALLED_APPS.insert(INSTALLED_APPS.index("memory"), "procrastinate.contrib.django")
+PROCRASTINATE_AUTODISCOVER_MODULE_NAME = ""
+PROCRASTINATE_IMPORT_PATHS = ["chatapp.chats.job_queue"]
+
 # --- Channel layer: Redis with REDIS_URL, else in-memory (chatapp/realtime/layers.py). Capacities, in messages:
 # per socket (100 dropped a busy socket's stream) and per worker's "specific.*" Redis key (docs/benchmarks.md).
 CHANNEL_CAPACITY = 1000
@@ -378,6 +389,14 @@ KB_EDITORS = env_choice("KB_EDITORS", "staff" if _database_url else "anyone", ("
 KB_MAX_UPLOAD_BYTES = env_int("KB_MAX_UPLOAD_BYTES", 256 * 1024, minimum=1024, maximum=10 * 1024 * 1024)
 QUICK_ANSWER_PASSAGES = env_int("QUICK_ANSWER_PASSAGES", 4, minimum=1, maximum=20)
 SERVE_STATIC = env_bool("SERVE_STATIC", True)
+if SERVE_STATIC:
+    # ServeStatic (the ASGI successor of WhiteNoise) serves /static/: from the apps' folders as they are, or, once
+    # `manage.py collectstatic` ran (docs/deploy.md), from STATIC_ROOT with STATIC_COLLECTED=true.
+    MIDDLEWARE.insert(
+        MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1,
+        "servestatic.middleware.ServeStaticMiddleware",
+    )
+    SERVESTATIC_USE_FINDERS = not env_bool("STATIC_COLLECTED", False)
 CHAT_TURN_LEASE_SECONDS = env_int("CHAT_TURN_LEASE_SECONDS", 90, minimum=10, maximum=3600)
 CHAT_TURN_LEASES_ONE_PROCESS = env_bool("CHAT_TURN_LEASES_ONE_PROCESS", _redis_url is None)
 CHAT_MAX_PENDING_TURNS = env_int("CHAT_MAX_PENDING_TURNS", 3, minimum=1, maximum=50)

@@ -25,7 +25,7 @@ from memory.facts.values import KeyFact
 from memory.jobs.runner import JobRun, MemoryJobRunner
 from memory.jobs.state import JobState, JobStep
 from memory.jobs.steps import EmbedItems, FactExtraction, IndexMessages, PreCompression
-from memory.ports import ConversationSource, Embedder, Notice, RunSync, Summarizer
+from memory.ports import ConversationSource, Embedder, JobQueue, Notice, RunSync, Summarizer
 from memory.recall.search import TurnRecall
 from memory.storage import calibration as stored_calibration
 from memory.storage import facts as stored_facts
@@ -63,6 +63,7 @@ class MemoryEngine:
         embedder: Embedder | None = None,
         run_sync: RunSync = sync_to_async,
         compression_jobs: CompressionJobs | None = None,
+        queue: JobQueue | None = None,
     ) -> None:
         self.config = config
         self.source = source
@@ -80,6 +81,7 @@ class MemoryEngine:
         self.fact_store = OrmFactStore(run_sync=run_sync, alive=source.alive)
         self.index = OrmRecallIndex(run_sync=run_sync, titles=source.titles, alive=source.alive)
         self._compression_jobs = compression_jobs
+        self.queue = queue
         self._token_factor: float | None = None
         self._builder: ContextBuilder | None = None
 
@@ -126,7 +128,7 @@ class MemoryEngine:
                 chain=self.chain,
                 counter=self.counter,
                 store=self.summaries,
-                jobs=self._compression_jobs or (self.jobs() if self.config.compression == "background" else None),
+                jobs=self._compression_jobs or (self._scheduler() if self.config.compression == "background" else None),
                 facts=self.fact_store,
                 facts_scope=self.config.facts_scope,
                 sync_wait_seconds=self.config.sync_wait_seconds,
@@ -176,9 +178,13 @@ class MemoryEngine:
         runner.on_done = self._job_done
         return runner
 
+    def _scheduler(self) -> JobQueue | MemoryJobRunner:
+        return self.queue if self.queue is not None else self.jobs()
+
     def schedule(self, memory_key: str, *, idle: bool = False) -> None:
-        """Queue the conversation's memory job (returns at once; ``idle``: nothing is urgent)."""
-        self.jobs().schedule(memory_key, idle=idle)
+        """Queue the conversation's memory job, on the durable ``queue`` when there is one, else in this process
+        (returns at once; ``idle``: nothing is urgent)."""
+        self._scheduler().schedule(memory_key, idle=idle)
 
     async def run_jobs(self, memory_key: str) -> JobRun | None:
         """Run the conversation's memory job to completion now (after one pending or running)."""
@@ -196,9 +202,11 @@ class MemoryEngine:
         """Forget this process's cached vectors and embedding lookups (tests; after a model change)."""
         stored_index.recall_cache_clear()
 
-    @staticmethod
-    def job_activity(memory_key: str) -> str | None:
-        """``running``, ``queued`` or ``batched`` while this process has the job (any event loop), else None."""
+    def job_activity(self, memory_key: str) -> str | None:
+        """``running``, ``queued`` or ``batched`` while the queue, or else this process (any event loop), has the
+        job; None when none has it."""
+        if self.queue is not None:
+            return self.queue.activity(memory_key)
         statuses = {runner.status(memory_key) for runner in list(_runners.values())} - {None}
         return next((status for status in ("running", "queued", "batched") if status in statuses), None)
 

@@ -1,4 +1,5 @@
-"""What the engine needs from the product (docs/architecture.md): a summarizer, an embedder, a conversation source."""
+"""What the engine needs from the product (docs/architecture.md): a summarizer, an embedder, a conversation source,
+and optionally a job queue."""
 
 from __future__ import annotations
 
@@ -23,6 +24,18 @@ class Embedder(Protocol):
     async def embed(self, texts: list[str], *, kind: EmbedKind) -> np.ndarray:
         """Float32 ``(len(texts), dimension)``, rows L2-normalised; raises on failure (search goes lexical)."""
         ...
+
+
+class JobQueue(Protocol):
+    """Where memory jobs run when not in this process (docs/memory.md §10 "Where jobs run"): a durable queue whose
+    workers call :meth:`memory.engine.MemoryEngine.run_jobs`. ``schedule`` returns at once; ``wait`` returns False at
+    the deadline; ``activity`` is ``running``, ``queued``, ``batched`` or None (it may read the queue's tables)."""
+
+    def schedule(self, memory_key: str, *, idle: bool = False) -> None: ...
+
+    async def wait(self, memory_key: str, timeout_seconds: float) -> bool: ...
+
+    def activity(self, memory_key: str) -> str | None: ...
 
 
 ConversationAlive = Callable[[str], bool]

@@ -4,9 +4,10 @@ from them (docs/architecture.md, "memory engine")."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from django.conf import settings
 from django.db import connection
@@ -28,6 +29,9 @@ from chatapp.llm.prompts import system_prompt_with as quick_answer_prompt
 from chatapp.llm.summarizer import summarizers_get
 from chatapp.models import ChatSession, Message
 from chatapp.orm_threads import orm_async
+
+if TYPE_CHECKING:
+    from chatapp.chats.job_queue import DurableJobQueue
 from chatapp.realtime.broadcast import event_broadcast
 from chatapp.realtime.protocol import MemoryCompressionEvent, MemoryFactsEvent, MemorySummaryEvent
 from memory.api import (
@@ -267,6 +271,18 @@ def memory_config(endpoint: Endpoint | None = None) -> MemoryConfig:
     )
 
 
+@functools.cache
+def durable_job_queue() -> DurableJobQueue:
+    """This process's side of the durable queue (one, so its pending defers are held in one place)."""
+    from chatapp.chats.job_queue import DurableJobQueue
+
+    return DurableJobQueue(
+        debounce_seconds=settings.MEMORY_JOB_DEBOUNCE_MS / 1000,
+        idle_seconds=settings.MEMORY_JOB_IDLE_SECONDS,
+        batch_turns=settings.MEMORY_JOB_BATCH_TURNS,
+    )
+
+
 def memory_engine(
     *,
     config: MemoryConfig | None = None,
@@ -280,6 +296,8 @@ def memory_engine(
     ``embedder``)."""
     primary, failover = summarizers_get()
     options.setdefault("embedder", embedder_configured())
+    if settings.MEMORY_JOB_QUEUE == "procrastinate":
+        options.setdefault("queue", durable_job_queue())
     return MemoryEngine(
         config=config or memory_config(),
         source=source or ChatConversations(run_sync=run_sync),
