@@ -30,6 +30,8 @@ CONFIG_VARIABLES = (
     "CHANNEL_LAYER_PREFIX",
     "CHANNEL_GROUP_EXPIRY",
     "KB_EDITORS",
+    "MEMORY_JOB_QUEUE",
+    "DJANGO_HTTPS",
     "RATE_LIMIT_SEND_OWNER",
     "RATE_LIMIT_SEND_ADDRESS",
     "RATE_LIMIT_UPLOAD_OWNER",
@@ -236,3 +238,14 @@ def test_check_deploy_is_clean_under_the_production_settings():
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "System check identified no issues" in done.stdout
+
+
+def test_the_durable_job_queue_needs_postgresql_whose_tables_exist_there(monkeypatch):
+    with pytest.raises(ImproperlyConfigured) as caught:
+        settings_load(monkeypatch, MEMORY_JOB_QUEUE="procrastinate")
+    assert str(caught.value).startswith("MEMORY_JOB_QUEUE=procrastinate needs PostgreSQL")
+    assert "procrastinate.contrib.django" not in settings_load(monkeypatch)["INSTALLED_APPS"]
+    production = settings_load(monkeypatch, DATABASE_URL="postgres://u@db.example:5432/chat")
+    assert (
+        "procrastinate.contrib.django" in production["INSTALLED_APPS"] and production["MEMORY_JOB_QUEUE"] == "process"
+    )
