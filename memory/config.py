@@ -17,7 +17,8 @@ class MemoryConfig:
     """The engine's settings, built once per use by the owning app; figures in tokens and seconds. ``calibrate``: learn
     the estimate's factor (docs/memory.md §5); the budget (§3, §11, §12); the summarizer and its failover (§4); when
     compression runs (§10); key facts (§11: ``facts_scope`` ``owner`` shares personal facts across the owner's chats);
-    recall (§12), ``recall_deadline_seconds`` None waiting for the embedding, as replays do."""
+    recall (§12), ``recall_deadline_seconds`` None waiting for the embedding, as replays do, ``recall_cache_mb`` the
+    process's cache of owners' vectors, in MiB."""
 
     chat_model: str
     context_window: int
@@ -50,6 +51,7 @@ class MemoryConfig:
     facts_scope: FactsScope = "owner"
     recall_scope: RecallScope = "owner"
     recall_deadline_seconds: float | None = 0.15
+    recall_cache_mb: int = 256
     unindexed_tools: frozenset[str] = field(default_factory=frozenset)
     # How a tool result that found nothing begins (memory.messages.found_nothing).
     empty_results: tuple[str, ...] = ()

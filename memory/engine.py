@@ -82,6 +82,7 @@ class MemoryEngine:
         self.index = OrmRecallIndex(run_sync=run_sync, titles=source.titles, alive=source.alive)
         self._compression_jobs = compression_jobs
         self.queue = queue
+        stored_index.vector_cache.max_bytes = config.recall_cache_mb * 2**20  # the process's one cache
         self._token_factor: float | None = None
         self._builder: ContextBuilder | None = None
 

@@ -266,6 +266,7 @@ def memory_config(endpoint: Endpoint | None = None) -> MemoryConfig:
         facts_scope=cast(Any, settings.MEMORY_FACTS_SCOPE),  # validated by settings
         recall_scope=cast(Any, settings.MEMORY_RECALL_SCOPE),
         recall_deadline_seconds=settings.MEMORY_RECALL_DEADLINE_MS / 1000,
+        recall_cache_mb=settings.MEMORY_RECALL_CACHE_MB,
         unindexed_tools=UNINDEXED_TOOLS,
         empty_results=EMPTY_RESULTS,
     )

