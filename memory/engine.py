@@ -30,6 +30,7 @@ from memory.recall.search import TurnRecall
 from memory.storage import calibration as stored_calibration
 from memory.storage import facts as stored_facts
 from memory.storage import index as stored_index
+from memory.storage import search as stored_search
 from memory.storage import summaries as stored_summaries
 from memory.storage.facts import OrmFactStore
 from memory.storage.index import OrmRecallIndex
@@ -82,7 +83,7 @@ class MemoryEngine:
         self.index = OrmRecallIndex(run_sync=run_sync, titles=source.titles, alive=source.alive)
         self._compression_jobs = compression_jobs
         self.queue = queue
-        stored_index.vector_cache.max_bytes = config.recall_cache_mb * 2**20  # the process's one cache
+        stored_search.vector_cache.max_bytes = config.recall_cache_mb * 2**20  # the process's one cache
         self._token_factor: float | None = None
         self._builder: ContextBuilder | None = None
 

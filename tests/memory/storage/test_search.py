@@ -551,10 +551,10 @@ def test_the_vector_cache_holds_at_most_its_bytes_dropping_the_least_recently_se
     assert reads == [("alice", 200), ("bob", 0)]  # alice's rows were kept (read after the last id); bob's afresh
     tiny = VectorCache(max_bytes=1)
     tiny.search(
-        "alice", model="m", query=hashed("x"), read=lambda a, i: rows["alice"], eligible=lambda c, l: c == c, limit=5
+        "alice", model="m", query=hashed("x"), read=lambda a, i: rows["alice"], eligible=lambda c, last: c == c, limit=5
     )
     assert tiny.search(
-        "alice", model="m", query=hashed("x"), read=lambda a, i: [], eligible=lambda c, l: c == c, limit=5
+        "alice", model="m", query=hashed("x"), read=lambda a, i: [], eligible=lambda c, last: c == c, limit=5
     ).hits  # the owner searched is kept, whatever its size
 
 
