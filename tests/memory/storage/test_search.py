@@ -674,3 +674,20 @@ def test_whether_an_owner_has_embeddings_is_asked_once_then_remembered(django_as
         assert memory_item_embeddings_known(scope_key=OWNER, model="hash") is True
     with django_assert_num_queries(1):
         assert memory_item_embeddings_exist(scope_key=STRANGER, model="hash") is False
+
+
+@pytest.mark.django_db
+def test_the_vector_cache_reads_an_owners_rows_in_batches_in_id_order_and_misses_none(monkeypatch) -> None:
+    from memory.storage import search
+
+    monkeypatch.setattr(search, "VECTOR_READ_BATCH", 2)
+    recall_cache_clear()
+    index("1", OWNER, *(msg(k, f"Line number {k} of the owner.") for k in range(1, 8)))
+    index("2", STRANGER, *(msg(20 + k, f"A stranger's line {k}.") for k in range(3)))
+    memory_item_embeddings_save(vectors={i.pk: hashed(i.text) for i in MemoryItem.objects.all()}, model="hash")
+    found, background = recall_search(
+        scope_key=OWNER, memory_key="9", boundary=None, scope="owner", query="", query_vector=hashed("x"),
+        embedding_model="hash", dense_limit=50,
+    )  # fmt: skip
+    assert background is not None and background.items == 7  # all seven read, over four batches; no stranger's
+    assert sorted(c.item.message_ids[0] for c in found) == list(range(1, 8))
