@@ -171,7 +171,8 @@ def main(args: argparse.Namespace) -> int:
         for question in questions[:3]:  # warm the buffers for both
             lexical(question)
             expression(question)
-        lexical_ms, expression_ms = [], []
+        lexical_ms: list[float] = []
+        expression_ms: list[float] = []
         for number, question in enumerate(questions):  # interleaved, alternating which goes first (warm pages)
             pair = [(lexical, lexical_ms), (expression, expression_ms)]
             for run, times in pair if number % 2 == 0 else pair[::-1]:
@@ -186,7 +187,7 @@ def main(args: argparse.Namespace) -> int:
                 query_vector=vector, embedding_model="bench",  # type: ignore[arg-type]
             )  # fmt: skip
 
-        cold_ms = []
+        cold_ms: list[float] = []
         for vector in query_vectors[: max(3, args.queries // 8)]:
             search.vector_cache.clear()
             cold_ms += timed(dense, [vector])
@@ -212,9 +213,9 @@ def main(args: argparse.Namespace) -> int:
 
         if args.keep:
             print(f"kept database {name}", file=sys.stderr)
-            return 0
-        with psycopg.connect(admin, autocommit=True) as admin_connection:
-            admin_connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        else:
+            with psycopg.connect(admin, autocommit=True) as admin_connection:
+                admin_connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 if __name__ == "__main__":
