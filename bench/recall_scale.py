@@ -93,7 +93,7 @@ def seed(rows: int, per_owner: int) -> str:
             "(SELECT string_agg(w.words[1 + floor((w.n - 1) * power(((g * 7919 + k * 104729) %% 10007) / 10007.0, 3))"
             "::int], ' ') "
             " FROM generate_series(1, %s) k), '', 20, now() - make_interval(secs => g), '', 0 "
-            "FROM generate_series(0, %s - 1) g, (SELECT %s::text[] AS words, %s AS n) w",
+            "FROM generate_series(0::bigint, %s - 1) g, (SELECT %s::text[] AS words, %s AS n) w",
             [per_owner, TEXT_WORDS, rows, VOCABULARY, len(VOCABULARY)],
         )
         cursor.execute("SELECT id FROM memory_memoryitem WHERE scope_key = %s ORDER BY id", [owner])
