@@ -237,7 +237,7 @@ def main(args: argparse.Namespace) -> int:
         lost = sum(turn.lost for turn in chat.turns) + db_lost
         finished = [turn for turn in chat.turns if turn.done is not None]
         _, d99 = ws_load.summary([turn.done for turn in chat.turns])
-        redelivered = sum(line.count("goes back to the queue") for worker in jobs for line in worker.log)
+        redelivered = sum(line.count("of a stopped worker") for worker in jobs for line in worker.log)
         latencies = recall_latencies(heavy)
         recall_p95 = ws_load.percentile([float(x) for x in latencies], 0.95)
         turns = max(1, len(finished))
@@ -281,7 +281,7 @@ if __name__ == "__main__":
     parser.add_argument("--heavy-owners", type=int, default=5, help="visitors given a large history (default 5)")
     parser.add_argument("--heavy-items", type=int, default=10_000, help="recall items per heavy owner (default 10000)")
     parser.add_argument("--kill-after", type=float, default=10.0, help="seconds into the burst (default 10)")
-    parser.add_argument("--stalled-after", type=float, default=5.0, help="job workers' heartbeat limit (default 5)")
+X
     parser.add_argument("--settle", type=float, default=180.0, help="seconds to wait for the queue (default 180)")
     parser.add_argument("--turn-timeout", type=float, default=120.0, help="seconds one turn may take (default 120)")
     parser.add_argument("--deadline", type=float, default=900.0, help="seconds the whole run may take (default 900)")

@@ -302,7 +302,13 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))},
     # One line per HTTP request to the model is noise at INFO; errors still show.
-    "loggers": {"httpx2": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
+    # Procrastinate says at INFO what it set up and each job it queued; a job worker's start and end lines stay.
+    "loggers": {
+        "httpx2": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},
+        "procrastinate": {"level": "WARNING"},
+        "procrastinate.worker": {"level": "INFO"},
+    },
 }
 
 # --- LLM endpoints (docs/memory.md §6). An empty base URL selects the built-in offline engine.

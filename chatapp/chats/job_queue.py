@@ -10,7 +10,7 @@ import time
 
 from django.core.cache import cache
 from django.db import connection
-from procrastinate import RetryStrategy
+from procrastinate import JobContext, RetryStrategy
 from procrastinate import exceptions as procrastinate_exceptions
 from procrastinate.contrib.django import app
 
@@ -32,14 +32,29 @@ class LeaseHeld(Exception):
     """Another process held the conversation's job lease throughout (a worker that stopped, until its lease ran out)."""
 
 
-@app.task(name=TASK, queue=QUEUE, retry=RetryStrategy(max_attempts=10, wait=5, retry_exceptions={LeaseHeld}))
-async def memory_job(memory_key: str) -> None:
+# The queue's jobs this process is running: a job worker never sends its own jobs back to the queue.
+running_here: set[int] = set()
+
+
+@app.task(
+    name=TASK,
+    queue=QUEUE,
+    pass_context=True,
+    retry=RetryStrategy(max_attempts=10, wait=5, retry_exceptions={LeaseHeld}),
+)
+async def memory_job(context: JobContext, memory_key: str) -> None:
     """Run the conversation's memory job to completion in this job worker: the same steps, watermarks and
     compare-and-set as in process; a failed step is recorded and retried by the next job, as there."""
     from chatapp.chats.memory import memory_engine
 
-    await cache.adelete(_idle_key(memory_key))
-    run = await memory_engine().run_jobs(memory_key)
+    job_id = context.job.id
+    if job_id is not None:
+        running_here.add(job_id)
+    try:
+        await cache.adelete(_idle_key(memory_key))
+        run = await memory_engine().run_jobs(memory_key)
+    finally:
+        running_here.discard(job_id or 0)
     if run is None:
         raise LeaseHeld(f"the job lease of {memory_key} stayed with another process; retried in 5 s")
     if not run.ok:

@@ -146,3 +146,19 @@ async def test_a_job_a_killed_job_worker_held_is_redelivered_and_finishes(queue_
     await until(lambda: open_jobs(key) == 0 and MemoryItem.objects.filter(memory_key=key).exists(), 90, "finished")
     assert other.said("goes back to the queue")
     assert os.environ.get("DATABASE_URL")  # CI's PostgreSQL leg
+
+
+async def test_a_worker_stopped_gracefully_finishes_its_job_and_no_other_worker_runs_it(queue_shape, owner):
+    web, start_job_worker = queue_shape
+    slow = start_job_worker(OFFLINE_SUMMARY_DELAY="8")
+    session = await sync_to_async(chat_session_make)(owner.owner)
+    key = memory_key_of(session.pk)
+    await turn(web, owner, session.pk, "My order number is W2378156 and I live in Bristol.")
+    await until(lambda: slow.said("Starting job"), 30, "the first worker takes the job")
+    other = start_job_worker()
+    slow.process.terminate()  # a deploy: SIGTERM, the job runs on to its end (longer than --stalled-after)
+    await until(lambda: slow.process.poll() is not None, 60, "the first worker finishes its job and stops")
+    await until(lambda: open_jobs(key) == 0 and MemoryItem.objects.filter(memory_key=key).exists(), 30, "finished")
+    assert slow.said("Success")
+    assert not any(worker.said("of a stopped worker") for worker in (slow, other))
+    assert not other.said("Starting job")
