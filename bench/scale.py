@@ -281,7 +281,7 @@ if __name__ == "__main__":
     parser.add_argument("--heavy-owners", type=int, default=5, help="visitors given a large history (default 5)")
     parser.add_argument("--heavy-items", type=int, default=10_000, help="recall items per heavy owner (default 10000)")
     parser.add_argument("--kill-after", type=float, default=10.0, help="seconds into the burst (default 10)")
-X
+    parser.add_argument("--stalled-after", type=float, default=10.0, help="job workers' heartbeat limit (default 10)")
     parser.add_argument("--settle", type=float, default=180.0, help="seconds to wait for the queue (default 180)")
     parser.add_argument("--turn-timeout", type=float, default=120.0, help="seconds one turn may take (default 120)")
     parser.add_argument("--deadline", type=float, default=900.0, help="seconds the whole run may take (default 900)")
