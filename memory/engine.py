@@ -117,6 +117,16 @@ class MemoryEngine:
             now=now,
         )
 
+    async def recall_warm(self, scope_key: str) -> None:
+        """Read the owner's vectors into this process's cache ahead of their first question (a socket opened), so
+        that a cold read of a long history is not on a request's path; nothing without an embedder of known
+        dimension. Storage errors propagate."""
+        if self.embedder is None or not self.embedder.dimension:
+            return
+        await self.run_sync(stored_search.recall_cache_warm)(
+            scope_key=scope_key, model=self.embedder.model, dimension=self.embedder.dimension
+        )
+
     def _completed(self, request: ContextRequest) -> ContextRequest:
         return request if request.compression is not None else replace(request, compression=self.config.compression)
 

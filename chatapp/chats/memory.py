@@ -272,6 +272,14 @@ def memory_config(endpoint: Endpoint | None = None) -> MemoryConfig:
     )
 
 
+async def recall_cache_warm(session: ChatSession) -> None:
+    """Read the chat owner's vectors into this worker's recall cache as a socket opens (logged, never raised)."""
+    try:
+        await memory_engine().recall_warm(session_scope_key(session))
+    except Exception:
+        logger.exception("could not read the vectors of chat %s's owner ahead of its questions", session.pk)
+
+
 @functools.cache
 def durable_job_queue() -> DurableJobQueue:
     """This process's side of the durable queue (one, so its pending defers are held in one place)."""

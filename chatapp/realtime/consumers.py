@@ -21,6 +21,7 @@ from django.utils import timezone
 from chatapp.chats import selectors, turns
 from chatapp.chats.access import asession_get_for_owner
 from chatapp.chats.limits import RateLimited, arate_limit_take, owner_label
+from chatapp.chats.memory import recall_cache_warm
 from chatapp.conversation import leases
 from chatapp.conversation.regenerate import RegenerateRefused, reply_regenerate_prepare
 from chatapp.conversation.runner import chat_turn_start, chat_turn_stop, chat_turn_stop_everywhere
@@ -63,6 +64,7 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
     chat_session: ChatSession | None = None
     lease_watch: asyncio.Task[None] | None = None
     group_renewal: asyncio.Task[None] | None = None
+    recall_warming: asyncio.Task[None] | None = None
 
     async def deliver(self, event: ServerEvent) -> None:
         raise NotImplementedError
@@ -104,6 +106,7 @@ class ChatSocket(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(session_group_name(session.pk), self.channel_name)
         self.group_renewal = asyncio.create_task(self.group_renew(session_group_name(session.pk)))
         await self.accept()
+        self.recall_warming = asyncio.create_task(recall_cache_warm(session))
         await self.opened(session)
         self.lease_watch_ensure()
 

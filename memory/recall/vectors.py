@@ -131,6 +131,11 @@ class VectorCache:
         self._owners: OrderedDict[str, OwnerVectors] = OrderedDict()
         self._lock = threading.Lock()
 
+    def holds(self, scope_key: str) -> bool:
+        """Whether the owner's vectors are in this cache now."""
+        with self._lock:
+            return scope_key in self._owners
+
     def clear(self) -> None:
         """Forget every owner (tests; a process that changed embedder)."""
         with self._lock:

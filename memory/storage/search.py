@@ -139,6 +139,21 @@ def _vector_reader(scope_key: str) -> Callable[[int, Sequence[int]], Iterable[Ve
     return read
 
 
+def recall_cache_warm(*, scope_key: str, model: str, dimension: int) -> None:
+    """Read owner ``scope_key``'s vectors of ``model`` into this process's cache, so that the owner's first question
+    does not wait for them (a socket opened). Storage errors propagate."""
+    probe = np.zeros(dimension, dtype=np.float32)
+    probe[0] = 1.0
+    vector_cache.search(
+        scope_key,
+        model=model,
+        query=probe,
+        read=_vector_reader(scope_key),
+        eligible=lambda chats, last_ids: np.zeros(len(chats), dtype=bool),
+        limit=1,
+    )
+
+
 def recall_lexical_hits(
     *,
     scope_key: str,

@@ -354,3 +354,18 @@ async def test_a_turn_starts_its_questions_embedding_when_it_opens_and_every_sea
     # Another boundary (the turn compressed meanwhile) searches again with the same embedding.
     again = await turn_recall(messages[-1].pk)
     assert embedder.calls == 1 and again.model == "hash"
+
+
+async def test_the_owners_vectors_are_read_into_the_cache_before_their_first_question() -> None:
+    from memory.storage.search import vector_cache
+
+    session, _ = await sync_to_async(conversation)()
+    embedder = HashEmbedder()
+    await runner(embedder).run_now(str(session.pk))
+    recall_cache_clear()
+    assert not vector_cache.holds(scope(session))
+    await memory_engine(embedder=embedder).recall_warm(scope(session))  # as a socket of the chat opens
+    assert vector_cache.holds(scope(session))
+    recall_cache_clear()
+    await memory_engine(embedder=None).recall_warm(scope(session))  # words only: nothing to read
+    assert not vector_cache.holds(scope(session))
