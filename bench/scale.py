@@ -31,11 +31,8 @@ import contextlib
 import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -45,44 +42,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import ws_load  # noqa: E402
-
-
-class JobWorker:
-    """A ``manage.py memory_worker`` subprocess with its output kept."""
-
-    def __init__(self, env: dict[str, str], stalled_after: float) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "manage.py", "memory_worker", "--stalled-after", str(stalled_after)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.log: list[str] = []
-        self.cpu_at_death: float | None = None
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.log.append(line)
-
-    def cpu(self) -> float:
-        return self.cpu_at_death if self.cpu_at_death is not None else ws_load.cpu_seconds(self.process.pid)
-
-    def kill(self) -> None:
-        self.cpu_at_death = ws_load.cpu_seconds(self.process.pid)
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=10)
-            if self.process.poll() is None:
-                self.process.kill()
+from tests.daphne_process import JobWorker  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:
@@ -191,10 +151,10 @@ def main(args: argparse.Namespace) -> int:
             f"sockets={args.sockets} turns={args.turns} heavy_owners={len(heavy)} items_each={args.heavy_items}"
         )
         web = [ws_load.server_start("chatapp.asgi:application", env) for _ in range(web_count)]
-        jobs = [JobWorker(env, args.stalled_after) for _ in range(job_count)]
+        jobs = [JobWorker(env, stalled_after=args.stalled_after) for _ in range(job_count)]
         web_pids = [server.process.pid for server in web]
         web_cpu_before = sum(ws_load.cpu_seconds(pid) for pid in web_pids)
-        job_cpu_before = sum(worker.cpu() for worker in jobs)
+        job_cpu_before = sum(ws_load.cpu_seconds(worker.process.pid) for worker in jobs)
         plan = ws_load.Plan(turns=args.turns, turn_timeout=args.turn_timeout)
         urls = [f"ws://127.0.0.1:{server.port}" for server in web]
 
@@ -202,7 +162,7 @@ def main(args: argparse.Namespace) -> int:
             async def killer() -> None:
                 await asyncio.sleep(args.kill_after)
                 if jobs:
-                    jobs[0].kill()
+                    jobs[0].kill(ws_load.cpu_seconds(jobs[0].process.pid))
                     print(f"killed job worker 1 (pid {jobs[0].process.pid}) {args.kill_after:.0f} s into the burst")
 
             kill = asyncio.create_task(killer())
@@ -213,7 +173,7 @@ def main(args: argparse.Namespace) -> int:
                 if not kill.done():
                     kill.cancel()
                     if jobs:  # the burst ended first: kill it now, with jobs still to run
-                        jobs[0].kill()
+                        jobs[0].kill(ws_load.cpu_seconds(jobs[0].process.pid))
                         print("killed job worker 1 at the end of the burst")
 
         chat, began = asyncio.run(burst())
@@ -227,7 +187,13 @@ def main(args: argparse.Namespace) -> int:
         if args.embedded:
             ws_load.jobs_settle(web_pids, web_cpu_before, settle_until)
         web_cpu = sum(ws_load.cpu_seconds(pid) for pid in web_pids) - web_cpu_before
-        job_cpu = sum(worker.cpu() for worker in jobs) - job_cpu_before
+        job_cpu = (
+            sum(
+                worker.cpu_at_death if worker.cpu_at_death is not None else ws_load.cpu_seconds(worker.process.pid)
+                for worker in jobs
+            )
+            - job_cpu_before
+        )
         memory = [f"web {rss_mb(pid):.0f}" for pid in web_pids] + [
             f"jobs {rss_mb(worker.process.pid):.0f}" for worker in jobs if worker.cpu_at_death is None
         ]

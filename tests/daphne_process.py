@@ -138,3 +138,43 @@ def daphne_start(
         server.stop()
         raise RuntimeError(f"Daphne ({app}) did not start:\n" + "".join(server.log))
     return server
+
+
+class JobWorker:
+    """A ``manage.py memory_worker`` subprocess (a job worker of the durable queue, docs/deploy.md) and the lines it
+    printed; ``cpu_at_death`` keeps its CPU seconds once killed."""
+
+    def __init__(self, env: dict[str, str], *, stalled_after: float = 10.0) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "manage.py", "memory_worker", "--stalled-after", str(stalled_after)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.log: list[str] = []
+        self.cpu_at_death: float | None = None
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.log.append(line)
+
+    def said(self, text: str) -> bool:
+        return any(text in line for line in self.log)
+
+    def kill(self, cpu_seconds: float | None = None) -> None:
+        """SIGKILL, as a crash or the OOM killer would; ``cpu_seconds`` (read just before) is kept."""
+        self.cpu_at_death = cpu_seconds
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()

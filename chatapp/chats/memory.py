@@ -16,7 +16,7 @@ from django.utils import timezone
 from chatapp.chats import selectors, turns
 from chatapp.llm.calibration import calibration_applies
 from chatapp.llm.clients import Endpoint, chat_endpoint
-from chatapp.llm.embeddings import embedder_configured
+from chatapp.llm.embeddings import embedder_choice, embedder_configured
 from chatapp.llm.prompts import (
     AGENT_PROMPT,
     EMPTY_RESULTS,
@@ -273,7 +273,10 @@ def memory_config(endpoint: Endpoint | None = None) -> MemoryConfig:
 
 
 async def recall_cache_warm(session: ChatSession) -> None:
-    """Read the chat owner's vectors into this worker's recall cache as a socket opens (logged, never raised)."""
+    """Read the chat owner's vectors into this worker's recall cache as a socket opens (logged, never raised); nothing
+    to do, and no engine built, when recall has no embedder."""
+    if embedder_choice().backend == "none":
+        return
     try:
         await memory_engine().recall_warm(session_scope_key(session))
     except Exception:
