@@ -78,7 +78,9 @@ def rate_limit_take(action: Action, *, owner: str, address: str | None) -> None:
 
 
 async def arate_limit_take(action: Action, *, owner: str, address: str | None) -> None:
-    """:func:`rate_limit_take` from async code (the cache's calls run in a thread)."""
+    """:func:`rate_limit_take` from async code (the cache's calls run in a thread; none when both limits are off)."""
     from asgiref.sync import sync_to_async
 
+    if _rate(action, "owner") is None and _rate(action, "address") is None:
+        return
     await sync_to_async(rate_limit_take, thread_sensitive=False)(action, owner=owner, address=address)
